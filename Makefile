@@ -1,0 +1,46 @@
+# GPUFlex: every target sets up what it needs from scratch (a fresh machine has only python3).
+# torch is installed first and pinned, so that nothing later pulls a multi-gigabyte CUDA build.
+
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+TORCH    := torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: help venv dev demo test lint format bench clean
+
+help:
+	@echo "make demo   - run the main job and print its results"
+	@echo "make test   - lint (ruff) and the whole test suite"
+	@echo "make bench  - benchmarks; JSON and a Markdown table under bench/results/"
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
+
+# One stamp per extras set, redone whenever pyproject.toml changes.
+$(VENV)/.dev-installed: pyproject.toml | $(PY)
+	$(PY) -m pip install -q --disable-pip-version-check $(TORCH) -e ".[dev]"
+	touch $@
+
+venv: $(PY)
+dev: $(VENV)/.dev-installed
+
+demo: dev
+	$(VENV)/bin/gpuflex-sim run examples/digits-mlp.yaml --nodes 8 --network wan
+
+lint: dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: dev
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: lint
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+bench: dev
+	$(PY) -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The marketplace server: Django + DRF + Celery; jobs, nodes, rounds, verification, money."""

@@ -1,0 +1,193 @@
+"""The model zoo: every model is built from the spec alone, so no user code ever runs on a node.
+
+GroupNorm rather than BatchNorm throughout: federated averaging of batch statistics is
+ill-defined, and it keeps every state tensor floating so updates are plain deltas.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainer.spec import ModelSpec
+
+
+class ModelSpecError(ValueError):
+    """The model section does not fit the dataset (e.g. a CNN on sequence data)."""
+
+
+def _image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """A [C, H, W] view of the input: flat square inputs such as digits' 64 become 1x8x8."""
+    if len(input_shape) == 3:
+        return input_shape  # type: ignore[return-value]
+    if len(input_shape) == 1:
+        side = math.isqrt(input_shape[0])
+        if side * side == input_shape[0]:
+            return (1, side, side)
+    raise ModelSpecError(
+        f"convolutional models need image input [C,H,W] or a flat square; got {input_shape}"
+    )
+
+
+class MLP(nn.Module):
+    def __init__(self, in_features: int, hidden: list[int], num_classes: int, dropout: float):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = in_features
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            if dropout:
+                layers.append(nn.Dropout(dropout))
+            width = h
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x.flatten(1))
+
+
+def _groups(channels: int) -> int:
+    return math.gcd(channels, 8)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self, image: tuple[int, int, int], channels: list[int], num_classes: int):
+        super().__init__()
+        self.image = image
+        layers: list[nn.Module] = []
+        c_in, side = image[0], image[1]
+        for c_out in channels:
+            layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.GroupNorm(_groups(c_out), c_out)]
+            layers.append(nn.ReLU())
+            if side >= 4:
+                layers.append(nn.MaxPool2d(2))
+                side //= 2
+            c_in = c_out
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(c_in, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x.view(-1, *self.image))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm1 = nn.GroupNorm(_groups(channels), channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.norm2 = nn.GroupNorm(_groups(channels), channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.norm1(self.conv1(x)))
+        return F.relu(x + self.norm2(self.conv2(y)))
+
+
+class SmallResNet(nn.Module):
+    def __init__(self, image: tuple[int, int, int], width: int, blocks: int, num_classes: int):
+        super().__init__()
+        self.image = image
+        self.stem = nn.Sequential(
+            nn.Conv2d(image[0], width, 3, padding=1, bias=False),
+            nn.GroupNorm(_groups(width), width),
+            nn.ReLU(),
+        )
+        self.blocks = nn.Sequential(*(ResidualBlock(width) for _ in range(blocks)))
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.stem(x.view(-1, *self.image)))
+        return self.head(x.mean(dim=(2, 3)))
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        drop = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class ByteTransformer(nn.Module):
+    """A small decoder-only language model over bytes (vocabulary 256)."""
+
+    def __init__(self, seq_len: int, vocab: int, spec: ModelSpec):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, spec.d_model)
+        self.pos = nn.Embedding(seq_len, spec.d_model)
+        self.blocks = nn.Sequential(
+            *(DecoderBlock(spec.d_model, spec.n_heads, spec.dropout) for _ in range(spec.n_layers))
+        )
+        self.ln = nn.LayerNorm(spec.d_model)
+        self.head = nn.Linear(spec.d_model, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[1], device=x.device)
+        h = self.blocks(self.tok(x) + self.pos(positions))
+        return self.head(self.ln(h))
+
+
+def build_model(
+    spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int, seed: int = 0
+) -> nn.Module:
+    """Deterministic initial weights for a seed: every node and the server agree on round 0."""
+    torch.manual_seed(seed)
+    if spec.arch == "mlp":
+        return MLP(math.prod(input_shape), list(spec.hidden), num_classes, spec.dropout)
+    if spec.arch == "cnn":
+        return SmallCNN(_image_shape(input_shape), list(spec.channels), num_classes)
+    if spec.arch == "resnet":
+        return SmallResNet(_image_shape(input_shape), spec.channels[0], spec.blocks, num_classes)
+    if len(input_shape) != 1:
+        raise ModelSpecError(f"the transformer needs token sequences; got input {input_shape}")
+    return ByteTransformer(input_shape[0], num_classes, spec)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    arch: str
+    parameters: int
+    flops_per_sample: int  # forward pass; training costs about three times this
+    bytes_fp32: int
+
+
+def describe_model(model: nn.Module, input_shape: tuple[int, ...], integer_input: bool) -> ModelInfo:
+    params = sum(p.numel() for p in model.parameters())
+    sample = (
+        torch.zeros((1, *input_shape), dtype=torch.long)
+        if integer_input
+        else torch.zeros((1, *input_shape))
+    )
+    was_training = model.training
+    model.eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(sample)
+    model.train(was_training)
+    return ModelInfo(
+        arch=type(model).__name__,
+        parameters=params,
+        flops_per_sample=int(counter.get_total_flops()),
+        bytes_fp32=4 * sum(t.numel() for t in model.state_dict().values()),
+    )

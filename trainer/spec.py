@@ -1,0 +1,211 @@
+"""The job spec: one YAML or JSON document that says everything about a training job.
+
+Every part of GPUFlex (simulator, marketplace, contributor agent) reads jobs through
+`load_spec` / `parse_spec`, so a spec that validates here runs everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class SpecError(ValueError):
+    """A job spec that cannot be used; `problems` lists (field path, reason) pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]], source: str = "spec") -> None:
+        self.problems = problems
+        self.source = source
+        lines = "\n".join(f"  {path}: {reason}" for path, reason in problems)
+        super().__init__(f"invalid job spec ({source}):\n{lines}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DatasetKind = Literal["digits", "csv", "npz", "parquet", "image_folder", "text"]
+
+
+class DatasetSpec(_Strict):
+    kind: DatasetKind = "digits"
+    path: str | None = Field(default=None, description="file or folder for user datasets")
+    label_column: str = "label"
+    test_fraction: Annotated[float, Field(gt=0.0, lt=0.9)] = 0.2
+    image_size: Annotated[int, Field(ge=4, le=512)] = 28
+    seq_len: Annotated[int, Field(ge=2, le=4096)] = 64
+
+    @model_validator(mode="after")
+    def _path_for_user_data(self) -> DatasetSpec:
+        if self.kind != "digits" and not self.path:
+            raise ValueError(f"dataset kind '{self.kind}' needs a 'path'")
+        return self
+
+
+class ModelSpec(_Strict):
+    arch: Literal["mlp", "cnn", "resnet", "transformer"] = "mlp"
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = [128]
+    channels: list[Annotated[int, Field(ge=1, le=1024)]] = [16, 32]
+    blocks: Annotated[int, Field(ge=1, le=16)] = 2
+    d_model: Annotated[int, Field(ge=8, le=4096)] = 64
+    n_layers: Annotated[int, Field(ge=1, le=48)] = 2
+    n_heads: Annotated[int, Field(ge=1, le=64)] = 4
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelSpec:
+        if self.arch == "transformer" and self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        return self
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["sgd", "adam", "adamw"] = "sgd"
+    lr: Annotated[float, Field(gt=0.0, le=10.0)] = 0.1
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+
+
+class LocalSpec(_Strict):
+    steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    epochs: Annotated[float, Field(gt=0.0, le=1000.0)] | None = None
+    batch_size: Annotated[int, Field(ge=1, le=65536)] = 32
+
+    @model_validator(mode="after")
+    def _one_of(self) -> LocalSpec:
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("give exactly one of 'steps' or 'epochs'")
+        return self
+
+
+class TargetSpec(_Strict):
+    metric: Literal["accuracy", "loss"] = "accuracy"
+    value: float
+
+    @model_validator(mode="after")
+    def _range(self) -> TargetSpec:
+        if self.metric == "accuracy" and not 0.0 < self.value <= 1.0:
+            raise ValueError("an accuracy target lies in (0, 1]")
+        if self.metric == "loss" and self.value <= 0.0:
+            raise ValueError("a loss target must be positive")
+        return self
+
+
+class RoundsSpec(_Strict):
+    max_rounds: Annotated[int, Field(ge=1, le=100_000)] = 50
+    target: TargetSpec | None = None
+    deadline_s: Annotated[float, Field(gt=0.0)] | None = None
+    quorum: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    late_updates: Literal["drop", "stale"] = "drop"
+
+
+class AggregationSpec(_Strict):
+    strategy: Literal[
+        "fedavg", "fedprox", "fedadam", "diloco", "trimmed_mean", "median", "krum"
+    ] = "fedavg"
+    server_lr: Annotated[float, Field(gt=0.0, le=100.0)] = 1.0
+    mu: Annotated[float, Field(ge=0.0)] = 0.01
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    beta1: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    beta2: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.99
+    tau: Annotated[float, Field(gt=0.0)] = 1e-3
+    trim_fraction: Annotated[float, Field(ge=0.0, lt=0.5)] = 0.2
+    byzantine: Annotated[int, Field(ge=0)] = 2
+    krum_select: Annotated[int, Field(ge=1)] | None = None
+    max_update_norm: Annotated[float, Field(gt=0.0)] = 1e4
+
+
+class ShardingSpec(_Strict):
+    method: Literal["random", "stratified", "capability", "length", "prepartitioned"] = (
+        "stratified"
+    )
+    num_shards: Annotated[int, Field(ge=1, le=100_000)] | None = None
+
+
+class CompressionSpec(_Strict):
+    codec: Literal["none", "fp16", "int8", "int4", "topk", "auto"] = "none"
+    topk_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.01
+    block_size: Annotated[int, Field(ge=8, le=65536)] = 256
+
+
+class PrivacySpec(_Strict):
+    clip_norm: Annotated[float, Field(gt=0.0)] | None = None
+    noise_multiplier: Annotated[float, Field(ge=0.0)] = 0.0
+
+    @model_validator(mode="after")
+    def _noise_needs_clip(self) -> PrivacySpec:
+        if self.noise_multiplier > 0 and self.clip_norm is None:
+            raise ValueError("noise_multiplier needs clip_norm (noise is scaled to the clip)")
+        return self
+
+
+class RequirementsSpec(_Strict):
+    min_memory_gb: Annotated[float, Field(ge=0.0)] = 0.0
+    min_fp32_tflops: Annotated[float, Field(ge=0.0)] = 0.0
+    gpu_required: bool = False
+    max_price_per_hour: Annotated[float, Field(ge=0.0)] | None = None
+
+
+class JobSpec(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    dataset: DatasetSpec = DatasetSpec()
+    model: ModelSpec = ModelSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    local: LocalSpec = LocalSpec(epochs=1)
+    rounds: RoundsSpec = RoundsSpec()
+    aggregation: AggregationSpec = AggregationSpec()
+    sharding: ShardingSpec = ShardingSpec()
+    compression: CompressionSpec = CompressionSpec()
+    privacy: PrivacySpec = PrivacySpec()
+    requirements: RequirementsSpec = RequirementsSpec()
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def replace(self, **changes: Any) -> JobSpec:
+        """A copy with top-level sections replaced, re-validated."""
+        data = self.to_dict()
+        for key, value in changes.items():
+            data[key] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+        return parse_spec(data)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    # pydantic puts the validator name in loc for union members; keep only real field names
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p))]
+    return ".".join(parts) or "<root>"
+
+
+def parse_spec(data: Any, source: str = "spec") -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError([("<root>", "a job spec is a mapping of sections")], source)
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            reason = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                reason = "unknown key"
+            problems.append((_field_path(err["loc"]), reason))
+        raise SpecError(problems, source) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError([("<file>", f"cannot read {path}: {exc.strerror}")], str(path)) from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        raise SpecError([("<file>", f"not valid YAML/JSON: {exc}")], str(path)) from None
+    return parse_spec(data, str(path))
