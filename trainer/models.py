@@ -172,7 +172,9 @@ class ModelInfo:
     bytes_fp32: int
 
 
-def describe_model(model: nn.Module, input_shape: tuple[int, ...], integer_input: bool) -> ModelInfo:
+def describe_model(
+    model: nn.Module, input_shape: tuple[int, ...], integer_input: bool
+) -> ModelInfo:
     params = sum(p.numel() for p in model.parameters())
     sample = (
         torch.zeros((1, *input_shape), dtype=torch.long)

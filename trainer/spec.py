@@ -122,9 +122,7 @@ class AggregationSpec(_Strict):
 
 
 class ShardingSpec(_Strict):
-    method: Literal["random", "stratified", "capability", "length", "prepartitioned"] = (
-        "stratified"
-    )
+    method: Literal["random", "stratified", "capability", "length", "prepartitioned"] = "stratified"
     num_shards: Annotated[int, Field(ge=1, le=100_000)] | None = None
 
 

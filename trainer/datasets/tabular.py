@@ -1,0 +1,228 @@
+"""Tabular user data: CSV, NPZ and Parquet files of features plus one label column."""
+
+from __future__ import annotations
+
+import csv
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from trainer.datasets.base import Dataset, DatasetError
+from trainer.datasets.classification import classification_dataset, encode_labels
+
+# -- feature validation ----------------------------------------------------------------------
+
+
+def _parse_column(values: Sequence[object], column: str, source: str) -> np.ndarray:
+    """One feature column as float64; names the first row that is not a number."""
+    if not isinstance(values, np.ndarray):
+        # numpy would silently turn None (a Parquet null) into NaN
+        missing = next((i for i, v in enumerate(values) if v is None), None)
+        if missing is not None:
+            raise DatasetError(f"{source}: column {column!r}, row {missing + 1}: missing value")
+    try:
+        return np.asarray(values, dtype=np.float64)
+    except (ValueError, TypeError):
+        pass
+    # Slow path only to find the culprit for the message.
+    for row, value in enumerate(values):
+        try:
+            float(value)  # type: ignore[arg-type]
+        except (ValueError, TypeError):
+            shown = "an empty value" if value == "" else repr(value)
+            raise DatasetError(
+                f"{source}: column {column!r}, row {row + 1}: {shown} is not a number"
+            ) from None
+    raise DatasetError(f"{source}: column {column!r} is not numeric")
+
+
+def _check_finite(x: np.ndarray, source: str, columns: Sequence[str] | None = None) -> None:
+    bad = ~np.isfinite(x)
+    if bad.any():
+        row, *rest = np.argwhere(bad)[0]
+        where = f"row {row + 1}"
+        if columns is not None:
+            where = f"column {columns[rest[0]]!r}, {where}"
+        elif rest:
+            where = f"sample {row}, position {tuple(int(i) for i in rest)}"
+        raise DatasetError(f"{source}: {where} holds a non-finite value ({x[tuple([row, *rest])]})")
+    with np.errstate(over="ignore"):
+        if not np.isfinite(x.astype(np.float32)).all():
+            raise DatasetError(f"{source}: a feature value is too large for float32")
+
+
+def _features_and_labels(
+    columns: dict[str, Sequence[object]], label_column: str, source: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Column-oriented raw values -> (float32 features [N, F], raw label values [N])."""
+    if label_column not in columns:
+        names = ", ".join(repr(c) for c in columns) or "none"
+        raise DatasetError(f"{source}: no label column {label_column!r}; the columns are: {names}")
+    feature_names = [c for c in columns if c != label_column]
+    if not feature_names:
+        raise DatasetError(f"{source}: no feature columns besides {label_column!r}")
+    x = np.stack([_parse_column(columns[c], c, source) for c in feature_names], axis=1)
+    _check_finite(x, source, feature_names)
+    labels = columns[label_column]
+    if not isinstance(labels, np.ndarray):  # arrays come from null-free numeric columns
+        missing = [i for i, v in enumerate(labels) if v is None or (isinstance(v, str) and not v)]
+        if missing:
+            raise DatasetError(f"{source}: row {missing[0] + 1} has no label")
+    return x.astype(np.float32), np.asarray(labels)
+
+
+def _finish(
+    path: Path, x: np.ndarray, raw_labels: np.ndarray, test_fraction: float, seed: int
+) -> Dataset:
+    labels, classes = encode_labels(raw_labels, str(path))
+    return classification_dataset(path.name, x, labels, len(classes), test_fraction, seed)
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        what = "is not a file" if path.exists() else "does not exist"
+        raise DatasetError(f"{path}: {what}")
+
+
+# -- CSV -------------------------------------------------------------------------------------
+
+
+def load_csv_dataset(
+    path: str | Path, label_column: str = "label", test_fraction: float = 0.2, seed: int = 0
+) -> Dataset:
+    """A CSV file with a header row; every column but `label_column` is a numeric feature."""
+    path = Path(path)
+    header, rows = _read_csv(path)
+    columns = {name: [row[i] for row in rows] for i, name in enumerate(header)}
+    x, labels = _features_and_labels(columns, label_column, str(path))
+    return _finish(path, x, labels, test_fraction, seed)
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    _require_file(path)
+    try:
+        # utf-8-sig: spreadsheet exports often start with a byte-order mark
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            lines = [row for row in csv.reader(f) if row]  # skip blank lines
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise DatasetError(f"{path}: cannot read CSV: {exc}") from None
+    if not lines:
+        raise DatasetError(f"{path}: empty file (no header, no rows)")
+    header = [name.strip() for name in lines[0]]
+    if len(set(header)) != len(header):
+        dupes = sorted({h for h in header if header.count(h) > 1})
+        raise DatasetError(f"{path}: duplicate column names {dupes}")
+    rows = lines[1:]
+    if not rows:
+        raise DatasetError(f"{path}: empty file (a header but no data rows)")
+    for number, row in enumerate(rows, start=1):
+        if len(row) != len(header):
+            raise DatasetError(
+                f"{path}: row {number} has {len(row)} fields but the header has {len(header)}"
+            )
+    return header, [[v.strip() for v in row] for row in rows]
+
+
+# -- Parquet ---------------------------------------------------------------------------------
+
+
+def load_parquet_dataset(
+    path: str | Path, label_column: str = "label", test_fraction: float = 0.2, seed: int = 0
+) -> Dataset:
+    """A Parquet file; every column but `label_column` is a numeric feature."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    _require_file(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise DatasetError(f"{path}: cannot read Parquet: {exc}") from None
+    if table.num_rows == 0:
+        raise DatasetError(f"{path}: empty file (no rows)")
+    columns: dict[str, Sequence[object]] = {}
+    for name in table.column_names:
+        col = table.column(name)
+        numeric = pa.types.is_integer(col.type) or pa.types.is_floating(col.type)
+        if numeric and col.null_count == 0:
+            columns[name] = col.to_numpy()  # fast path, no per-value Python objects
+        else:
+            columns[name] = col.to_pylist()
+    x, labels = _features_and_labels(columns, label_column, str(path))
+    return _finish(path, x, labels, test_fraction, seed)
+
+
+# -- NPZ -------------------------------------------------------------------------------------
+
+
+def load_npz_dataset(
+    path: str | Path, label_column: str = "label", test_fraction: float = 0.2, seed: int = 0
+) -> Dataset:
+    """An .npz archive with features `x` (or `features`), [N, ...], and labels `y` (or the
+    `label_column` name), [N]. Pickled (object) arrays are refused: loading them can run code.
+    """
+    path = Path(path)
+    x, y = _read_npz(path, label_column)
+    x = _validate_npz_features(x, path)
+    if y.ndim != 1:
+        raise DatasetError(f"{path}: labels must be 1-D [N], got shape {y.shape}")
+    if x.shape[0] != y.shape[0]:
+        raise DatasetError(
+            f"{path}: length mismatch: {x.shape[0]} feature rows but {y.shape[0]} labels"
+        )
+    return _finish(path, x, y, test_fraction, seed)
+
+
+def _read_npz(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
+    _require_file(path)
+    try:
+        # Our own handle: np.load(path) leaks its file when the archive turns out corrupt.
+        with path.open("rb") as f:
+            try:
+                archive = np.load(f, allow_pickle=False)
+            except (ValueError, EOFError, zipfile.BadZipFile) as exc:
+                raise DatasetError(f"{path}: cannot read NPZ: {exc}") from None
+            if not isinstance(archive, np.lib.npyio.NpzFile):
+                raise DatasetError(f"{path}: is a single .npy array, not an .npz archive")
+            with archive:
+                x = _npz_array(archive, ("x", "features"), path, "features")
+                y = _npz_array(archive, ("y", label_column), path, "labels")
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read NPZ: {exc}") from None
+    return x, y
+
+
+def _npz_array(
+    archive: np.lib.npyio.NpzFile, keys: Sequence[str], path: Path, what: str
+) -> np.ndarray:
+    key = next((k for k in keys if k in archive.files), None)
+    if key is None:
+        wanted = " or ".join(repr(k) for k in dict.fromkeys(keys))
+        present = ", ".join(repr(k) for k in archive.files) or "none"
+        raise DatasetError(f"{path}: no {what} array {wanted}; arrays present: {present}")
+    try:
+        return archive[key]
+    except ValueError:
+        # np.load without pickle raises this for object arrays, which is what numpy makes of
+        # rows of mixed length.
+        raise DatasetError(
+            f"{path}: array {key!r} is an object array (rows of mixed length?); "
+            "only plain numeric arrays are accepted"
+        ) from None
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise DatasetError(f"{path}: cannot read array {key!r}: {exc}") from None
+
+
+def _validate_npz_features(x: np.ndarray, path: Path) -> np.ndarray:
+    if x.ndim < 2:
+        raise DatasetError(f"{path}: features must be [N, ...] with N samples, got shape {x.shape}")
+    if x.shape[0] == 0:
+        raise DatasetError(f"{path}: empty file (no rows)")
+    if x.dtype.kind not in "biuf":
+        raise DatasetError(f"{path}: features are not numeric (dtype {x.dtype})")
+    x = x.astype(np.float64)
+    _check_finite(x, str(path))
+    return x.astype(np.float32)

@@ -1,0 +1,109 @@
+"""`gpuflex-sim`: run a job spec on simulated nodes over a simulated network."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from trainer.datasets import DatasetError
+from trainer.sharding import ShardingError
+from trainer.sim.federated import RunOptions, run_federated
+from trainer.sim.naive import run_naive_sync
+from trainer.sim.network import PROFILES, UnknownProfile
+from trainer.sim.report import RoundLog, SimResult
+from trainer.sim.setup import prepare
+from trainer.spec import SpecError, load_spec
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuflex-sim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train SPEC on N simulated nodes and report")
+    run.add_argument("spec", type=Path)
+    run.add_argument("--nodes", type=int, default=8)
+    run.add_argument("--network", default="lan", help=f"one of: {', '.join(PROFILES)}")
+    run.add_argument("--seed", type=int, default=None, help="defaults to the spec's seed")
+    run.add_argument(
+        "--method", choices=["federated", "naive"], default="federated", help="naive: sync DP"
+    )
+    run.add_argument("--rounds", type=int, default=None, help="override rounds.max_rounds")
+    run.add_argument("--checkpoint", type=Path, help="save a checkpoint here after every round")
+    run.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    run.add_argument("--provenance", type=Path, help="store the provenance artifacts here")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None, None
+    bar = tqdm(total=total, unit="round", file=sys.stderr, dynamic_ncols=True)
+
+    def update(log: RoundLog) -> None:
+        bar.set_postfix(acc=f"{log.accuracy:.3f}", sim=f"{log.sim_time_s:.1f}s")
+        bar.update(1)
+
+    return bar, update
+
+
+def _summary(result: SimResult) -> str:
+    target = (
+        f"reached {result.target} after {result.rounds_to_target} rounds, "
+        f"{result.time_to_target_s:.1f} s simulated"
+        if result.reached_target
+        else f"target {result.target} not reached"
+    )
+    return "\n".join(
+        [
+            f"{result.spec_name}: {result.method} on {result.nodes} nodes, {result.network}",
+            f"  final accuracy  {result.final_accuracy:.4f} "
+            f"({result.final_correct}/{result.test_total}) after {result.rounds} rounds",
+            f"  target          {target}",
+            f"  simulated wall  {result.sim_wall_s:.1f} s, compute {result.compute_s:.1f} s "
+            f"(utilization {result.utilization:.1%})",
+            f"  traffic         {result.bytes_up / 1e6:.2f} MB up, "
+            f"{result.bytes_down / 1e6:.2f} MB down",
+            f"  provenance head {result.provenance_head or '-'}",
+        ]
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    seed = spec.seed if args.seed is None else args.seed
+    setup = prepare(spec, args.nodes, args.network, seed, base_dir=args.spec.parent)
+    bar, progress = _progress_bar(args.rounds or spec.rounds.max_rounds, not args.json)
+    if args.method == "naive":
+        result, _ = run_naive_sync(setup, max_rounds=args.rounds, progress=progress)
+    else:
+        options = RunOptions(
+            max_rounds=args.rounds,
+            checkpoint=args.checkpoint,
+            resume=args.resume,
+            provenance_dir=args.provenance,
+        )
+        result, _ = run_federated(setup, options, progress=progress)
+    if bar is not None:
+        bar.close()
+    print(json.dumps(result.to_dict()) if args.json else _summary(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "run" and args.resume and not args.checkpoint:
+        print("gpuflex-sim: --resume needs --checkpoint", file=sys.stderr)
+        return 2
+    try:
+        return cmd_run(args)
+    except (SpecError, DatasetError, ShardingError, UnknownProfile, ValueError) as exc:
+        print(f"gpuflex-sim: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

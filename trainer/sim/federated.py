@@ -1,0 +1,236 @@
+"""Round-based federated training over simulated nodes (FedAvg and the other strategies).
+
+Each round every node downloads the global model, trains for real on its shard, and uploads
+its update as safetensors bytes that go through the same validation as on the marketplace.
+Only time is simulated: transfers by the network model, compute by the compute model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from trainer.aggregation import ClientUpdate, build_strategy
+from trainer.artifacts import ArtifactStore
+from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from trainer.evaluate import Evaluation, evaluate
+from trainer.hashing import state_hash
+from trainer.local import planned_steps, train_local
+from trainer.provenance import Contribution, ProvenanceChain, record_round
+from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
+from trainer.sim.report import RoundLog, SimResult
+from trainer.sim.setup import SimSetup, derive_seed
+from trainer.spec import TargetSpec
+from trainer.updates import UpdateRejected, decode_update, encode_state
+
+
+@dataclass(frozen=True)
+class NodeWork:
+    steps: int
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    max_rounds: int | None = None
+    stop_at_target: bool = True
+    checkpoint: Path | None = None
+    resume: bool = False
+    provenance_dir: Path | None = None
+    stop_after_round: int | None = None  # simulate an interruption (resume tests, demos)
+    # Byzantine nodes for robustness experiments: they send -attack_scale x their honest update.
+    adversarial: tuple[int, ...] = ()
+    attack_scale: float = 10.0
+
+
+ProgressFn = Callable[[RoundLog], None]
+
+
+def equal_work(setup: SimSetup) -> list[NodeWork]:
+    """Plain FedAvg: the spec's local work on every node, whatever its speed."""
+    batch = setup.spec.local.batch_size
+    return [NodeWork(planned_steps(setup.spec, s.num_train, batch), batch) for s in setup.shards]
+
+
+def run_federated(
+    setup: SimSetup,
+    options: RunOptions | None = None,
+    progress: ProgressFn | None = None,
+    method: str = "fedavg",
+) -> tuple[SimResult, dict[str, torch.Tensor]]:
+    options = options or RunOptions()
+    spec = setup.spec
+    strategy = build_strategy(spec.aggregation)
+    global_state = dict(setup.initial_state)
+    result = SimResult(
+        method=method,
+        network=setup.network,
+        nodes=len(setup.profiles),
+        spec_name=spec.name,
+        seed=setup.seed,
+        target=spec.rounds.target.value if spec.rounds.target else None,
+    )
+    chain = ProvenanceChain(spec.name)
+    store = ArtifactStore(options.provenance_dir) if options.provenance_dir else None
+    start_round = 1
+    if options.resume and options.checkpoint and options.checkpoint.exists():
+        start_round, global_state, chain = _restore(
+            options.checkpoint, strategy, result, spec.rounds.target
+        )
+
+    work = equal_work(setup)
+    max_rounds = options.max_rounds or spec.rounds.max_rounds
+    for r in range(start_round, max_rounds + 1):
+        if result.reached_target and options.stop_at_target:
+            break
+        log, global_state, chain = _round(
+            setup, strategy, global_state, work, r, result, chain, store, options
+        )
+        _account(result, log, spec.rounds.target)
+        if options.checkpoint:
+            _save(options.checkpoint, setup, r, global_state, strategy, result, chain)
+        if progress:
+            progress(log)
+        if options.stop_after_round == r:
+            break
+    result.model_hash = state_hash(global_state)
+    result.provenance_head = chain.head
+    return result, global_state
+
+
+def _account(result: SimResult, log: RoundLog, target: TargetSpec | None) -> None:
+    """Add a round to the totals; shared by live rounds and rounds replayed from a checkpoint."""
+    result.add_round(log)
+    if target and Evaluation(log.correct, log.total, log.loss).meets(target.metric, target.value):
+        result.mark_target()
+
+
+def _round(setup, strategy, global_state, work, r, result, chain, store, options):
+    spec = setup.spec
+    model_bytes = len(encode_state(global_state))
+    max_norm = spec.aggregation.max_update_norm
+    updates: list[tuple[ClientUpdate, str]] = []
+    finish: list[float] = []
+    compute_s = bytes_up = bytes_down = 0.0
+    dropped = rejected = 0
+    for i, (profile, shard) in enumerate(zip(setup.profiles, setup.shards, strict=True)):
+        w = work[i]
+        t_down = profile.transfer_s(model_bytes, upload=False)
+        bytes_down += model_bytes
+        t_compute = w.steps * profile.step_s(setup.train_flops_per_sample * w.batch_size)
+        cut = disconnects(profile, setup.seed, r)
+        if cut is not None:
+            # The node vanished partway; the coordinator learns of it from missed heartbeats.
+            dropped += 1
+            compute_s += cut * t_compute
+            finish.append(t_down + cut * t_compute + DISCONNECT_DETECT_S)
+            continue
+        started = time.perf_counter()
+        local = train_local(
+            setup.model,
+            global_state,
+            shard,
+            spec,
+            seed=derive_seed(setup.seed, r, i),
+            steps=w.steps,
+            batch_size=w.batch_size,
+            proximal_mu=strategy.proximal_mu,
+        )
+        result.host_compute_s += time.perf_counter() - started
+        if i in options.adversarial:
+            local.delta = {k: -options.attack_scale * v for k, v in local.delta.items()}
+        payload = encode_state(local.delta, {"node": str(i), "round": str(r)})
+        bytes_up += len(payload)
+        compute_s += t_compute
+        finish.append(t_down + t_compute + profile.transfer_s(len(payload), upload=True))
+        try:
+            delta, _ = decode_update(payload, global_state, max_norm=max_norm)
+        except UpdateRejected:
+            rejected += 1  # as on the marketplace: the round goes on without it
+            continue
+        update = ClientUpdate(f"node-{i}", delta, local.num_samples, {"loss": local.loss})
+        updates.append((update, setup.shard_hashes[i]))
+
+    round_s = max(finish)
+    strategy_before = strategy.state_dict()
+    new_state = (
+        strategy.aggregate(global_state, [u for u, _ in updates]) if updates else global_state
+    )
+    setup.model.load_state_dict(new_state)
+    ev = evaluate(setup.model, setup.dataset)
+    metrics = {"accuracy": ev.accuracy, "loss": ev.loss}
+    if store is not None:
+        record_round(
+            chain,
+            store,
+            round=r,
+            global_state=global_state,
+            strategy=strategy,
+            strategy_state_before=strategy_before,
+            updates=updates,
+            new_state=new_state,
+            metrics=metrics,
+        )
+    else:
+        chain.append(
+            round=r,
+            input_model_hash=state_hash(global_state),
+            strategy=strategy,
+            strategy_state_before=strategy_before,
+            contributions=[
+                Contribution(u.node_id, h, state_hash(u.delta), u.num_samples, dict(u.metrics))
+                for u, h in updates
+            ],
+            output_model_hash=state_hash(new_state),
+            metrics=metrics,
+        )
+    log = RoundLog(
+        round=r,
+        accuracy=ev.accuracy,
+        correct=ev.correct,
+        total=ev.total,
+        loss=ev.loss,
+        sim_time_s=result.sim_wall_s + round_s,
+        round_s=round_s,
+        compute_s=compute_s,
+        idle_s=sum(round_s - f for f in finish),
+        bytes_up=int(bytes_up),
+        bytes_down=int(bytes_down),
+        participants=len(updates),
+        dropped=dropped,
+        rejected=rejected,
+    )
+    return log, new_state, chain
+
+
+def _save(path, setup, r, global_state, strategy, result, chain) -> None:
+    save_checkpoint(
+        path,
+        Checkpoint(
+            spec=setup.spec.to_dict(),
+            round=r,
+            model_state=global_state,
+            strategy_state=strategy.state_dict(),
+            history=[asdict(log) for log in result.log],
+            rng={"seed": setup.seed},
+            extra={
+                "provenance": chain.to_json(),
+                "host_compute_s": result.host_compute_s,
+                "reached_target": result.reached_target,
+            },
+        ),
+    )
+
+
+def _restore(path, strategy, result, target):
+    ckpt = load_checkpoint(path)
+    strategy.load_state_dict(ckpt.strategy_state)
+    for entry in ckpt.history:
+        _account(result, RoundLog(**entry), target)
+    result.host_compute_s = float(ckpt.extra.get("host_compute_s", 0.0))
+    chain = ProvenanceChain.from_json(ckpt.extra["provenance"])
+    return ckpt.round + 1, dict(ckpt.model_state), chain

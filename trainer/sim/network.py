@@ -1,0 +1,150 @@
+"""Network and compute models for the simulator.
+
+The kernel here has no netem, so transfers are charged time by a model instead of being
+shaped: latency (one RTT to set up a request), bandwidth, and TCP's loss-limited rate
+(Mathis et al. 1997: rate <= MSS / RTT * 1.22 / sqrt(p)). Every random draw is a pure
+function of (seed, node, round), so a run resumed from a checkpoint sees the same network.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+MSS_BYTES = 1460
+# Compute model for a nominal node (speed 1.0): a fixed per-step cost for kernel launches,
+# the optimizer step and the Python loop, plus FLOPs at an effective rate. Small models on a
+# real GPU are overhead-bound, which is what the fixed term captures.
+STEP_OVERHEAD_S = 2e-3
+EFFECTIVE_FLOPS = 10e12
+# How long a coordinator needs to notice a node that vanished mid-round (missed heartbeats).
+DISCONNECT_DETECT_S = 5.0
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    node: int
+    rtt_s: float
+    loss: float  # packet loss probability
+    up_bps: float
+    down_bps: float
+    speed: float  # compute speed relative to the nominal node
+    disconnect_p: float  # chance to drop out during any one round
+
+    def transfer_s(self, nbytes: int, upload: bool) -> float:
+        """Seconds to move `nbytes` to (upload) or from the coordinator."""
+        link = self.up_bps if upload else self.down_bps
+        if self.loss > 0:
+            link = min(link, 8 * MSS_BYTES / self.rtt_s * 1.22 / math.sqrt(self.loss))
+        return self.rtt_s + 8 * nbytes / link
+
+    def step_s(self, train_flops_per_step: float) -> float:
+        return (STEP_OVERHEAD_S + train_flops_per_step / EFFECTIVE_FLOPS) / self.speed
+
+
+@dataclass(frozen=True)
+class NetworkProfile:
+    name: str
+    rtt_ms: tuple[float, float]
+    loss: tuple[float, float]
+    mbit: tuple[float, float]
+    speed_spread: float = 1.0  # fastest / slowest compute
+    disconnect_p: float = 0.0
+    description: str = ""
+
+    def nodes(self, n: int, seed: int) -> list[NodeProfile]:
+        return [self.node(i, n, seed) for i in range(n)]
+
+    def node(self, i: int, n: int, seed: int) -> NodeProfile:
+        rng = random.Random(f"{self.name}:{seed}:{i}")
+        mbit = rng.uniform(*self.mbit)
+        # Spread speeds evenly on a log scale so a 4x profile really has a 4x gap.
+        frac = i / (n - 1) if n > 1 else 0.0
+        speed = self.speed_spread ** (-frac)
+        return NodeProfile(
+            node=i,
+            rtt_s=rng.uniform(*self.rtt_ms) / 1000,
+            loss=rng.uniform(*self.loss),
+            up_bps=mbit * 1e6,
+            down_bps=mbit * 1e6,
+            speed=speed,
+            disconnect_p=self.disconnect_p,
+        )
+
+
+PROFILES: dict[str, NetworkProfile] = {
+    p.name: p
+    for p in (
+        NetworkProfile("lan", (1, 1), (0, 0), (10_000, 10_000), description="1 ms RTT, 10 Gbit/s"),
+        NetworkProfile(
+            "wan",
+            (50, 300),
+            (0, 0.05),
+            (20, 200),
+            description="50-300 ms RTT, 0-5 % loss, 20-200 Mbit/s per node",
+        ),
+        NetworkProfile(
+            "flaky",
+            (50, 300),
+            (0, 0.05),
+            (20, 200),
+            disconnect_p=0.2,
+            description="wan, and each node drops out of a round with probability 0.2",
+        ),
+        NetworkProfile(
+            "hetero",
+            (50, 300),
+            (0, 0.05),
+            (20, 200),
+            speed_spread=4.0,
+            description="wan, with node compute speeds spread 4x",
+        ),
+    )
+}
+
+
+class UnknownProfile(ValueError):
+    pass
+
+
+def get_profile(name: str) -> NetworkProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise UnknownProfile(
+            f"unknown network profile '{name}'; choose one of {', '.join(PROFILES)}"
+        ) from None
+
+
+def disconnects(profile: NodeProfile, seed: int, round_: int) -> float | None:
+    """If the node drops out this round, the fraction of its work done before it vanished."""
+    if profile.disconnect_p <= 0:
+        return None
+    rng = random.Random(f"drop:{seed}:{profile.node}:{round_}")
+    if rng.random() >= profile.disconnect_p:
+        return None
+    return rng.random()
+
+
+def ring_allreduce_s(nodes: list[NodeProfile], nbytes: int) -> float:
+    """Ring all-reduce (what DDP and Horovod do): 2(N-1) steps of nbytes/N on every link.
+
+    Nodes on a WAN reach each other through their own uplinks, so a link's one-way latency
+    is half of each end's RTT added up, and its rate the slower end's; each step waits for
+    the slowest link.
+    """
+    n = len(nodes)
+    if n < 2:
+        return 0.0
+    chunk = nbytes / n
+    step = 0.0
+    for i, a in enumerate(nodes):
+        b = nodes[(i + 1) % n]
+        latency = (a.rtt_s + b.rtt_s) / 2
+        rate = min(a.up_bps, b.down_bps)
+        for p in (a, b):
+            if p.loss > 0:
+                rate = min(rate, 8 * MSS_BYTES / p.rtt_s * 1.22 / math.sqrt(p.loss))
+        step = max(step, latency + 8 * chunk / rate)
+    return 2 * (n - 1) * step
