@@ -27,6 +27,7 @@ dev: $(VENV)/.dev-installed
 
 demo: dev
 	$(VENV)/bin/gpuflex-sim run examples/digits-mlp.yaml --nodes 8 --network wan
+	$(VENV)/bin/gpuflex-sim compare examples/digits-mlp.yaml --nodes 8 --network wan --target 0.95
 
 lint: dev
 	$(VENV)/bin/ruff check .

@@ -128,8 +128,32 @@ class ShardingSpec(_Strict):
 
 class CompressionSpec(_Strict):
     codec: Literal["none", "fp16", "int8", "int4", "topk", "auto"] = "none"
-    topk_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.01
+    topk_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.05
     block_size: Annotated[int, Field(ge=8, le=65536)] = 256
+
+
+class AdaptationSpec(_Strict):
+    """Network-aware rounds: how the adaptation policy sizes each node's work."""
+
+    enabled: bool = False
+    target_utilization: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.9
+    min_local_steps: Annotated[int, Field(ge=1)] = 1
+    max_local_steps: Annotated[int, Field(ge=1, le=1_000_000)] = 2500
+    # a node whose transfers take this many times the median's syncs every other round
+    far_sync_factor: Annotated[float, Field(gt=1.0)] = 3.0
+    max_batch_scale: Annotated[float, Field(ge=1.0, le=64.0)] = 4.0
+    deadline_slack: Annotated[float, Field(ge=0.0, le=10.0)] = 0.2
+    # Keep training while the update uploads and the next model downloads, merging the new
+    # global model in when it arrives (overlapped communication, as in Streaming DiLoCo).
+    overlap: bool = True
+    # with overlap: the share of each period trained after the merge, on the fresh model
+    min_post_merge: Annotated[float, Field(gt=0.0, le=1.0)] = 0.25
+
+    @model_validator(mode="after")
+    def _steps_order(self) -> AdaptationSpec:
+        if self.min_local_steps > self.max_local_steps:
+            raise ValueError("min_local_steps must not exceed max_local_steps")
+        return self
 
 
 class PrivacySpec(_Strict):
@@ -161,6 +185,7 @@ class JobSpec(_Strict):
     aggregation: AggregationSpec = AggregationSpec()
     sharding: ShardingSpec = ShardingSpec()
     compression: CompressionSpec = CompressionSpec()
+    adaptation: AdaptationSpec = AdaptationSpec()
     privacy: PrivacySpec = PrivacySpec()
     requirements: RequirementsSpec = RequirementsSpec()
 

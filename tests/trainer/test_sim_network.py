@@ -48,3 +48,12 @@ def test_unknown_profile_lists_the_known_ones() -> None:
     with pytest.raises(UnknownProfile, match="lan, wan, flaky, hetero"):
         get_profile("moon")
     assert set(PROFILES) == {"lan", "wan", "flaky", "hetero"}
+
+
+def test_flaky_and_hetero_draw_the_same_links_as_wan() -> None:
+    wan = get_profile("wan").nodes(8, 5)
+    for name in ("flaky", "hetero"):
+        other = get_profile(name).nodes(8, 5)
+        assert [(n.rtt_s, n.loss, n.up_bps) for n in other] == [
+            (n.rtt_s, n.loss, n.up_bps) for n in wan
+        ]

@@ -11,6 +11,8 @@ from tqdm import tqdm
 
 from trainer.datasets import DatasetError
 from trainer.sharding import ShardingError
+from trainer.sim.adaptive import run_network_aware
+from trainer.sim.compare import METHODS, compare, summary
 from trainer.sim.federated import RunOptions, run_federated
 from trainer.sim.naive import run_naive_sync
 from trainer.sim.network import PROFILES, UnknownProfile
@@ -35,6 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     run.add_argument("--provenance", type=Path, help="store the provenance artifacts here")
     run.add_argument("--json", action="store_true", help="print one JSON object")
+
+    cmp = sub.add_parser("compare", help="naive sync vs plain FedAvg vs network-aware training")
+    cmp.add_argument("spec", type=Path)
+    cmp.add_argument("--nodes", type=int, default=8)
+    cmp.add_argument("--network", default="wan", help=f"one of: {', '.join(PROFILES)}")
+    cmp.add_argument("--seed", type=int, default=None, help="defaults to the spec's seed")
+    cmp.add_argument("--target", type=float, default=None, help="accuracy to reach, e.g. 0.95")
+    cmp.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
@@ -79,6 +89,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     bar, progress = _progress_bar(args.rounds or spec.rounds.max_rounds, not args.json)
     if args.method == "naive":
         result, _ = run_naive_sync(setup, max_rounds=args.rounds, progress=progress)
+    elif spec.adaptation.enabled:
+        if args.checkpoint or args.provenance:
+            raise ValueError(
+                "--checkpoint and --provenance are not supported for network-aware runs yet"
+            )
+        result, _ = run_network_aware(setup, RunOptions(max_rounds=args.rounds), progress)
     else:
         options = RunOptions(
             max_rounds=args.rounds,
@@ -93,13 +109,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    spec = load_spec(args.spec)
+    seed = spec.seed if args.seed is None else args.seed
+    results = compare(spec, args.nodes, args.network, seed, args.target, args.spec.parent)
+    data = summary(results)
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    print(f"{spec.name}: {args.nodes} nodes, {args.network}")
+    print(
+        f"  {'method':14} {'time to target':>15} {'KB up/node':>11} {'accuracy':>9} "
+        f"{'utilization':>12} {'idle':>6}"
+    )
+    for method in METHODS:
+        row = data[method]
+        t = row["time_to_target_s"]
+        kb = row["bytes_up_per_node_to_target"]
+        time_text = f"{t:.1f} s" if t is not None else "not reached"
+        kb_text = f"{kb / 1e3:.1f}" if kb is not None else "-"
+        print(
+            f"  {method:14} {time_text:>15} {kb_text:>11} "
+            f"{row['final_accuracy']:>9.4f} {row['utilization']:>12.3f} "
+            f"{row['idle_fraction']:>6.3f}"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "run" and args.resume and not args.checkpoint:
         print("gpuflex-sim: --resume needs --checkpoint", file=sys.stderr)
         return 2
     try:
-        return cmd_run(args)
+        return cmd_compare(args) if args.command == "compare" else cmd_run(args)
     except (SpecError, DatasetError, ShardingError, UnknownProfile, ValueError) as exc:
         print(f"gpuflex-sim: {exc}", file=sys.stderr)
         return 2

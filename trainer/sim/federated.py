@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.aggregation import ClientUpdate, build_strategy
+from trainer.aggregation import ClientUpdate, Strategy, build_strategy
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from trainer.evaluate import Evaluation, evaluate
@@ -90,7 +90,7 @@ def run_federated(
         log, global_state, chain = _round(
             setup, strategy, global_state, work, r, result, chain, store, options
         )
-        _account(result, log, spec.rounds.target)
+        account_round(result, log, spec.rounds.target)
         if options.checkpoint:
             _save(options.checkpoint, setup, r, global_state, strategy, result, chain)
         if progress:
@@ -102,7 +102,7 @@ def run_federated(
     return result, global_state
 
 
-def _account(result: SimResult, log: RoundLog, target: TargetSpec | None) -> None:
+def account_round(result: SimResult, log: RoundLog, target: TargetSpec | None) -> None:
     """Add a round to the totals; shared by live rounds and rounds replayed from a checkpoint."""
     result.add_round(log)
     if target and Evaluation(log.correct, log.total, log.loss).meets(target.metric, target.value):
@@ -163,31 +163,9 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
     setup.model.load_state_dict(new_state)
     ev = evaluate(setup.model, setup.dataset)
     metrics = {"accuracy": ev.accuracy, "loss": ev.loss}
-    if store is not None:
-        record_round(
-            chain,
-            store,
-            round=r,
-            global_state=global_state,
-            strategy=strategy,
-            strategy_state_before=strategy_before,
-            updates=updates,
-            new_state=new_state,
-            metrics=metrics,
-        )
-    else:
-        chain.append(
-            round=r,
-            input_model_hash=state_hash(global_state),
-            strategy=strategy,
-            strategy_state_before=strategy_before,
-            contributions=[
-                Contribution(u.node_id, h, state_hash(u.delta), u.num_samples, dict(u.metrics))
-                for u, h in updates
-            ],
-            output_model_hash=state_hash(new_state),
-            metrics=metrics,
-        )
+    record_provenance(
+        chain, store, r, global_state, strategy, strategy_before, updates, new_state, metrics
+    )
     log = RoundLog(
         round=r,
         accuracy=ev.accuracy,
@@ -205,6 +183,45 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         rejected=rejected,
     )
     return log, new_state, chain
+
+
+def record_provenance(
+    chain: ProvenanceChain,
+    store: ArtifactStore | None,
+    round_: int,
+    global_state: dict[str, torch.Tensor],
+    strategy: Strategy,
+    strategy_before: dict[str, torch.Tensor],
+    updates: list[tuple[ClientUpdate, str]],
+    new_state: dict[str, torch.Tensor],
+    metrics: dict[str, float],
+) -> None:
+    """Chain this round's record; with a store, also keep every artifact for re-verification."""
+    if store is not None:
+        record_round(
+            chain,
+            store,
+            round=round_,
+            global_state=global_state,
+            strategy=strategy,
+            strategy_state_before=strategy_before,
+            updates=updates,
+            new_state=new_state,
+            metrics=metrics,
+        )
+        return
+    chain.append(
+        round=round_,
+        input_model_hash=state_hash(global_state),
+        strategy=strategy,
+        strategy_state_before=strategy_before,
+        contributions=[
+            Contribution(u.node_id, h, state_hash(u.delta), u.num_samples, dict(u.metrics))
+            for u, h in updates
+        ],
+        output_model_hash=state_hash(new_state),
+        metrics=metrics,
+    )
 
 
 def _save(path, setup, r, global_state, strategy, result, chain) -> None:
@@ -230,7 +247,7 @@ def _restore(path, strategy, result, target):
     ckpt = load_checkpoint(path)
     strategy.load_state_dict(ckpt.strategy_state)
     for entry in ckpt.history:
-        _account(result, RoundLog(**entry), target)
+        account_round(result, RoundLog(**entry), target)
     result.host_compute_s = float(ckpt.extra.get("host_compute_s", 0.0))
     chain = ProvenanceChain.from_json(ckpt.extra["provenance"])
     return ckpt.round + 1, dict(ckpt.model_state), chain

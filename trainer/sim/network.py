@@ -52,12 +52,15 @@ class NetworkProfile:
     speed_spread: float = 1.0  # fastest / slowest compute
     disconnect_p: float = 0.0
     description: str = ""
+    # profiles built on another draw the same links from it, so "flaky" is "wan" plus
+    # disconnects, not a different set of nodes
+    draws_from: str | None = None
 
     def nodes(self, n: int, seed: int) -> list[NodeProfile]:
         return [self.node(i, n, seed) for i in range(n)]
 
     def node(self, i: int, n: int, seed: int) -> NodeProfile:
-        rng = random.Random(f"{self.name}:{seed}:{i}")
+        rng = random.Random(f"{self.draws_from or self.name}:{seed}:{i}")
         mbit = rng.uniform(*self.mbit)
         # Spread speeds evenly on a log scale so a 4x profile really has a 4x gap.
         frac = i / (n - 1) if n > 1 else 0.0
@@ -91,6 +94,7 @@ PROFILES: dict[str, NetworkProfile] = {
             (20, 200),
             disconnect_p=0.2,
             description="wan, and each node drops out of a round with probability 0.2",
+            draws_from="wan",
         ),
         NetworkProfile(
             "hetero",
@@ -99,6 +103,7 @@ PROFILES: dict[str, NetworkProfile] = {
             (20, 200),
             speed_spread=4.0,
             description="wan, with node compute speeds spread 4x",
+            draws_from="wan",
         ),
     )
 }

@@ -22,6 +22,7 @@ class RoundLog:
     participants: int
     dropped: int
     rejected: int = 0  # updates that failed validation
+    stale: int = 0  # updates folded in from an earlier round
 
 
 @dataclass

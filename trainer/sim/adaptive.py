@@ -1,0 +1,332 @@
+"""Network-aware training in the simulator: the adaptation policy sizes each node's work and
+picks its codec; rounds close on a deadline and a quorum rather than on the slowest node.
+
+Time is event-driven per node. A node sends its update when its planned steps are done; a
+round closes once every expected update is in (vanished nodes noticed), or at its deadline
+once a quorum is in. Updates that miss it are dropped or folded into the next round with a
+staleness weight (FedBuff: 1/sqrt(1 + staleness)), as the spec says; far nodes' two-round
+jobs are always folded in. With `adaptation.overlap` a node keeps training while its update
+uploads and the next model downloads, then merges: new weights = new global model + the
+progress made since its send (Streaming DiLoCo's overlapped communication).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import torch
+
+from trainer.adapt import NodePlan, PolicyState, RoundPlan, plan_round
+from trainer.aggregation import ClientUpdate, build_strategy
+from trainer.aggregation.functions import flatten_state
+from trainer.compression import CodecConfig, decode_any, encode_update
+from trainer.evaluate import evaluate
+from trainer.hashing import state_hash
+from trainer.local import train_local
+from trainer.provenance import ProvenanceChain
+from trainer.sim.federated import ProgressFn, RunOptions, account_round, record_provenance
+from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
+from trainer.sim.nodes import InFlight, SimNode, State, computing_in, time_in
+from trainer.sim.report import RoundLog, SimResult
+from trainer.sim.setup import SimSetup, derive_seed
+from trainer.updates import UpdateRejected
+
+
+def staleness_weight(staleness: int) -> float:
+    return 1 / math.sqrt(1 + staleness)
+
+
+class NetworkAwareRun:
+    def __init__(self, setup: SimSetup, options: RunOptions | None = None) -> None:
+        self.setup = setup
+        self.spec = setup.spec
+        self.cfg = setup.spec.adaptation
+        self.options = options or RunOptions()
+        self.strategy = build_strategy(self.spec.aggregation)
+        self.global_state = dict(setup.initial_state)
+        self.numel = sum(t.numel() for t in self.global_state.values())
+        self.nodes = [
+            SimNode(i, p, s, h)
+            for i, (p, s, h) in enumerate(
+                zip(setup.profiles, setup.shards, setup.shard_hashes, strict=True)
+            )
+        ]
+        self.spec_payload = json.dumps(
+            {"spec": self.spec.to_dict(), "model_hash": state_hash(self.global_state)}
+        ).encode()
+        self.version = 0
+        self.clock = 0.0
+        self.policy = PolicyState()
+        self.chain = ProvenanceChain(self.spec.name)
+        target = self.spec.rounds.target
+        self.result = SimResult(
+            method="network_aware",
+            network=setup.network,
+            nodes=len(self.nodes),
+            spec_name=self.spec.name,
+            seed=setup.seed,
+            target=target.value if target else None,
+        )
+        base = self.spec.local.batch_size
+        flops = setup.train_flops_per_sample
+        self.step_s = {n.node_id: n.profile.step_s(flops * base) for n in self.nodes}
+        self.sample_s = {
+            n.node_id: n.profile.step_s(flops * (base + 1)) - self.step_s[n.node_id]
+            for n in self.nodes
+        }
+
+    def run(self, progress: ProgressFn | None = None) -> tuple[SimResult, State]:
+        max_rounds = self.options.max_rounds or self.spec.rounds.max_rounds
+        for node in self.nodes:  # everyone starts by fetching the initial model
+            self.merge(node, "none", start=0.0)
+        for r in range(1, max_rounds + 1):
+            if self.result.reached_target and self.options.stop_at_target:
+                break
+            log = self.round(r)
+            account_round(self.result, log, self.spec.rounds.target)
+            if progress:
+                progress(log)
+        self.result.model_hash = state_hash(self.global_state)
+        self.result.provenance_head = self.chain.head
+        return self.result, self.global_state
+
+    def round(self, r: int) -> RoundLog:
+        measurements = [n.measurement(self.step_s[n.node_id]) for n in self.nodes]
+        plan, self.policy = plan_round(
+            self.spec, self.numel, measurements, self.policy, self.sample_s
+        )
+        start = self.clock
+        for node in self.nodes:
+            if node.job is None and plan.nodes[node.node_id].participate:
+                self.send(node, plan.nodes[node.node_id], r)
+        close = self.close_time(plan, start)
+        received, dropped = self.collect(close)
+        updates, rejected, stale = self.decode(received)
+
+        before = self.strategy.state_dict()
+        new_state = (
+            self.strategy.aggregate(self.global_state, [u for u, _ in updates])
+            if updates
+            else self.global_state
+        )
+        self.measure_agreement(updates, new_state)
+        self.setup.model.load_state_dict(new_state)
+        ev = evaluate(self.setup.model, self.setup.dataset)
+        metrics = {"accuracy": ev.accuracy, "loss": ev.loss}
+        record_provenance(
+            self.chain,
+            None,
+            r,
+            self.global_state,
+            self.strategy,
+            before,
+            updates,
+            new_state,
+            metrics,
+        )
+        self.global_state = new_state
+        self.version += 1
+        self.clock = close
+        bytes_down = 0
+        delivered = {node.index for node, _ in received}
+        for node in self.nodes:
+            if node.job is None:  # delivered, dropped out or sat out: fetch the new model
+                codec = plan.nodes[node.node_id].download_codec
+                bytes_down += self.merge(node, codec, close, node.index in delivered)
+        wall = close - start
+        computing = sum(computing_in(n, start, close) for n in self.nodes)
+        transferring = sum(time_in(n.transferring, start, close) for n in self.nodes)
+        return RoundLog(
+            round=r,
+            accuracy=ev.accuracy,
+            correct=ev.correct,
+            total=ev.total,
+            loss=ev.loss,
+            sim_time_s=close,
+            round_s=wall,
+            compute_s=computing,
+            idle_s=max(0.0, len(self.nodes) * wall - computing - transferring),
+            bytes_up=sum(len(job.payload) for _, job in received),
+            bytes_down=bytes_down,
+            participants=len(updates),
+            dropped=len(dropped),
+            rejected=rejected,
+            stale=stale,
+        )
+
+    # ------------------------------------------------------------------ node side
+
+    def send(self, node: SimNode, p: NodePlan, r: int) -> None:
+        """Train the node's planned steps for real and put its update on the wire."""
+        step = (
+            self.step_s[node.node_id]
+            + (p.batch_size - self.spec.local.batch_size) * (self.sample_s[node.node_id])
+        )
+        budget = p.steps * step
+        if self.cfg.overlap:
+            send_at = max(node.last_send + budget, node.merge_at + self.cfg.min_post_merge * budget)
+            before_merge = max(0.0, node.merge_at - node.last_send)
+        else:
+            send_at = node.merge_at + budget
+            before_merge = 0.0
+        began = node.last_send if self.cfg.overlap else node.merge_at
+        node.transfers += 1
+        cut = disconnects(node.profile, self.setup.seed, r)
+        if cut is not None:
+            vanished = began + cut * (send_at - began)
+            node.failed += 1
+            node.computing.append((began, vanished))
+            node.computing_since = None
+            node.job = InFlight(node.version, vanished, None, b"", 0, 0.0, False)
+            return
+        steps_a = math.floor(before_merge / step)
+        steps_b = max(1, round((send_at - max(node.merge_at, node.last_send)) / step))
+        seed = derive_seed(self.setup.seed, r, node.index)
+        started = time.perf_counter()
+        progress = self.train(node, node.local, steps_a, p.batch_size, seed) if steps_a else None
+        assert node.copy is not None
+        merged = {k: node.copy[k] + (progress[k] if progress else 0) for k in node.copy}
+        last = self.train(node, merged, steps_b, p.batch_size, seed + 1)
+        self.result.host_compute_s += time.perf_counter() - started
+        node.local = {k: merged[k] + last[k] for k in merged}
+        delta = {k: node.local[k] - node.copy[k] for k in merged}
+        if node.index in self.options.adversarial:
+            delta = {k: -self.options.attack_scale * v for k, v in delta.items()}
+        comp = self.spec.compression
+        codec = CodecConfig(p.codec, comp.block_size, comp.topk_fraction)
+        payload = encode_update(delta, codec, node.feedback, {"node": node.node_id})
+        arrival = send_at + node.profile.transfer_s(len(payload), upload=True)
+        node.computing.append((began, send_at))
+        node.computing_since = send_at if self.cfg.overlap else None
+        if not self.cfg.overlap:
+            node.transferring.append((send_at, arrival))
+        samples = node.shard.num_train
+        node.job = InFlight(node.version, send_at, arrival, payload, samples, 0.0, p.sync_every > 1)
+        node.last_send = send_at
+
+    def train(self, node: SimNode, start: State, steps: int, batch: int, seed: int) -> State:
+        result = train_local(
+            self.setup.model,
+            start,
+            node.shard,
+            self.spec,
+            seed=seed,
+            steps=steps,
+            batch_size=batch,
+            proximal_mu=self.strategy.proximal_mu,
+        )
+        return result.delta
+
+    def merge(self, node: SimNode, codec: str, start: float, keep_progress: bool = False) -> int:
+        """Send the node the global model: a delta against its copy, the whole model at first.
+
+        The coordinator tracks each node's copy exactly as the node decodes it, so quantization
+        error never accumulates: the next delta carries what the last one left out. A node that
+        dropped out (or sat out) loses its local progress and restarts from the new model.
+        """
+        if node.copy is None:
+            # Round 0 weights are a pure function of the spec and seed (build_model), so a
+            # node builds them itself and only fetches the spec and the model hash to check.
+            payload = self.spec_payload
+            node.copy = {k: v.clone() for k, v in self.global_state.items()}
+        else:
+            diff = {k: self.global_state[k] - node.copy[k] for k in self.global_state}
+            payload = encode_update(diff, CodecConfig(codec, self.spec.compression.block_size))
+            decoded, _ = decode_any(payload, self.global_state)
+            node.copy = {k: node.copy[k] + decoded[k] for k in node.copy}
+        node.version = self.version
+        node.merge_at = start + node.profile.transfer_s(len(payload), upload=False)
+        fresh_start = not (keep_progress and self.cfg.overlap)
+        if fresh_start:
+            node.computing_since = None
+            node.transferring.append((start, node.merge_at))
+        if fresh_start:
+            node.local = {k: v.clone() for k, v in node.copy.items()}
+            node.last_send = node.merge_at
+        return len(payload)
+
+    # ------------------------------------------------------------ coordinator side
+
+    def close_time(self, plan: RoundPlan, start: float) -> float:
+        """All expected updates in (vanished nodes noticed), or the deadline once a quorum is in.
+
+        Without a quorum by the deadline the round waits for one; if drop-outs make a quorum
+        impossible, it closes at the deadline with what came.
+        """
+        due = [n.job for n in self.nodes if n.job and self.is_due(n.job)]
+        arrivals = sorted(j.arrival for j in due if j.arrival is not None)
+        noticed = [j.sent + DISCONNECT_DETECT_S for j in due if j.arrival is None]
+        deadline = start + plan.deadline_s
+        everyone = max(arrivals + noticed, default=start)
+        if self.spec.rounds.quorum < 1 and len(arrivals) >= plan.quorum:
+            # buffered rounds (FedBuff): close on the quorum, fold the rest in next round
+            return min(arrivals[plan.quorum - 1], max(everyone, start))
+        if everyone <= deadline:
+            return everyone
+        if sum(a <= deadline for a in arrivals) >= plan.quorum:
+            return deadline
+        if len(arrivals) >= plan.quorum:
+            return arrivals[plan.quorum - 1]
+        return max(deadline, start)
+
+    def is_due(self, job: InFlight) -> bool:
+        """A far node's two-round job is due in the round after the one it started in."""
+        return not job.two_rounds or job.version < self.version
+
+    def collect(self, close: float) -> tuple[list[tuple[SimNode, InFlight]], list[InFlight]]:
+        received, dropped = [], []
+        for node in self.nodes:
+            job = node.job
+            if job is None:
+                continue
+            if job.arrival is None and self.is_due(job):
+                dropped.append(job)
+                node.job = None
+            elif job.arrival is not None and job.arrival <= close:
+                received.append((node, job))
+                node.job = None
+        return received, dropped
+
+    def decode(self, received: list[tuple[SimNode, InFlight]]):
+        updates: list[tuple[ClientUpdate, str]] = []
+        rejected = stale = 0
+        for node, job in received:
+            staleness = self.version - job.version
+            if staleness and not job.two_rounds and self.spec.rounds.late_updates == "drop":
+                continue
+            try:
+                delta, _ = decode_any(
+                    job.payload, self.global_state, self.spec.aggregation.max_update_norm
+                )
+            except UpdateRejected:
+                node.rejected += 1
+                rejected += 1
+                continue
+            node.updates += 1
+            if staleness:
+                stale += 1
+                w = staleness_weight(staleness)
+                delta = {k: v * w for k, v in delta.items()}
+            update = ClientUpdate(node.node_id, delta, job.num_samples, {"loss": job.loss})
+            updates.append((update, node.shard_hash))
+        return updates, rejected, stale
+
+    def measure_agreement(self, updates: list[tuple[ClientUpdate, str]], new: State) -> None:
+        """Each contributor's cosine with the round's step: an input to its health score."""
+        if not updates:
+            return
+        step = flatten_state({k: new[k] - self.global_state[k] for k in new})
+        by_id = {n.node_id: n for n in self.nodes}
+        for update, _ in updates:
+            d = flatten_state(update.delta)
+            by_id[update.node_id].agreement = torch.nn.functional.cosine_similarity(
+                d, step, dim=0
+            ).item()
+
+
+def run_network_aware(
+    setup: SimSetup, options: RunOptions | None = None, progress: ProgressFn | None = None
+) -> tuple[SimResult, State]:
+    return NetworkAwareRun(setup, options).run(progress)
