@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -43,22 +44,35 @@ def hetero_idle(nodes: int = 8) -> dict[str, Any]:
     return out
 
 
-def flaky_slowdown(nodes: int = 8) -> dict[str, Any]:
-    """Network-aware on flaky (wan plus 20 % of nodes dropping per round) against plain wan."""
+def flaky_slowdown(nodes: int = 8, seeds: tuple[int, ...] = (0, 1, 2, 3, 4)) -> dict[str, Any]:
+    """Network-aware on flaky (wan plus 20 % of nodes dropping per round) against the same
+    nodes on wan. Runs reach the target in a handful of rounds, so one round more or less
+    moves a single seed's ratio a lot: the figure is the median over several seeds."""
     spec = load_spec(MLP)
-    steady = run_method("network_aware", spec, nodes, "wan", spec.seed)
-    flaky = run_method("network_aware", spec, nodes, "flaky", spec.seed)
-    dropped = sum(log.dropped for log in flaky.log)
-    out = {
-        "wan_time_to_target_s": steady.time_to_target_s,
-        "flaky_time_to_target_s": flaky.time_to_target_s,
-        "flaky_reached_target": flaky.reached_target,
-        "slowdown": (flaky.time_to_target_s or float("inf")) / steady.time_to_target_s,
-        "node_rounds_dropped": dropped,
-        "node_rounds": nodes * flaky.rounds,
+    per_seed = []
+    for seed in seeds:
+        steady = run_method("network_aware", spec, nodes, "wan", seed)
+        flaky = run_method("network_aware", spec, nodes, "flaky", seed)
+        per_seed.append(
+            {
+                "seed": seed,
+                "wan_time_to_target_s": steady.time_to_target_s,
+                "flaky_time_to_target_s": flaky.time_to_target_s,
+                "flaky_reached_target": flaky.reached_target,
+                "slowdown": (flaky.time_to_target_s or float("inf")) / steady.time_to_target_s,
+                "node_rounds_dropped": sum(log.dropped for log in flaky.log),
+                "node_rounds": nodes * flaky.rounds,
+            }
+        )
+        print(f"  flaky seed {seed}: {per_seed[-1]['slowdown']:.2f}x the time of wan")
+    slowdowns = [row["slowdown"] for row in per_seed]
+    return {
+        "median_slowdown": statistics.median(slowdowns),
+        "all_reached_target": all(row["flaky_reached_target"] for row in per_seed),
+        "node_rounds_dropped": sum(row["node_rounds_dropped"] for row in per_seed),
+        "node_rounds": sum(row["node_rounds"] for row in per_seed),
+        "per_seed": per_seed,
     }
-    print(f"  flaky: {out['slowdown']:.2f}x the time of wan, {dropped} node-rounds dropped")
-    return out
 
 
 def chart(data: dict[str, Any], path: Path) -> None:

@@ -44,7 +44,7 @@ def network_aware_variant(spec: JobSpec) -> JobSpec:
     return spec.replace(
         adaptation={**spec.adaptation.model_dump(mode="json"), "enabled": True},
         compression={**spec.compression.model_dump(mode="json"), "codec": "auto"},
-        rounds={**spec.rounds.model_dump(mode="json"), "quorum": 0.5, "late_updates": "stale"},
+        rounds={**spec.rounds.model_dump(mode="json"), "quorum": 0.75, "late_updates": "stale"},
     )
 
 
