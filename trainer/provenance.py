@@ -379,7 +379,7 @@ def verify_with_artifacts(
 
 def record_round(
     chain: ProvenanceChain,
-    store: ArtifactStore,
+    store: ArtifactStore | None,
     *,
     round: int,
     global_state: Mapping[str, torch.Tensor],
@@ -396,20 +396,25 @@ def record_round(
     `strategy.aggregate(global_state, ...)` (clone it if the strategy updates tensors in
     place). `updates` are (update, shard_hash) pairs in exactly the order they were passed
     to `aggregate`: the replay uses this order, and float sums depend on it.
+    Without a store only the hashes are recorded (the chain verifies, but cannot be replayed).
     """
-    input_hash = store.put_state(global_state)
-    store.put_state(strategy_state_before)  # append hashes the same snapshot
+
+    def keep(state: Mapping[str, torch.Tensor]) -> str:
+        return store.put_state(state) if store is not None else state_hash(state)
+
+    input_hash = keep(global_state)
+    keep(strategy_state_before)  # append hashes the same snapshot
     contributions = [
         Contribution(
             node_id=update.node_id,
             shard_hash=shard_hash,
-            update_hash=store.put_state(update.delta),
+            update_hash=keep(update.delta),
             num_samples=int(update.num_samples),
             metrics=_float_metrics(update.metrics),
         )
         for update, shard_hash in updates
     ]
-    output_hash = store.put_state(new_state)
+    output_hash = keep(new_state)
     return chain.append(
         round=round,
         input_model_hash=input_hash,

@@ -25,8 +25,8 @@ from trainer.compression import CodecConfig, decode_any, encode_update
 from trainer.evaluate import evaluate
 from trainer.hashing import state_hash
 from trainer.local import train_local
-from trainer.provenance import ProvenanceChain
-from trainer.sim.federated import ProgressFn, RunOptions, account_round, record_provenance
+from trainer.provenance import ProvenanceChain, record_round
+from trainer.sim.federated import ProgressFn, RunOptions, account_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.nodes import InFlight, SimNode, State, computing_in, time_in
 from trainer.sim.report import RoundLog, SimResult
@@ -115,16 +115,16 @@ class NetworkAwareRun:
         self.setup.model.load_state_dict(new_state)
         ev = evaluate(self.setup.model, self.setup.dataset)
         metrics = {"accuracy": ev.accuracy, "loss": ev.loss}
-        record_provenance(
+        record_round(
             self.chain,
             None,
-            r,
-            self.global_state,
-            self.strategy,
-            before,
-            updates,
-            new_state,
-            metrics,
+            round=r,
+            global_state=self.global_state,
+            strategy=self.strategy,
+            strategy_state_before=before,
+            updates=updates,
+            new_state=new_state,
+            metrics=metrics,
         )
         self.global_state = new_state
         self.version += 1

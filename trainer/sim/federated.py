@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from trainer.aggregation import ClientUpdate, Strategy, build_strategy
+from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from trainer.evaluate import Evaluation, evaluate
 from trainer.hashing import state_hash
 from trainer.local import planned_steps, train_local
-from trainer.provenance import Contribution, ProvenanceChain, record_round
+from trainer.provenance import ProvenanceChain, record_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup, derive_seed
@@ -163,8 +163,16 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
     setup.model.load_state_dict(new_state)
     ev = evaluate(setup.model, setup.dataset)
     metrics = {"accuracy": ev.accuracy, "loss": ev.loss}
-    record_provenance(
-        chain, store, r, global_state, strategy, strategy_before, updates, new_state, metrics
+    record_round(
+        chain,
+        store,
+        round=r,
+        global_state=global_state,
+        strategy=strategy,
+        strategy_state_before=strategy_before,
+        updates=updates,
+        new_state=new_state,
+        metrics=metrics,
     )
     log = RoundLog(
         round=r,
@@ -183,45 +191,6 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         rejected=rejected,
     )
     return log, new_state, chain
-
-
-def record_provenance(
-    chain: ProvenanceChain,
-    store: ArtifactStore | None,
-    round_: int,
-    global_state: dict[str, torch.Tensor],
-    strategy: Strategy,
-    strategy_before: dict[str, torch.Tensor],
-    updates: list[tuple[ClientUpdate, str]],
-    new_state: dict[str, torch.Tensor],
-    metrics: dict[str, float],
-) -> None:
-    """Chain this round's record; with a store, also keep every artifact for re-verification."""
-    if store is not None:
-        record_round(
-            chain,
-            store,
-            round=round_,
-            global_state=global_state,
-            strategy=strategy,
-            strategy_state_before=strategy_before,
-            updates=updates,
-            new_state=new_state,
-            metrics=metrics,
-        )
-        return
-    chain.append(
-        round=round_,
-        input_model_hash=state_hash(global_state),
-        strategy=strategy,
-        strategy_state_before=strategy_before,
-        contributions=[
-            Contribution(u.node_id, h, state_hash(u.delta), u.num_samples, dict(u.metrics))
-            for u, h in updates
-        ],
-        output_model_hash=state_hash(new_state),
-        metrics=metrics,
-    )
 
 
 def _save(path, setup, r, global_state, strategy, result, chain) -> None:
