@@ -118,3 +118,24 @@ def test_updates_over_the_norm_bound_are_rejected_and_the_round_goes_on(spec) ->
     assert [log.rejected for log in result.log] == [1, 1, 1]
     assert all(log.participants == 3 for log in result.log)
     assert result.final_accuracy > 0.5
+
+
+def test_cli_compare_prints_each_method_with_its_figures(tmp_path: Path, capsys) -> None:
+    spec = load_spec(DIGITS).replace(adaptation={"max_local_steps": 100})
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(spec.to_dict()))
+    argv = ["compare", str(path), "--nodes", "4", "--network", "lan", "--target", "0.9", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for method in ("naive_sync", "fedavg", "network_aware"):
+        row = out[method]
+        for key in (
+            "time_to_target_s",
+            "bytes_up_per_node_to_target",
+            "final_accuracy",
+            "utilization",
+            "idle_fraction",
+        ):
+            assert key in row, (method, key)
+        assert row["reached_target"], method
+    assert out["ratios"]["time_aware_over_fedavg"] is not None
