@@ -1,0 +1,30 @@
+"""DRF authentication by `Authorization: Bearer gfx_…` keys."""
+
+from __future__ import annotations
+
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from marketplace.accounts.models import ApiKey, User
+from marketplace.accounts.selectors import active_key
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[User, ApiKey] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != self.keyword.lower() or not token.strip():
+            raise exceptions.AuthenticationFailed(
+                "The Authorization header must be 'Bearer <api key>'."
+            )
+        key = active_key(token.strip())
+        if key is None:
+            raise exceptions.AuthenticationFailed("The API key is unknown or has been revoked.")
+        return key.user, key
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword

@@ -1,0 +1,78 @@
+"""Bodies of the agent endpoints, as docs/agent-api.md defines them."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from marketplace.jobs.uploads import FAIL_REASONS
+
+
+class HeartbeatMetricsSerializer(serializers.Serializer):
+    gpu_util = serializers.FloatField(required=False, min_value=0)
+    gpu_temp_c = serializers.FloatField(required=False)
+    gpu_mem_used_mb = serializers.FloatField(required=False, min_value=0)
+
+
+class HeartbeatNetworkSerializer(serializers.Serializer):
+    rtt_ms = serializers.FloatField(required=False, min_value=0)
+    up_mbps = serializers.FloatField(required=False, min_value=0)
+    down_mbps = serializers.FloatField(required=False, min_value=0)
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=["idle", "working", "paused"])
+    task_id = serializers.CharField(required=False, allow_null=True, max_length=64)
+    progress = serializers.FloatField(required=False, allow_null=True, min_value=0, max_value=1)
+    metrics = HeartbeatMetricsSerializer(required=False, default=dict)
+    network = HeartbeatNetworkSerializer(required=False, default=dict)
+
+
+class HeartbeatReplySerializer(serializers.Serializer):
+    server_time = serializers.DateTimeField()
+    heartbeat_interval_s = serializers.FloatField()
+    lease_timeout_s = serializers.FloatField()
+
+
+class ClaimQuerySerializer(serializers.Serializer):
+    wait = serializers.FloatField(required=False, default=0.0, min_value=0.0, max_value=30.0)
+
+
+class TaskSerializer(serializers.Serializer):
+    """docs/agent-api.md, "A task"."""
+
+    id = serializers.UUIDField()
+    job_id = serializers.UUIDField()
+    round = serializers.IntegerField()
+    kind = serializers.CharField()
+    spec = serializers.DictField()
+    steps = serializers.IntegerField()
+    batch_size = serializers.IntegerField()
+    seed = serializers.IntegerField()
+    codec = serializers.CharField()
+    proximal_mu = serializers.FloatField()
+    deadline = serializers.DateTimeField()
+    model_hash = serializers.CharField()
+    shard_hash = serializers.CharField(allow_null=True)
+    local_dataset = serializers.CharField(required=False, help_text="federated tasks only")
+
+
+class ClaimReplySerializer(serializers.Serializer):
+    task = TaskSerializer()
+
+
+class FailSerializer(serializers.Serializer):
+    reason = serializers.ChoiceField(choices=sorted(FAIL_REASONS))
+    detail = serializers.CharField(required=False, allow_blank=True, default="", max_length=1000)
+
+
+class EarningsSerializer(serializers.Serializer):
+    today = serializers.CharField()
+    total = serializers.CharField()
+
+
+class MeSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    state = serializers.CharField()
+    reliability = serializers.FloatField()
+    earnings = EarningsSerializer()

@@ -1,0 +1,91 @@
+# ruff: noqa: RUF012 - Django/DRF declare Meta options and view settings as class attributes
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from rest_framework import serializers
+
+from marketplace.jobs.models import Job, Round, Tier
+
+
+class SpecField(serializers.JSONField):
+    """An object (JSON bodies) or JSON / YAML text (multipart forms); parsed by the service,
+    which reports problems with the spec's own field paths."""
+
+    def to_internal_value(self, data: object) -> object:
+        if isinstance(data, str | bytes | dict):
+            return data
+        return super().to_internal_value(data)
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    spec = SpecField(help_text="the job spec: an object, or JSON/YAML text")
+    dataset = serializers.FileField(required=False, allow_null=True, allow_empty_file=True)
+    tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.HYBRID)
+    budget = serializers.DecimalField(
+        max_digits=12, decimal_places=4, min_value=Decimal("0"), default=Decimal("0")
+    )
+    max_price_per_gpu_hour = serializers.DecimalField(
+        max_digits=10, decimal_places=4, min_value=Decimal("0")
+    )
+    federated_dataset = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=100,
+        help_text="train on nodes holding this named local dataset (federated mode)",
+    )
+
+
+class JobSerializer(serializers.ModelSerializer):
+    max_rounds = serializers.IntegerField(read_only=True)
+    current_round = serializers.SerializerMethodField()
+    last_metrics = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "status",
+            "tier",
+            "budget",
+            "max_price_per_gpu_hour",
+            "federated_dataset",
+            "spec",
+            "rounds_done",
+            "max_rounds",
+            "current_round",
+            "reached_target",
+            "last_metrics",
+            "model_hash",
+            "error",
+            "created_at",
+            "updated_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_current_round(self, job: Job) -> int | None:
+        active = [r for r in job.rounds.all() if r.status in ("open", "aggregating")]
+        return active[0].number if active else None
+
+    def get_last_metrics(self, job: Job) -> dict | None:
+        done = [r for r in job.rounds.all() if r.status == "done"]
+        return done[-1].metrics if done else None
+
+
+class RoundSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Round
+        fields = [
+            "number",
+            "status",
+            "opened_at",
+            "deadline",
+            "closed_at",
+            "input_model_hash",
+            "metrics",
+        ]
+        read_only_fields = fields

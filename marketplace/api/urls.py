@@ -1,0 +1,45 @@
+"""/api/v1/: agent, providers, buyers, market, operators, keys, schema and docs."""
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from marketplace.api.views import agent, jobs, keys, market, nodes
+
+urlpatterns = [
+    # agent (docs/agent-api.md)
+    path("nodes/", nodes.NodeListView.as_view(), name="nodes"),
+    path("agent/heartbeat", agent.HeartbeatView.as_view(), name="agent-heartbeat"),
+    path("agent/claim", agent.ClaimView.as_view(), name="agent-claim"),
+    path("agent/tasks/<str:task_id>/model", agent.TaskModelView.as_view(), name="agent-model"),
+    path("agent/tasks/<str:task_id>/shard", agent.TaskShardView.as_view(), name="agent-shard"),
+    path("agent/tasks/<str:task_id>/update", agent.TaskUpdateView.as_view(), name="agent-update"),
+    path("agent/tasks/<str:task_id>/fail", agent.TaskFailView.as_view(), name="agent-fail"),
+    path("agent/me", agent.MeView.as_view(), name="agent-me"),
+    # providers
+    path("nodes/<int:pk>/", nodes.NodeDetailView.as_view(), name="node-detail"),
+    path("nodes/<int:pk>/key", nodes.NodeKeyView.as_view(), name="node-key"),
+    # buyers
+    path("jobs/", jobs.JobListView.as_view(), name="jobs"),
+    path("jobs/<uuid:pk>/", jobs.JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<uuid:pk>/rounds/", jobs.JobRoundsView.as_view(), name="job-rounds"),
+    path("jobs/<uuid:pk>/model", jobs.JobModelView.as_view(), name="job-model"),
+    path("jobs/<uuid:pk>/provenance", jobs.JobProvenanceView.as_view(), name="job-provenance"),
+    *[
+        path(
+            f"jobs/<uuid:pk>/{action}",
+            jobs.JobActionView.as_view(action_name=action),
+            name=f"job-{action}",
+        )
+        for action in ("pause", "resume", "cancel")
+    ],
+    # market and operators
+    path("market/capacity", market.CapacityView.as_view(), name="market-capacity"),
+    path("operator/nodes/", market.OperatorNodesView.as_view(), name="operator-nodes"),
+    path("operator/summary", market.OperatorSummaryView.as_view(), name="operator-summary"),
+    # keys
+    path("keys/", keys.KeyListView.as_view(), name="keys"),
+    path("keys/<int:pk>", keys.KeyDetailView.as_view(), name="key-detail"),
+    # schema
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+]

@@ -1,0 +1,134 @@
+"""The agent endpoints of docs/agent-api.md (node keys only)."""
+
+# ruff: noqa: RUF012 - Django/DRF declare Meta options and view settings as class attributes
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from marketplace.api.permissions import IsNode
+from marketplace.api.serializers.agent import (
+    ClaimQuerySerializer,
+    ClaimReplySerializer,
+    FailSerializer,
+    HeartbeatReplySerializer,
+    HeartbeatSerializer,
+    MeSerializer,
+)
+from marketplace.api.throttles import HeartbeatThrottle
+from marketplace.jobs import files
+from marketplace.jobs.errors import LocalDataset, TooLarge
+from marketplace.jobs.scheduling import claim_with_wait, task_payload
+from marketplace.jobs.selectors import node_earnings
+from marketplace.jobs.uploads import accept_update, fail_task, task_for_node
+from marketplace.nodes.models import Node
+from marketplace.nodes.services import record_heartbeat, touch
+
+SAFETENSORS = "application/octet-stream"
+
+
+class AgentView(APIView):
+    permission_classes = [IsNode]
+
+    def node(self, request: Request) -> Node:
+        return request.auth.node
+
+
+class HeartbeatView(AgentView):
+    throttle_classes = [HeartbeatThrottle]
+
+    @extend_schema(request=HeartbeatSerializer, responses=HeartbeatReplySerializer)
+    def post(self, request: Request) -> Response:
+        body = HeartbeatSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        reply = record_heartbeat(self.node(request), **body.validated_data)
+        return Response(HeartbeatReplySerializer(reply).data)
+
+
+class ClaimView(AgentView):
+    @extend_schema(
+        request=None,
+        parameters=[OpenApiParameter("wait", float, description="long poll seconds, at most 30")],
+        responses={200: ClaimReplySerializer, 204: OpenApiResponse(description="no work came")},
+    )
+    def post(self, request: Request) -> Response:
+        query = ClaimQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        node = self.node(request)
+        touch(node)
+        wait = min(query.validated_data["wait"], settings.GPUFLEX["MAX_CLAIM_WAIT_S"])
+        task = claim_with_wait(node, wait)
+        if task is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(ClaimReplySerializer({"task": task_payload(task)}).data)
+
+
+class TaskModelView(AgentView):
+    @extend_schema(responses={(200, SAFETENSORS): OpenApiTypes.BINARY})
+    def get(self, request: Request, task_id: str) -> HttpResponse:
+        task = task_for_node(self.node(request), task_id)
+        return HttpResponse(files.get(task.round.input_model_file), content_type=SAFETENSORS)
+
+
+class TaskShardView(AgentView):
+    @extend_schema(responses={(200, SAFETENSORS): OpenApiTypes.BINARY})
+    def get(self, request: Request, task_id: str) -> HttpResponse:
+        task = task_for_node(self.node(request), task_id)
+        if task.shard is None:
+            raise LocalDataset(
+                f"This task trains on your local dataset {task.round.job.federated_dataset!r}; "
+                "there is no shard to download."
+            )
+        return HttpResponse(files.get(task.shard.file), content_type=SAFETENSORS)
+
+
+class TaskUpdateView(AgentView):
+    @extend_schema(
+        request={SAFETENSORS: OpenApiTypes.BINARY},
+        parameters=[OpenApiParameter("X-GPUFlex-Metrics", str, OpenApiParameter.HEADER)],
+        responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT},
+    )
+    def put(self, request: Request, task_id: str) -> Response:
+        node = self.node(request)
+        task_for_node(node, task_id)  # 404 before reading a body that is not ours
+        limit = settings.GPUFLEX["MAX_UPDATE_BYTES"]
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        if declared > limit:
+            raise TooLarge(f"The update is {declared} bytes; the limit is {limit} bytes.")
+        try:
+            body = request.body
+        except RequestDataTooBig:
+            raise TooLarge(f"The update is larger than the limit of {limit} bytes.") from None
+        code = accept_update(node, task_id, body, request.headers.get("X-GPUFlex-Metrics"))
+        return Response({"accepted": True}, status=code)
+
+
+class TaskFailView(AgentView):
+    @extend_schema(request=FailSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request, task_id: str) -> Response:
+        body = FailSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        fail_task(self.node(request), task_id, **body.validated_data)
+        return Response({"released": True})
+
+
+class MeView(AgentView):
+    @extend_schema(responses=MeSerializer)
+    def get(self, request: Request) -> Response:
+        node = Node.objects.get(pk=self.node(request).pk)
+        data = {
+            "id": node.pk,
+            "name": node.name,
+            "state": node.state,
+            "reliability": node.reliability,
+            "earnings": node_earnings(node),
+        }
+        return Response(MeSerializer(data).data)

@@ -1,0 +1,64 @@
+"""Providers register and list their nodes; each registration returns the node's own key."""
+
+# ruff: noqa: RUF012 - Django/DRF declare Meta options and view settings as class attributes
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from marketplace.accounts.models import ApiKey
+from marketplace.accounts.services import issue_node_key, revoke_key
+from marketplace.api.permissions import IsProvider
+from marketplace.api.serializers.nodes import (
+    NodeCreatedSerializer,
+    NodeRegisterSerializer,
+    NodeSerializer,
+)
+from marketplace.nodes.selectors import nodes_of
+from marketplace.nodes.services import register_node
+
+
+class NodeListView(generics.ListAPIView):
+    permission_classes = [IsProvider]
+    serializer_class = NodeSerializer
+
+    def get_queryset(self):
+        return nodes_of(self.request.user)
+
+    @extend_schema(request=NodeRegisterSerializer, responses={201: NodeCreatedSerializer})
+    def post(self, request: Request) -> Response:
+        body = NodeRegisterSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        node, key = register_node(owner=request.user, **body.validated_data)
+        data = NodeSerializer(node).data | {"node_key": key}
+        return Response(data, status=status.HTTP_201_CREATED)
+
+
+class NodeDetailView(generics.RetrieveAPIView):
+    permission_classes = [IsProvider]
+    serializer_class = NodeSerializer
+
+    def get_queryset(self):
+        return nodes_of(self.request.user)
+
+
+class NodeKeyView(APIView):
+    """Rotate a node's credential: the old key stops working at once."""
+
+    permission_classes = [IsProvider]
+
+    @extend_schema(request=None, responses={201: NodeCreatedSerializer})
+    def post(self, request: Request, pk: int) -> Response:
+        node = get_object_or_404(nodes_of(request.user), pk=pk)
+        with transaction.atomic():
+            for key in ApiKey.objects.filter(node=node, revoked_at__isnull=True):
+                revoke_key(key)
+            _, plaintext = issue_node_key(node)
+        data = NodeSerializer(node).data | {"node_key": plaintext}
+        return Response(data, status=status.HTTP_201_CREATED)

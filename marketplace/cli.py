@@ -1,0 +1,195 @@
+"""`gpuflex`: run the server (serve, worker, manage) or use it (submit, jobs, download).
+
+The buyer commands use only the SDK (marketplace.client, httpx); Django is imported only by
+the server commands, inside their functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+
+from marketplace.client import Client, GPUFlexError
+
+SETTINGS = "marketplace.server.settings.base"
+
+
+def build_client(args: argparse.Namespace) -> Client:
+    return Client(args.server, args.key)
+
+
+# -- server commands ---------------------------------------------------------------------
+
+
+def _server_env() -> dict[str, str]:
+    return os.environ | {
+        "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", SETTINGS)
+    }
+
+
+def _tool(name: str) -> str:
+    """A console script from this interpreter's environment (the venv), else from PATH."""
+    local = os.path.join(os.path.dirname(sys.executable), name)
+    return local if os.path.exists(local) else (shutil.which(name) or name)
+
+
+def _exec(cmd: list[str], env: dict[str, str]) -> int:
+    """Become the server process, so that signals from a supervisor reach it directly."""
+    os.execvpe(cmd[0], cmd, env)
+    return 0  # not reached
+
+
+def cmd_manage(args: argparse.Namespace) -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
+    from marketplace.manage import main as manage
+
+    manage(["gpuflex manage", *args.rest])
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    env = _server_env()
+    if not args.no_migrate:
+        migrate = [sys.executable, "-m", "marketplace.manage", "migrate", "--noinput", "-v", "0"]
+        subprocess.run(migrate, env=env, check=True)
+    cmd = [
+        _tool("gunicorn"),
+        "marketplace.server.wsgi:application",
+        "--bind", args.bind,
+        "--workers", str(args.workers),
+        # threads: long polls (claim?wait=30) park a thread each, not a whole worker
+        "--worker-class", "gthread",
+        "--threads", str(args.threads),
+        "--access-logfile", "-" if args.access_log else "/dev/null",
+    ]  # fmt: skip
+    return _exec(cmd, env)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    cmd = [
+        _tool("celery"), "-A", "marketplace.server.celery", "worker",
+        "--concurrency", str(args.concurrency), "--loglevel", args.loglevel,
+    ]  # fmt: skip
+    if not args.no_beat:
+        cmd.append("-B")
+    return _exec(cmd, _server_env())
+
+
+# -- buyer commands ----------------------------------------------------------------------
+
+
+def _progress(client: Client, job: dict[str, Any], interval: float) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    bar = tqdm(total=job["max_rounds"], desc=job["name"], unit="round")
+    state = job
+    try:
+        for state in client.follow(job["id"], interval):
+            bar.update(state["rounds_done"] - bar.n)
+            metrics = state.get("last_metrics") or {}
+            if "accuracy" in metrics:
+                bar.set_postfix(accuracy=f"{metrics['accuracy']:.3f}", status=state["status"])
+    finally:
+        bar.close()
+    return state
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    with build_client(args) as client:
+        job = client.submit(
+            args.spec,
+            dataset=args.dataset,
+            tier=args.tier,
+            budget=args.budget,
+            max_price_per_gpu_hour=args.max_price,
+        )
+        print(f"submitted {job['id']} ({job['name']})")
+        if args.follow:
+            job = _progress(client, job, args.interval)
+            print(f"{job['id']}: {job['status']} after {job['rounds_done']} round(s)")
+            return 0 if job["status"] == "completed" else 1
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    with build_client(args) as client:
+        rows = client.jobs()
+    print(f"{'id':36}  {'status':10} {'rounds':>7}  {'accuracy':>8}  name")
+    for job in rows:
+        acc = (job.get("last_metrics") or {}).get("accuracy")
+        shown = f"{acc:.3f}" if acc is not None else "-"
+        rounds = f"{job['rounds_done']}/{job['max_rounds']}"
+        print(f"{job['id']:36}  {job['status']:10} {rounds:>7}  {shown:>8}  {job['name']}")
+    return 0
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    with build_client(args) as client:
+        model, record = client.download(args.job, args.output)
+    print(f"model: {model}\nprovenance: {record}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpuflex", description=__doc__.splitlines()[0])
+    p.add_argument("--server", default=None, help="marketplace URL (env GPUFLEX_SERVER)")
+    p.add_argument("--key", default=None, help="API key (env GPUFLEX_API_KEY)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the API server (gunicorn)")
+    s.add_argument("--bind", default="127.0.0.1:8000")
+    s.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 1))
+    s.add_argument("--threads", type=int, default=16)
+    s.add_argument("--no-migrate", action="store_true")
+    s.add_argument("--access-log", action="store_true")
+    s.set_defaults(func=cmd_serve)
+
+    w = sub.add_parser("worker", help="run a Celery worker with the periodic tick (beat)")
+    w.add_argument("--concurrency", type=int, default=1)
+    w.add_argument("--loglevel", default="INFO")
+    w.add_argument("--no-beat", action="store_true")
+    w.set_defaults(func=cmd_worker)
+
+    m = sub.add_parser("manage", help="Django management commands", add_help=False)
+    m.add_argument("rest", nargs=argparse.REMAINDER)
+    m.set_defaults(func=cmd_manage)
+
+    j = sub.add_parser("submit", help="submit a job spec (YAML or JSON)")
+    j.add_argument("spec")
+    j.add_argument("--dataset", help="CSV, NPZ or Parquet file for the spec's dataset")
+    j.add_argument("--tier", choices=["volunteer", "hybrid", "platform"], default="hybrid")
+    j.add_argument("--budget", default="0")
+    j.add_argument("--max-price", default="1.00", help="per GPU-hour")
+    j.add_argument("--follow", action="store_true", help="show progress until the job ends")
+    j.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
+    j.set_defaults(func=cmd_submit)
+
+    sub.add_parser("jobs", help="list your jobs").set_defaults(func=cmd_jobs)
+
+    d = sub.add_parser("download", help="download a job's model and provenance record")
+    d.add_argument("job")
+    d.add_argument("-o", "--output", default=".")
+    d.set_defaults(func=cmd_download)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except GPUFlexError as exc:
+        print(f"gpuflex: {exc.detail} ({exc.status} {exc.code})", file=sys.stderr)
+        return 2
+    except httpx.TransportError as exc:
+        print(f"gpuflex: cannot reach the marketplace: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The GPUFlex marketplace SDK: the public REST API over httpx, and nothing of Django.
+
+client = Client("https://gpuflex.example", api_key="gfx_u_…")
+job = client.submit("job.yaml", max_price_per_gpu_hour="0.50")
+for state in client.follow(job["id"]):
+    print(state["rounds_done"], state["last_metrics"])
+client.download(job["id"], "out/")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
+
+class GPUFlexError(Exception):
+    """A 4xx/5xx answer: `code` and `detail` come from the server's error body."""
+
+    def __init__(self, status: int, code: str, detail: str, body: Any = None) -> None:
+        super().__init__(f"{status} {code}: {detail}")
+        self.status, self.code, self.detail, self.body = status, code, detail, body
+
+
+class Client:
+    def __init__(
+        self,
+        server: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        server = (server or os.environ.get("GPUFLEX_SERVER") or DEFAULT_SERVER).rstrip("/")
+        key = api_key or os.environ.get("GPUFLEX_API_KEY", "")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(
+            base_url=f"{server}/api/v1/", headers=headers, timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = self._http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                code, detail = body.get("error", "error"), body.get("detail", response.text)
+            except ValueError:
+                body, code, detail = None, "error", response.text[:500]
+            raise GPUFlexError(response.status_code, code, detail, body)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._request(method, path, **kwargs).json()
+
+    def _pages(self, path: str, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        offset = 0
+        while True:
+            page = self._json("GET", path, params={"limit": page_size, "offset": offset})
+            yield from page["results"]
+            offset += len(page["results"])
+            if not page.get("next") or not page["results"]:
+                return
+
+    # -- buyers ----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        spec: str | Path | dict[str, Any],
+        *,
+        dataset: str | Path | None = None,
+        tier: str = "hybrid",
+        budget: str = "0",
+        max_price_per_gpu_hour: str = "1.00",
+    ) -> dict[str, Any]:
+        """Submit a job; `spec` is a mapping or a YAML/JSON file (sent as text, parsed by the
+        server, so errors come back with the spec's field paths)."""
+        text = json.dumps(spec) if isinstance(spec, dict) else Path(spec).read_text("utf-8")
+        form = {
+            "spec": text,
+            "tier": tier,
+            "budget": str(budget),
+            "max_price_per_gpu_hour": str(max_price_per_gpu_hour),
+        }
+        if dataset is None:
+            return self._json("POST", "jobs/", data=form)
+        path = Path(dataset)
+        with path.open("rb") as fh:
+            return self._json("POST", "jobs/", data=form, files={"dataset": (path.name, fh)})
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return list(self._pages("jobs/"))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"jobs/{job_id}/")
+
+    def rounds(self, job_id: str) -> list[dict[str, Any]]:
+        return list(self._pages(f"jobs/{job_id}/rounds/"))
+
+    def pause(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"jobs/{job_id}/pause")
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"jobs/{job_id}/resume")
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return self._json("POST", f"jobs/{job_id}/cancel")
+
+    def follow(self, job_id: str, interval: float = 2.0) -> Iterator[dict[str, Any]]:
+        """The job's state every `interval` seconds until it completes, fails or is cancelled."""
+        while True:
+            state = self.job(job_id)
+            yield state
+            if state["status"] in TERMINAL:
+                return
+            time.sleep(interval)
+
+    def model_bytes(self, job_id: str) -> bytes:
+        return self._request("GET", f"jobs/{job_id}/model").content
+
+    def provenance(self, job_id: str) -> dict[str, Any]:
+        return self._json("GET", f"jobs/{job_id}/provenance")
+
+    def download(self, job_id: str, directory: str | Path = ".") -> tuple[Path, Path]:
+        """Write JOB.safetensors (the model) and JOB.provenance.json into `directory`."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        model = out / f"{job_id}.safetensors"
+        model.write_bytes(self.model_bytes(job_id))
+        record = out / f"{job_id}.provenance.json"
+        record.write_text(json.dumps(self.provenance(job_id), indent=1), "utf-8")
+        return model, record
+
+    def capacity(self) -> dict[str, Any]:
+        return self._json("GET", "market/capacity")

@@ -1,0 +1,244 @@
+"""Closing a round: statistics, aggregation, evaluation, checkpoint, provenance, next round.
+
+Idempotent: the heavy part runs outside any transaction and writes only content-addressed
+or per-job files; the checkpoint is written before the database moves on, and a re-run that
+finds a checkpoint already at this round reuses it instead of aggregating twice. The final
+transaction re-checks the round's status, so a duplicate delivery changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.jobs import files
+from marketplace.jobs.datasets import job_dataset
+from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, TaskResult
+from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
+from marketplace.jobs.rounds import open_round, unit_states
+from marketplace.jobs.verification import cosine
+from marketplace.nodes.services import record_verification
+from trainer.aggregation import ClientUpdate, build_strategy, coordinate_median, flatten_state
+from trainer.artifacts import ArtifactStore
+from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from trainer.evaluate import evaluate
+from trainer.hashing import state_hash
+from trainer.provenance import ProvenanceChain, record_round
+from trainer.spec import parse_spec
+from trainer.updates import decode_state
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_name(job: Job) -> str:
+    return f"{files.job_dir(job.id)}/checkpoint.safetensors"
+
+
+def provenance_name(job: Job) -> str:
+    return f"{files.job_dir(job.id)}/provenance.json"
+
+
+def artifact_store() -> ArtifactStore:
+    return ArtifactStore(Path(settings.DATA_DIR) / "artifacts")
+
+
+def read_checkpoint(job: Job) -> Checkpoint | None:
+    from django.core.files.storage import default_storage
+
+    name = checkpoint_name(job)
+    if not default_storage.exists(name):
+        return None
+    with files.local_copy(name, ".safetensors") as path:
+        return load_checkpoint(path)
+
+
+def write_checkpoint(job: Job, ckpt: Checkpoint) -> None:
+    with tempfile.TemporaryDirectory(prefix="gpuflex-ckpt-") as tmp:
+        path = Path(tmp) / "checkpoint.safetensors"
+        save_checkpoint(path, ckpt)
+        files.put(checkpoint_name(job), path.read_bytes())
+
+
+@dataclass
+class Outcome:
+    state: State
+    metrics: dict[str, Any]
+    reached_target: bool
+    used: list[int]  # TaskResult ids aggregated, in order
+    dropped: dict[int, float]  # TaskResult id -> cosine, rejected by statistics
+    cosines: dict[int, float]  # TaskResult id -> cosine to the round's median update
+
+
+def _statistical_filter(
+    results: list[TaskResult], deltas: dict[int, State]
+) -> tuple[list[TaskResult], dict[int, float]]:
+    """Drop updates pointing away from the round's coordinate-wise median: a robust
+    reference, so one huge malicious update cannot drag it (a mean would follow it)."""
+    if len(results) < 3:
+        return results, {}
+    reference = flatten_state(
+        coordinate_median([deltas[r.pk] for r in results], dtype=torch.float64)
+    )
+    keep, dropped = [], {}
+    for r in results:
+        c = cosine(flatten_state(deltas[r.pk], dtype=torch.float64), reference)
+        r.cosine = c
+        if c < settings.GPUFLEX["MIN_COSINE"]:
+            dropped[r.pk] = c
+        else:
+            keep.append(r)
+    return keep, dropped
+
+
+def _order(result: TaskResult) -> tuple[int, int]:
+    """Shard order (silos by node id): the order provenance replays the aggregation in."""
+    shard = result.task.shard
+    return (0, shard.index) if shard else (1, result.node_id)
+
+
+def _shard_label(job: Job, result: TaskResult) -> str:
+    shard = result.task.shard
+    return shard.content_hash if shard else f"local:{job.federated_dataset}:{result.node_id}"
+
+
+def _compute(job: Job, rnd: Round) -> Outcome:
+    spec = parse_spec(job.spec)
+    previous = read_checkpoint(job)
+    if previous is not None and previous.round >= rnd.number:
+        # an earlier attempt got as far as the checkpoint: reuse it, do not aggregate twice
+        last = previous.history[-1]
+        return Outcome(
+            previous.model_state,
+            last,
+            bool(previous.extra.get("reached_target")),
+            last.get("used", []),
+            {},
+            {},
+        )
+    global_state = load_model_file(rnd.input_model_file)
+    results = [s.result for s in unit_states(rnd, at_deadline=True) if s.result is not None]
+    results.sort(key=_order)
+    deltas = {r.pk: decode_state(files.get(r.update_file))[0] for r in results}
+    kept, dropped = _statistical_filter(results, deltas)
+
+    strategy = build_strategy(spec.aggregation)
+    chain = ProvenanceChain(str(job.id))
+    history: list[dict[str, Any]] = []
+    if previous is not None:
+        strategy.load_state_dict(previous.strategy_state)
+        chain = ProvenanceChain.from_json(previous.extra["provenance"])
+        history = list(previous.history)
+    before = {k: v.clone() for k, v in strategy.state_dict().items()}
+    updates = [
+        (
+            ClientUpdate(str(r.node_id), deltas[r.pk], r.num_samples, r.metrics),
+            _shard_label(job, r),
+        )
+        for r in kept
+    ]
+    new_state = (
+        strategy.aggregate(global_state, [u for u, _ in updates]) if updates else dict(global_state)
+    )
+    model = new_model(job)
+    model.load_state_dict(new_state)
+    ev = evaluate(model, job_dataset(job))
+    target = spec.rounds.target
+    reached = bool(target and ev.meets(target.metric, target.value))
+    metrics = {
+        "round": rnd.number,
+        "accuracy": ev.accuracy,
+        "correct": ev.correct,
+        "total": ev.total,
+        "loss": ev.loss,
+        "participants": len(kept),
+        "rejected": len(dropped),
+        "used": [r.pk for r in kept],
+    }
+    record_round(
+        chain,
+        artifact_store(),
+        round=rnd.number,
+        global_state=global_state,
+        strategy=strategy,
+        strategy_state_before=before,
+        updates=updates,
+        new_state=new_state,
+        metrics={"accuracy": ev.accuracy, "loss": ev.loss},
+    )
+    history.append(metrics)
+    write_checkpoint(
+        job,
+        Checkpoint(
+            spec=job.spec,
+            round=rnd.number,
+            model_state=new_state,
+            strategy_state=strategy.state_dict(),
+            history=history,
+            rng={"seed": spec.seed},
+            extra={"provenance": chain.to_json(), "reached_target": reached},
+        ),
+    )
+    files.put(provenance_name(job), chain.to_json().encode())
+    cosines = {r.pk: r.cosine for r in results if r.cosine is not None}
+    return Outcome(new_state, metrics, reached, [r.pk for r in kept], dropped, cosines)
+
+
+def run_aggregation(round_id: int) -> None:
+    rnd = Round.objects.select_related("job").filter(pk=round_id).first()
+    if rnd is None or rnd.status != RoundStatus.AGGREGATING:
+        return
+    job = rnd.job
+    outcome = _compute(job, rnd)
+    with transaction.atomic():
+        rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
+        if rnd.status != RoundStatus.AGGREGATING:
+            return  # a duplicate delivery finished first
+        job = Job.objects.select_for_update().get(pk=rnd.job_id)
+        _settle_results(rnd, outcome)
+        rnd.status = RoundStatus.DONE
+        rnd.metrics = {k: v for k, v in outcome.metrics.items() if k != "used"}
+        rnd.save(update_fields=["status", "metrics"])
+        job.rounds_done = rnd.number
+        job.reached_target = outcome.reached_target
+        model_hash, model_file = store_model(job, rnd.number + 1, outcome.state)
+        job.model_hash, job.model_file = model_hash, model_file
+        fields = ["rounds_done", "reached_target", "model_hash", "model_file", "updated_at"]
+        finished = outcome.reached_target or rnd.number >= job.max_rounds
+        if finished and job.status != JobStatus.CANCELLED:
+            job.status = JobStatus.COMPLETED
+            job.finished_at = timezone.now()
+            fields += ["status", "finished_at"]
+        job.save(update_fields=fields)
+        if job.status in (JobStatus.RUNNING, JobStatus.PAUSED):
+            open_round(job, rnd.number + 1, outcome.state)
+    log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
+
+
+def _settle_results(rnd: Round, outcome: Outcome) -> None:
+    used = set(outcome.used)
+    for result in TaskResult.objects.filter(task__round=rnd):
+        result.cosine = outcome.cosines.get(result.pk, result.cosine)
+        if result.pk in outcome.dropped:
+            record_verification(result.node_id, bad=1)
+            result.accepted = False
+            result.cosine = outcome.dropped[result.pk]
+            result.rejection = "statistical check: update points away from the others"
+        result.aggregated = result.pk in used
+        result.credited = result.aggregated or (result.accepted and result.verified is True)
+        result.save(update_fields=["accepted", "cosine", "rejection", "aggregated", "credited"])
+
+
+def final_model_bytes(job: Job) -> bytes:
+    return files.get(job.model_file)
+
+
+def model_state_hash(data: bytes) -> str:
+    return state_hash(decode_state(data)[0])

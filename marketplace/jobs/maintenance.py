@@ -1,0 +1,132 @@
+"""The periodic tick: reclaim lost work, close overdue rounds, unstick the pipeline.
+
+Everything the server promises after a crash hangs off this: leases of silent nodes and
+expired leases go back to the queue, rounds past their deadline close with what they
+have, aggregations whose worker died are enqueued again, and running jobs without a round
+in flight (a crash between checkpoint and next round) continue from their checkpoint.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, Task, TaskStatus
+from marketplace.jobs.rounds import (
+    open_round,
+    reserve_silos,
+    round_deadline,
+    start_aggregation,
+    unit_states,
+)
+from marketplace.jobs.uploads import release_task
+from marketplace.nodes.services import mark_offline
+
+
+def reclaim_leases() -> int:
+    """Leases of nodes gone offline and leases past their expiry return to the queue."""
+    now = timezone.now()
+    offline = mark_offline(now)
+    lost = Task.objects.filter(status=TaskStatus.LEASED).filter(
+        node_id__in=offline
+    ) | Task.objects.filter(status=TaskStatus.LEASED, lease_expires__lt=now)
+    count = 0
+    for task in lost.distinct():
+        with transaction.atomic():
+            release_task(task, "lease lost: node silent or lease expired", lost=True)
+            count += 1
+    return count
+
+
+def close_overdue_rounds() -> int:
+    """Rounds past their deadline aggregate what they have; with nothing at all, they wait."""
+    closed = 0
+    overdue = Round.objects.filter(
+        status=RoundStatus.OPEN, deadline__lt=timezone.now(), job__status=JobStatus.RUNNING
+    ).values_list("pk", flat=True)
+    for round_id in overdue:
+        with transaction.atomic():
+            rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
+            if rnd.status != RoundStatus.OPEN:
+                continue
+            if any(s.result is not None for s in unit_states(rnd, at_deadline=True)):
+                start_aggregation(rnd)
+                closed += 1
+            else:
+                rnd.deadline = round_deadline(rnd.job)
+                rnd.save(update_fields=["deadline"])
+    return closed
+
+
+def restart_stuck_aggregations() -> int:
+    from marketplace.jobs.tasks import aggregate_round
+
+    cutoff = timezone.now() - timedelta(seconds=settings.GPUFLEX["STUCK_AGGREGATION_S"])
+    stuck = list(
+        Round.objects.filter(
+            status=RoundStatus.AGGREGATING, aggregating_since__lt=cutoff
+        ).values_list("pk", flat=True)
+    )
+    for round_id in stuck:
+        Round.objects.filter(pk=round_id).update(aggregating_since=timezone.now())
+        transaction.on_commit(lambda rid=round_id: aggregate_round.delay(rid))
+    return len(stuck)
+
+
+def resume_orphaned_jobs() -> int:
+    """Running jobs with no round open or aggregating continue from their checkpoint."""
+    from marketplace.jobs.aggregation import read_checkpoint
+    from marketplace.jobs.models_io import load_model_file
+
+    active = Round.objects.filter(
+        job=OuterRef("pk"), status__in=[RoundStatus.OPEN, RoundStatus.AGGREGATING]
+    )
+    resumed = 0
+    for job in Job.objects.filter(status=JobStatus.RUNNING).exclude(Exists(active)):
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job.pk)
+            if Round.objects.filter(
+                job=job, status__in=[RoundStatus.OPEN, RoundStatus.AGGREGATING]
+            ).exists():
+                continue
+            ckpt = read_checkpoint(job)
+            if ckpt is not None:
+                number, state = ckpt.round + 1, ckpt.model_state
+            else:
+                first = Round.objects.get(job=job, number=1)
+                number, state = 1, load_model_file(first.input_model_file)
+            if number > job.max_rounds or (ckpt and ckpt.extra.get("reached_target")):
+                job.status = JobStatus.COMPLETED
+                job.finished_at = timezone.now()
+                job.save(update_fields=["status", "finished_at", "updated_at"])
+                continue
+            open_round(job, number, state)
+            resumed += 1
+    return resumed
+
+
+def reserve_new_silos() -> int:
+    """Federated rounds take in silos that came online after the round opened."""
+    added = 0
+    rounds = Round.objects.filter(status=RoundStatus.OPEN, job__status=JobStatus.RUNNING).exclude(
+        job__federated_dataset=""
+    )
+    for rnd in rounds.select_related("job"):
+        with transaction.atomic():
+            added += reserve_silos(rnd)
+    return added
+
+
+def tick() -> dict[str, Any]:
+    return {
+        "silos": reserve_new_silos(),
+        "reclaimed": reclaim_leases(),
+        "closed": close_overdue_rounds(),
+        "restarted": restart_stuck_aggregations(),
+        "resumed": resume_orphaned_jobs(),
+    }

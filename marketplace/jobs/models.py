@@ -1,0 +1,219 @@
+"""Jobs, their shards, rounds, tasks (leases) and task results (the ledger's input)."""
+
+# ruff: noqa: RUF012 - Django/DRF declare Meta options and view settings as class attributes
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Tier(models.TextChoices):
+    VOLUNTEER = "volunteer"  # cheapest; every result can be checked by redundancy
+    HYBRID = "hybrid"
+    PLATFORM = "platform"  # platform-owned nodes only; trusted, never replicated
+
+
+class JobStatus(models.TextChoices):
+    RUNNING = "running"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    buyer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs"
+    )
+    name = models.CharField(max_length=200)
+    spec = models.JSONField(help_text="trainer.spec.JobSpec.to_dict()")
+    tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.HYBRID)
+    budget = models.DecimalField(max_digits=12, decimal_places=4, default=Decimal("0"))
+    max_price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.RUNNING)
+    # "" for built-in datasets; else the uploaded file in storage
+    dataset_file = models.CharField(max_length=300, blank=True)
+    # federated mode: the named local dataset nodes train on (their data never leaves them);
+    # the job's own dataset is then only the held-out evaluation split
+    federated_dataset = models.CharField(max_length=100, blank=True)
+    input_shape = models.JSONField(default=list)
+    num_classes = models.PositiveIntegerField(default=0)
+    task_kind = models.CharField(max_length=32, default="classification")
+    min_memory_gb = models.FloatField(default=0.0)
+    proximal_mu = models.FloatField(default=0.0)
+    rounds_done = models.PositiveIntegerField(default=0)
+    reached_target = models.BooleanField(default=False)
+    model_hash = models.CharField(max_length=64, blank=True)
+    model_file = models.CharField(max_length=300, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["buyer", "created_at"]), models.Index(fields=["status"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"
+
+    @property
+    def max_rounds(self) -> int:
+        return int(self.spec["rounds"]["max_rounds"])
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in (JobStatus.RUNNING, JobStatus.PAUSED)
+
+    @property
+    def is_federated(self) -> bool:
+        return bool(self.federated_dataset)
+
+
+class Shard(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="shards")
+    index = models.PositiveIntegerField()
+    file = models.CharField(max_length=300)
+    content_hash = models.CharField(max_length=64)
+    size = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="shard_unique_index")]
+
+
+class RoundStatus(models.TextChoices):
+    OPEN = "open"
+    AGGREGATING = "aggregating"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+
+class Round(models.Model):
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="rounds")
+    number = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=RoundStatus.choices, default=RoundStatus.OPEN)
+    input_model_hash = models.CharField(max_length=64)
+    input_model_file = models.CharField(max_length=300)
+    opened_at = models.DateTimeField(auto_now_add=True)
+    deadline = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+    # set on entering AGGREGATING; the tick re-enqueues an aggregation that has stalled
+    aggregating_since = models.DateTimeField(null=True, blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="round_unique_number"),
+            # at most one round of a job in flight at a time
+            models.UniqueConstraint(
+                fields=["job"],
+                condition=Q(status__in=["open", "aggregating"]),
+                name="round_one_active_per_job",
+            ),
+        ]
+        ordering = ["number"]
+
+
+class TaskStatus(models.TextChoices):
+    PENDING = "pending"
+    LEASED = "leased"
+    DONE = "done"  # an update was accepted for it
+    FAILED = "failed"  # gave up after too many attempts
+    CANCELLED = "cancelled"  # round closed or job cancelled before it finished
+
+
+class Task(models.Model):
+    """One lease-able unit of work: a shard in a round, possibly one of several replicas.
+
+    Replicas (replica > 0) of the same (round, shard) run with the same seed, steps and batch
+    size on different nodes, so honest results agree and can verify each other.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="tasks")
+    # None for federated tasks: the node trains on its own local dataset
+    shard = models.ForeignKey(
+        Shard, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks"
+    )
+    # federated tasks are made for one node (the silo); nobody else may lease them
+    reserved_for = models.ForeignKey(
+        "nodes.Node", null=True, blank=True, on_delete=models.CASCADE, related_name="reserved"
+    )
+    replica = models.PositiveSmallIntegerField(default=0)
+    seed = models.BigIntegerField()
+    # fixed at the first lease of the unit (see sizing.py) and copied to replicas
+    steps = models.PositiveIntegerField(null=True, blank=True)
+    batch_size = models.PositiveIntegerField(null=True, blank=True)
+    codec = models.CharField(max_length=16, default="none")
+    status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.PENDING)
+    node = models.ForeignKey(
+        "nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
+    )
+    leased_at = models.DateTimeField(null=True, blank=True)
+    lease_expires = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.CharField(max_length=300, blank=True)
+    # the node's price when it took the lease: what the ledger will charge per GPU-hour
+    price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    @property
+    def unit(self) -> tuple[int | None, int | None]:
+        """What replicas share: the shard, or for a federated task the silo (its node)."""
+        return (self.shard_id, self.reserved_for_id)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["round", "shard", "replica"], name="task_unique_replica"
+            ),
+            models.UniqueConstraint(
+                fields=["round", "reserved_for"],
+                condition=Q(reserved_for__isnull=False),
+                name="task_one_per_silo",
+            ),
+            # a node never holds two replicas of one unit: they would not verify anything
+            models.UniqueConstraint(
+                fields=["round", "shard", "node"],
+                condition=Q(node__isnull=False),
+                name="task_one_replica_per_node",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["status", "round"]),
+            models.Index(fields=["status", "lease_expires"]),
+            # the claim order (scheduling.CLAIM_ORDER) over pending tasks only
+            models.Index(
+                fields=["replica", "round", "shard"],
+                condition=Q(status="pending"),
+                name="task_pending_order",
+            ),
+        ]
+
+
+class TaskResult(models.Model):
+    """An accepted upload and what verification made of it: the ledger charges
+    credited results at price x compute_s."""
+
+    task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="result")
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="results")
+    update_file = models.CharField(max_length=300)
+    update_hash = models.CharField(max_length=64, help_text="sha256 of the uploaded bytes")
+    num_samples = models.PositiveIntegerField()
+    metrics = models.JSONField(default=dict)
+    compute_s = models.FloatField(default=0.0)
+    # False once statistics or a replica majority reject it
+    accepted = models.BooleanField(default=True)
+    # None: not replicated; True: agreed with a replica majority; False: in the minority
+    verified = models.BooleanField(null=True)
+    verified_against = models.JSONField(default=list, help_text="node ids of the replicas")
+    cosine = models.FloatField(null=True, blank=True)
+    rejection = models.CharField(max_length=200, blank=True)
+    aggregated = models.BooleanField(default=False)
+    credited = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)

@@ -1,0 +1,97 @@
+"""Bulk assignment of pending tasks to idle nodes, in memory.
+
+The same rules as `scheduling.eligible_tasks` (tier, price, memory, reliability, never two
+replicas of one unit on one node, platform nodes take replicas first), applied to many
+nodes at once: tasks are grouped by job, so each decision costs O(jobs), not O(tasks).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from marketplace.jobs.models import Tier
+from marketplace.nodes.models import NodeKind
+
+
+@dataclass(frozen=True)
+class NodeView:
+    id: int
+    kind: str
+    price: Decimal
+    memory_gb: float
+    reliability: float
+
+
+@dataclass(frozen=True)
+class TaskView:
+    id: object
+    job: object
+    unit: tuple[int, int]  # (round id, shard id)
+    replica: int
+    tier: str
+    max_price: Decimal
+    min_memory_gb: float
+
+
+def _eligible_job(task: TaskView, node: NodeView) -> bool:
+    if node.price > task.max_price or node.memory_gb < task.min_memory_gb:
+        return False
+    if node.kind == NodeKind.PLATFORM:
+        return task.tier != Tier.VOLUNTEER or task.replica > 0
+    return task.tier != Tier.PLATFORM
+
+
+def plan_assignments(
+    tasks: Sequence[TaskView],
+    nodes: Iterable[NodeView],
+    *,
+    slots: int = 1,
+    min_reliability: float = 0.0,
+    held: Iterable[tuple[tuple[int, int], int]] = (),
+) -> list[tuple[object, int]]:
+    """(task id, node id) pairs: each node gets up to `slots` tasks, each task one node.
+
+    `tasks` come in priority order (oldest job first); `held` lists (unit, node) pairs
+    already leased, so no node is given a second replica of a unit it holds.
+    """
+    # per job, two queues: primaries and replicas, each in priority order
+    queues: dict[object, tuple[deque[TaskView], deque[TaskView]]] = {}
+    for task in tasks:
+        queues.setdefault(task.job, (deque(), deque()))[task.replica > 0].append(task)
+    holding = set(held)
+    plan: list[tuple[object, int]] = []
+    ordered = sorted(nodes, key=lambda n: n.kind != NodeKind.PLATFORM)  # platform first
+    for _ in range(slots):
+        for node in ordered:
+            if node.reliability < min_reliability:
+                continue
+            task = _take(queues, node, holding)
+            if task is not None:
+                plan.append((task.id, node.id))
+                holding.add((task.unit, node.id))
+    return plan
+
+
+def _take(
+    queues: dict[object, tuple[deque[TaskView], deque[TaskView]]],
+    node: NodeView,
+    holding: set[tuple[tuple[int, int], int]],
+) -> TaskView | None:
+    order = (1, 0) if node.kind == NodeKind.PLATFORM else (0, 1)
+    for which in order:
+        for pair in queues.values():
+            queue = pair[which]
+            if not queue or not _eligible_job(queue[0], node):
+                continue
+            # skip (rarely more than one) units this node already holds, keeping their order
+            skipped = []
+            while queue and (queue[0].unit, node.id) in holding:
+                skipped.append(queue.popleft())
+            task = queue.popleft() if queue else None
+            queue.extendleft(reversed(skipped))
+            if task is not None:
+                return task
+    return None

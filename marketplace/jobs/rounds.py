@@ -1,0 +1,146 @@
+"""Opening rounds and deciding when one closes (quorum or deadline)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.jobs.models import Job, Round, RoundStatus, Task, TaskResult, TaskStatus
+from marketplace.jobs.models_io import State, store_model
+from marketplace.jobs.signals import bump_work_generation
+from marketplace.nodes.models import Node, NodeKind
+from marketplace.nodes.selectors import online_nodes
+from trainer.sim.setup import derive_seed
+from trainer.spec import parse_spec
+
+
+def round_deadline(job: Job, now: datetime | None = None) -> datetime:
+    spec_deadline = job.spec["rounds"].get("deadline_s")
+    seconds = spec_deadline or settings.GPUFLEX["ROUND_DEADLINE_S"]
+    return (now or timezone.now()) + timedelta(seconds=seconds)
+
+
+def open_round(job: Job, number: int, state: State) -> Round:
+    """Store the round's input model and create one pending task per shard."""
+    model_hash, model_file = store_model(job, number, state)
+    rnd = Round.objects.create(
+        job=job,
+        number=number,
+        input_model_hash=model_hash,
+        input_model_file=model_file,
+        deadline=round_deadline(job),
+    )
+    if job.is_federated:
+        reserve_silos(rnd)
+    else:
+        seed = parse_spec(job.spec).seed
+        Task.objects.bulk_create(
+            Task(round=rnd, shard=shard, replica=0, seed=derive_seed(seed, number, shard.index))
+            for shard in job.shards.order_by("index")
+        )
+    transaction.on_commit(bump_work_generation)
+    return rnd
+
+
+def silo_fits(job: Job, node: Node) -> bool:
+    """A node may train a federated job: it holds the dataset and meets price, memory, tier."""
+    from marketplace.jobs.models import Tier
+
+    if job.federated_dataset not in (node.local_datasets or []):
+        return False
+    if node.price_per_gpu_hour > job.max_price_per_gpu_hour or node.memory_gb < job.min_memory_gb:
+        return False
+    if job.tier == Tier.PLATFORM:
+        return node.kind == NodeKind.PLATFORM
+    return not (job.tier == Tier.VOLUNTEER and node.kind == NodeKind.PLATFORM)
+
+
+def reserve_silos(rnd: Round) -> int:
+    """One task per online node holding the job's local dataset, reserved for that node;
+    silos that come online later join while the round is open (the tick calls this)."""
+    job = rnd.job
+    taken = set(Task.objects.filter(round=rnd).values_list("reserved_for_id", flat=True))
+    seed = parse_spec(job.spec).seed
+    silos = [n for n in online_nodes() if n.pk not in taken and silo_fits(job, n)]
+    Task.objects.bulk_create(
+        Task(round=rnd, reserved_for=n, replica=0, seed=derive_seed(seed, rnd.number, n.pk))
+        for n in silos
+    )
+    if silos:
+        transaction.on_commit(bump_work_generation)
+    return len(silos)
+
+
+@dataclass(frozen=True)
+class UnitState:
+    """Where one (round, shard) stands: the result to aggregate, if it is settled."""
+
+    unit: tuple[int | None, int | None]  # Task.unit
+    settled: bool
+    result: TaskResult | None  # the accepted result to aggregate (None: nothing usable)
+
+
+def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
+    """A unit is settled when verification has nothing more to wait for. At the deadline,
+    an accepted result whose replica never came back is used unverified."""
+    tasks = list(
+        Task.objects.filter(round=rnd).select_related("result").order_by("replica", "created_at")
+    )
+    by_unit: dict[tuple[int | None, int | None], list[Task]] = {}
+    for task in tasks:
+        by_unit.setdefault(task.unit, []).append(task)
+    states = []
+    for unit, group in by_unit.items():
+        results = [t.result for t in group if hasattr(t, "result")]
+        accepted = [r for r in results if r.accepted]
+        outstanding = any(t.status in (TaskStatus.PENDING, TaskStatus.LEASED) for t in group)
+        verified = [r for r in accepted if r.verified]
+        # an unverified result is usable only when it is the unit's only one: two that were
+        # never reconciled are a dispute, and either of them may be the bad one
+        unverified = [r for r in accepted if r.verified is None]
+        usable = unverified[0] if len(unverified) == 1 else None
+        if verified:
+            states.append(UnitState(unit, True, verified[0]))
+        elif outstanding:
+            states.append(UnitState(unit, at_deadline, usable))
+        else:
+            states.append(UnitState(unit, True, usable))
+    return states
+
+
+def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
+    quorum = float(rnd.job.spec["rounds"].get("quorum", 1.0))
+    settled = sum(1 for s in states if s.settled)
+    return settled >= math.ceil(quorum * len(states) - 1e-9)
+
+
+def start_aggregation(rnd: Round) -> None:
+    """OPEN -> AGGREGATING (caller holds the round's row lock); outstanding work is cancelled
+    and the aggregation is enqueued once this transaction commits."""
+    from marketplace.jobs.tasks import aggregate_round  # tasks imports services
+
+    now = timezone.now()
+    rnd.status = RoundStatus.AGGREGATING
+    rnd.closed_at = now
+    rnd.aggregating_since = now
+    rnd.save(update_fields=["status", "closed_at", "aggregating_since"])
+    Task.objects.filter(round=rnd, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]).update(
+        status=TaskStatus.CANCELLED
+    )
+    round_id = rnd.pk
+    transaction.on_commit(lambda: aggregate_round.delay(round_id))
+
+
+def maybe_close(rnd: Round) -> bool:
+    """Close the round if quorum is reached; the caller holds the round's row lock."""
+    if rnd.status != RoundStatus.OPEN:
+        return False
+    if quorum_reached(rnd, unit_states(rnd)):
+        start_aggregation(rnd)
+        return True
+    return False

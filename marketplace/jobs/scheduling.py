@@ -1,0 +1,340 @@
+"""Claiming work: which pending task a node may take, leased atomically, and the long poll.
+
+No task is ever leased twice: on PostgreSQL candidate rows are locked with
+`SELECT ... FOR UPDATE SKIP LOCKED`, so concurrent claimers each get a different row
+without waiting; on every backend (SQLite ignores FOR UPDATE) the lease itself is a
+compare-and-set `UPDATE ... WHERE status = 'pending'` whose row count says who won.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.utils import timezone
+
+from marketplace.jobs.models import JobStatus, RoundStatus, Task, TaskStatus, Tier
+from marketplace.jobs.signals import bump_work_generation, work_generation
+from marketplace.jobs.sizing import plan_works, size_work
+from marketplace.nodes.models import Node, NodeKind
+from trainer.spec import parse_spec
+
+# re-check the database at least this often even when no new-work signal came
+_FALLBACK_POLL_S = 2.0
+
+
+# Oldest round first, then shard order: rounds ids grow with time, and the partial index
+# task_pending_order serves exactly this order, so a claim reads a few index entries
+# instead of sorting every pending task.
+CLAIM_ORDER = ("replica", "round_id", "shard_id")
+
+
+def eligible_tasks(node: Node) -> QuerySet[Task]:
+    """Pending tasks this node may run: job running, tier, price, memory, and never a second
+    replica of a unit it already holds."""
+    mine = Task.objects.filter(round=OuterRef("round"), shard=OuterRef("shard"), node=node)
+    qs = (
+        Task.objects.filter(
+            status=TaskStatus.PENDING,
+            round__status=RoundStatus.OPEN,
+            round__job__status=JobStatus.RUNNING,
+            round__job__max_price_per_gpu_hour__gte=node.price_per_gpu_hour,
+            round__job__min_memory_gb__lte=node.memory_gb,
+        )
+        .filter(Q(reserved_for__isnull=True) | Q(reserved_for=node))
+        .exclude(Exists(mine))
+    )
+    if node.kind == NodeKind.PLATFORM:
+        # volunteer-tier jobs still use platform nodes to verify volunteers' results
+        return qs.filter(~Q(round__job__tier=Tier.VOLUNTEER) | Q(replica__gt=0))
+    return qs.exclude(round__job__tier=Tier.PLATFORM)
+
+
+def preference(node: Node) -> list[Q]:
+    """Platform nodes take replicas (verification work) first, volunteers primaries first."""
+    groups = [Q(replica=0), Q(replica__gt=0)]
+    return groups[::-1] if node.kind == NodeKind.PLATFORM else groups
+
+
+def _needs_replica(node: Node) -> bool:
+    """BOINC adaptive replication: every task of an untrusted node, then a random share."""
+    if node.kind == NodeKind.PLATFORM:
+        return False
+    conf = settings.GPUFLEX
+    if node.verified_ok < conf["TRUST_AFTER_VERIFIED"] or node.verified_bad > 0:
+        return True
+    return random.random() < conf["REPLICATION_SHARE"]
+
+
+def _lease(task: Task, node: Node) -> bool:
+    now = timezone.now()
+    job = task.round.job
+    spec = parse_spec(job.spec)
+    steps, batch, codec = task.steps, task.batch_size, task.codec
+    if steps is None:
+        work = size_work(
+            spec,
+            node,
+            task.shard.size if task.shard else 0,
+            input_shape=job.input_shape,
+            num_classes=job.num_classes,
+        )
+        steps, batch, codec = work.steps, work.batch_size, work.codec
+    won = Task.objects.filter(pk=task.pk, status=TaskStatus.PENDING).update(
+        status=TaskStatus.LEASED,
+        node=node,
+        leased_at=now,
+        lease_expires=now + timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"]),
+        attempts=task.attempts + 1,
+        steps=steps,
+        batch_size=batch,
+        codec=codec,
+        price_per_gpu_hour=node.price_per_gpu_hour,
+    )
+    if won != 1:
+        return False
+    # federated tasks train on data only their node has: a replica could not agree
+    replicable = task.shard_id is not None and task.round.job.tier != Tier.PLATFORM
+    if task.replica == 0 and replicable and _needs_replica(node):
+        add_replica(task, steps, batch)
+    return True
+
+
+def add_replica(task: Task, steps: int | None, batch_size: int | None) -> Task | None:
+    """One more copy of the task's unit (same seed and work) for another node to verify."""
+    siblings = Task.objects.filter(round=task.round_id, shard=task.shard_id)
+    replica = max(siblings.values_list("replica", flat=True)) + 1
+    created = Task.objects.create(
+        round_id=task.round_id,
+        shard_id=task.shard_id,
+        replica=replica,
+        seed=task.seed,
+        steps=steps,
+        batch_size=batch_size,
+    )
+    transaction.on_commit(bump_work_generation)
+    return created
+
+
+def claim_next(node: Node) -> Task | None:
+    """Lease the next eligible task to `node`, or None."""
+    if node.reliability < settings.GPUFLEX["MIN_RELIABILITY"]:
+        return None
+    skip_locked = connection.features.has_select_for_update_skip_locked
+    for _ in range(8):  # only SQLite can lose the compare-and-set; retry a few times
+        try:
+            with transaction.atomic():
+                task = None
+                for group in preference(node):
+                    candidates = eligible_tasks(node).filter(group).order_by(*CLAIM_ORDER)
+                    if skip_locked:
+                        candidates = candidates.select_for_update(skip_locked=True, of=("self",))
+                    task = candidates.select_related("round__job", "shard").first()
+                    if task is not None:
+                        break
+                if task is None:
+                    return None
+                if _lease(task, node):
+                    return Task.objects.select_related("round__job", "shard").get(pk=task.pk)
+        except IntegrityError:
+            continue  # raced into a unit this node already holds; pick another
+    return None
+
+
+def claim_with_wait(node: Node, wait: float) -> Task | None:
+    """Long poll: try, then sleep with backoff until new work is signalled or `wait` ends.
+
+    Between tries the database is only asked again when the work-generation counter moved
+    (a cache read) or every couple of seconds, so idle nodes cost the database little.
+    """
+    deadline = time.monotonic() + max(0.0, wait)
+    delay = 0.05
+    seen = work_generation()
+    last_db = time.monotonic()
+    task = claim_next(node)
+    while task is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        time.sleep(min(delay, remaining))
+        delay = min(delay * 2, 1.0)
+        generation = work_generation()
+        if generation != seen or time.monotonic() - last_db >= _FALLBACK_POLL_S:
+            seen, last_db = generation, time.monotonic()
+            task = claim_next(node)
+    return task
+
+
+def task_payload(task: Task) -> dict[str, Any]:
+    """The task as docs/agent-api.md defines it."""
+    job = task.round.job
+    payload = {
+        "id": str(task.id),
+        "job_id": str(job.id),
+        "round": task.round.number,
+        "kind": "train",
+        "spec": job.spec,
+        "steps": task.steps,
+        "batch_size": task.batch_size,
+        "seed": task.seed,
+        "codec": task.codec,
+        "proximal_mu": job.proximal_mu,
+        "deadline": task.lease_expires,
+        "model_hash": task.round.input_model_hash,
+        "shard_hash": task.shard.content_hash if task.shard else None,
+    }
+    if job.is_federated:
+        # proposed addition to docs/agent-api.md: train on this named local dataset
+        payload["local_dataset"] = job.federated_dataset
+    return payload
+
+
+def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
+    """Lease pending tasks to many nodes at once (bulk scheduling); returns leases made.
+
+    On PostgreSQL the candidates are locked (SKIP LOCKED) for the transaction, so one bulk
+    UPDATE is safe; without row locks (SQLite) each lease is its own compare-and-set.
+    Rows are read as tuples, never as model instances: this is the hot path for big fleets.
+    """
+    from marketplace.jobs.models import Job
+    from marketplace.jobs.planning import NodeView, TaskView, plan_assignments
+
+    now = timezone.now()
+    expires = now + timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
+    with transaction.atomic():
+        pending = Task.objects.filter(
+            status=TaskStatus.PENDING,
+            reserved_for__isnull=True,  # federated tasks wait for their own node's claim
+            round__status=RoundStatus.OPEN,
+            round__job__status=JobStatus.RUNNING,
+        ).order_by(*CLAIM_ORDER)
+        locked = connection.features.has_select_for_update_skip_locked
+        if locked:
+            pending = pending.select_for_update(skip_locked=True, of=("self",))
+        rows = list(
+            pending.values_list(
+                "id", "round_id", "shard_id", "replica", "round__job_id", "steps",
+                "batch_size", "shard__size",
+            )
+        )  # fmt: skip
+        jobs = {j.pk: j for j in Job.objects.filter(pk__in={r[4] for r in rows})}
+        specs = {pk: parse_spec(j.spec) for pk, j in jobs.items()}
+        views = [
+            TaskView(
+                id=i,
+                job=job_id,
+                unit=(round_id, shard_id),
+                replica=replica,
+                tier=jobs[job_id].tier,
+                max_price=jobs[job_id].max_price_per_gpu_hour,
+                min_memory_gb=jobs[job_id].min_memory_gb,
+            )
+            for i, round_id, shard_id, replica, job_id, *_ in rows
+        ]
+        held = Task.objects.filter(
+            status=TaskStatus.LEASED, round__status=RoundStatus.OPEN
+        ).values_list("round_id", "shard_id", "node_id")
+        plan = plan_assignments(
+            views,
+            [
+                NodeView(n.pk, n.kind, n.price_per_gpu_hour, n.memory_gb, n.reliability)
+                for n in nodes
+            ],
+            slots=slots,
+            min_reliability=settings.GPUFLEX["MIN_RELIABILITY"],
+            held=(((r, s), n) for r, s, n in held),
+        )
+        by_id = {r[0]: r for r in rows}
+        by_node = {n.pk: n for n in nodes}
+        leases = []
+        adaptive = {
+            pk: plan_works(specs[pk], jobs[pk].input_shape, jobs[pk].num_classes, nodes)
+            for pk in specs
+            if specs[pk].adaptation.enabled and jobs[pk].input_shape
+        }
+        for task_id, node_id in plan:
+            _, _, _, _, job_id, steps, batch, shard_size = by_id[task_id]
+            node = by_node[node_id]
+            if steps is None:
+                work = (
+                    adaptive[job_id][node_id]
+                    if job_id in adaptive
+                    else size_work(specs[job_id], node, shard_size)
+                )
+                steps, batch = work.steps, work.batch_size
+            leases.append((task_id, node_id, steps, batch, node.price_per_gpu_hour))
+        if locked:
+            _bulk_lease_postgres(leases, now, expires)
+            return len(leases)
+        return _bulk_lease_guarded(leases, now, expires)
+
+
+def _bulk_lease_guarded(leases: list[tuple], now: datetime, expires: datetime) -> int:
+    """Without row locks: one compare-and-set UPDATE per lease, sent with executemany (a
+    C loop, not an ORM call per row); the summed row count says how many were won."""
+    if not leases:
+        return 0
+    table = Task._meta.db_table
+    field = Task._meta.get_field
+
+    def prep(name: str, value: object) -> object:
+        return field(name).get_db_prep_save(value, connection)
+
+    params = [
+        (
+            TaskStatus.LEASED,
+            prep("node", node_id),
+            prep("leased_at", now),
+            prep("lease_expires", expires),
+            steps,
+            batch,
+            prep("price_per_gpu_hour", price),
+            prep("id", task_id),
+            TaskStatus.PENDING,
+        )
+        for task_id, node_id, steps, batch, price in leases
+    ]
+    sql = (
+        f"UPDATE {table} SET status = %s, node_id = %s, leased_at = %s, lease_expires = %s, "
+        "steps = %s, batch_size = %s, price_per_gpu_hour = %s, attempts = attempts + 1 "
+        "WHERE id = %s AND status = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+        return cursor.rowcount
+
+
+def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) -> None:
+    """One UPDATE ... FROM unnest(arrays): Django's bulk_update builds a CASE per row and
+    field, which costs seconds of Python for thousands of rows."""
+    if not leases:
+        return
+    ids, nodes, steps, batches, prices = (list(column) for column in zip(*leases, strict=True))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE jobs_task AS t
+            SET status = %s, node_id = v.node_id, steps = v.steps, batch_size = v.batch_size,
+                price_per_gpu_hour = v.price, attempts = t.attempts + 1,
+                leased_at = %s, lease_expires = %s
+            FROM unnest(%s::uuid[], %s::bigint[], %s::int[], %s::int[], %s::numeric[])
+                AS v(id, node_id, steps, batch_size, price)
+            WHERE t.id = v.id AND t.status = %s
+            """,
+            [
+                TaskStatus.LEASED,
+                now,
+                expires,
+                ids,
+                nodes,
+                steps,
+                batches,
+                prices,
+                TaskStatus.PENDING,
+            ],
+        )

@@ -1,0 +1,56 @@
+"""Buyer actions on a job: pause, resume, cancel."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.jobs.errors import Conflict
+from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, Task, TaskStatus
+from marketplace.jobs.rounds import round_deadline
+from marketplace.jobs.signals import bump_work_generation
+
+
+def _locked(job: Job) -> Job:
+    return Job.objects.select_for_update().get(pk=job.pk)
+
+
+@transaction.atomic
+def pause_job(job: Job) -> Job:
+    """No new leases; work already leased may still be uploaded."""
+    job = _locked(job)
+    if job.status != JobStatus.RUNNING:
+        raise Conflict(f"Only a running job can be paused; this one is {job.status}.")
+    job.status = JobStatus.PAUSED
+    job.save(update_fields=["status", "updated_at"])
+    return job
+
+
+@transaction.atomic
+def resume_job(job: Job) -> Job:
+    job = _locked(job)
+    if job.status != JobStatus.PAUSED:
+        raise Conflict(f"Only a paused job can be resumed; this one is {job.status}.")
+    job.status = JobStatus.RUNNING
+    job.save(update_fields=["status", "updated_at"])
+    # the pause should not count against the round's deadline
+    Round.objects.filter(job=job, status=RoundStatus.OPEN).update(deadline=round_deadline(job))
+    transaction.on_commit(bump_work_generation)
+    return job
+
+
+@transaction.atomic
+def cancel_job(job: Job) -> Job:
+    job = _locked(job)
+    if not job.is_active:
+        raise Conflict(f"The job is already {job.status}.")
+    job.status = JobStatus.CANCELLED
+    job.finished_at = timezone.now()
+    job.save(update_fields=["status", "finished_at", "updated_at"])
+    Task.objects.filter(round__job=job, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]).update(
+        status=TaskStatus.CANCELLED
+    )
+    Round.objects.filter(job=job, status=RoundStatus.OPEN).update(
+        status=RoundStatus.CANCELLED, closed_at=timezone.now()
+    )
+    return job

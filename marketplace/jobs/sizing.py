@@ -1,0 +1,108 @@
+"""How much work one node does on one task: the single switch point for the adaptation policy.
+
+Plain jobs give every node the spec's equal work (what FedAvg does). Jobs whose spec enables
+`adaptation` are sized by `trainer.adapt.plan_round`, the same pure function the simulator
+uses: steps, batch and upload codec from each node's benchmark, its network as the agent
+last measured it, and its verification record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from marketplace.nodes.models import Node, NodeState
+from trainer.adapt import NodeMeasurement, plan_round
+from trainer.local import planned_steps
+from trainer.models import build_model
+from trainer.spec import JobSpec, ModelSpec
+
+# Assumed until a node reports better: a slow home link and an overhead-bound small step.
+DEFAULT_RTT_MS = 100.0
+DEFAULT_MBPS = 20.0
+DEFAULT_STEP_S = 2e-3
+PEERS = 256  # the round's likely cohort the period is planned against
+
+
+@dataclass(frozen=True)
+class Work:
+    steps: int
+    batch_size: int
+    codec: str = "none"
+
+
+def size_work(
+    spec: JobSpec,
+    node: Node,
+    shard_size: int,
+    *,
+    input_shape: Sequence[int] = (),
+    num_classes: int = 0,
+    peers: Sequence[Node] | None = None,
+) -> Work:
+    batch = spec.local.batch_size
+    if not spec.adaptation.enabled or not input_shape:
+        return Work(steps=planned_steps(spec, shard_size, batch), batch_size=batch)
+    return plan_works(spec, input_shape, num_classes, _with(node, peers))[node.pk]
+
+
+def plan_works(
+    spec: JobSpec, input_shape: Sequence[int], num_classes: int, nodes: Sequence[Node]
+) -> dict[object, Work]:
+    """One policy plan for a cohort of nodes; a node the policy sits out gets minimal work."""
+    numel = model_numel(spec.model.model_dump_json(), tuple(input_shape), num_classes)
+    plan, _ = plan_round(spec, numel, [measurement(n, spec) for n in nodes])
+    works = {}
+    for n in nodes:
+        p = plan.nodes[str(n.pk)]
+        steps = p.steps if p.participate else spec.adaptation.min_local_steps
+        works[n.pk] = Work(steps=steps, batch_size=p.batch_size, codec=p.codec)
+    return works
+
+
+def measurement(node: Node, spec: JobSpec) -> NodeMeasurement:
+    net = {**node.network, **node.live_network}
+    rtt_ms = float(net.get("rtt_ms") or DEFAULT_RTT_MS)
+    reports = node.verified_ok + node.verified_bad
+    return NodeMeasurement(
+        node_id=str(node.pk),
+        step_s=step_seconds(node.benchmark, spec),
+        rtt_s=max(rtt_ms, 0.1) / 1000,
+        up_bps=float(net.get("up_mbps") or DEFAULT_MBPS) * 1e6,
+        down_bps=float(net.get("down_mbps") or DEFAULT_MBPS) * 1e6,
+        loss=min(max(float(net.get("loss") or 0.0), 0.0), 0.5),
+        transfers=reports + node.lost_leases,
+        failed_transfers=node.lost_leases,
+        validation_failures=node.verified_bad,
+        updates=reports,
+        uptime=node.reliability,
+    )
+
+
+def step_seconds(benchmark: dict, spec: JobSpec) -> float:
+    """Seconds per step at the job's batch, from the node's reference-model throughput."""
+    throughput = benchmark.get("train_samples_per_s")
+    if isinstance(throughput, dict):
+        ref = "transformer" if spec.model.arch == "transformer" else spec.model.arch
+        throughput = throughput.get(ref) or throughput.get("mlp")
+    try:
+        per_sample = 1.0 / float(throughput)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return DEFAULT_STEP_S
+    return max(per_sample * spec.local.batch_size, 1e-6)
+
+
+@lru_cache(maxsize=128)
+def model_numel(model_json: str, input_shape: tuple[int, ...], num_classes: int) -> int:
+    model = build_model(ModelSpec.model_validate_json(model_json), input_shape, num_classes)
+    return sum(t.numel() for t in model.state_dict().values())
+
+
+def _with(node: Node, peers: Sequence[Node] | None) -> list[Node]:
+    if peers is None:
+        peers = list(
+            Node.objects.exclude(state=NodeState.OFFLINE).order_by("-last_heartbeat_at")[:PEERS]
+        )
+    cohort = [p for p in peers if p.pk != node.pk]
+    return [node, *cohort]

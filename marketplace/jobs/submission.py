@@ -1,0 +1,231 @@
+"""Job submission: validate spec and dataset completely, then store everything at once.
+
+Nothing is written before every check has passed, and files written before a failed
+transaction are removed again, so a rejected job leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
+from django.db import transaction
+
+from marketplace.accounts.models import User
+from marketplace.jobs import files
+from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
+from marketplace.jobs.models import Job, Shard, Tier
+from marketplace.jobs.rounds import open_round
+from trainer.aggregation import build_strategy
+from trainer.datasets import Dataset, DatasetError, load_dataset
+from trainer.models import ModelSpecError, build_model, describe_model
+from trainer.sharding import ShardingError, plan_shards
+from trainer.spec import JobSpec, SpecError, parse_spec
+from trainer.updates import encode_state
+
+UPLOAD_KINDS = {"csv": ".csv", "npz": ".npz", "parquet": ".parquet"}
+BUILTIN_KINDS = {"digits"}
+SHARDING_METHODS = {"random", "stratified"}
+
+
+def _problems(problems: list[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"field": field, "reason": reason} for field, reason in problems]
+
+
+def _spec_error(problems: list[tuple[str, str]]) -> InvalidSpec:
+    sentence = "; ".join(f"{field}: {reason}" for field, reason in problems)
+    return InvalidSpec(f"The job spec is invalid: {sentence}.", problems=_problems(problems))
+
+
+def parse_job_spec(raw: Any, federated: bool = False) -> JobSpec:
+    """A spec given as a mapping, or as JSON / YAML text; errors name the field path."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            try:
+                raw = yaml.safe_load(raw)
+            except yaml.YAMLError as exc:
+                raise _spec_error([("<file>", f"not valid YAML/JSON: {exc}")]) from None
+    try:
+        spec = parse_spec(raw)
+    except SpecError as exc:
+        raise _spec_error(exc.problems) from None
+    problems = []
+    if spec.dataset.kind not in BUILTIN_KINDS | set(UPLOAD_KINDS):
+        problems.append(
+            ("dataset.kind", f"{spec.dataset.kind!r} is not supported by the marketplace yet")
+        )
+    if federated:
+        # silos hold their own data: the server cannot cut it, nor count it for epochs
+        if spec.sharding.method != "prepartitioned":
+            problems.append(("sharding.method", "a federated job uses 'prepartitioned' data"))
+        if spec.local.steps is None:
+            problems.append(("local.steps", "a federated job needs steps (silo sizes are unknown)"))
+    elif spec.sharding.method not in SHARDING_METHODS:
+        problems.append(
+            ("sharding.method", f"{spec.sharding.method!r} is not supported by the marketplace yet")
+        )
+    if problems:
+        raise _spec_error(problems)
+    return spec
+
+
+def _load(spec: JobSpec, upload: UploadedFile | None, tmp: Path) -> tuple[Dataset, Path | None]:
+    kind = spec.dataset.kind
+    if kind in BUILTIN_KINDS:
+        if upload is not None:
+            raise InvalidDataset(f"Dataset kind {kind!r} is built in; do not upload a file.")
+        return load_dataset(spec.dataset, seed=spec.seed), None
+    if upload is None:
+        raise InvalidDataset(
+            f"Dataset kind {kind!r} needs an uploaded file in the 'dataset' field."
+        )
+    limit = settings.GPUFLEX["MAX_DATASET_BYTES"]
+    if upload.size is not None and upload.size > limit:
+        raise TooLarge(f"The dataset upload is {upload.size} bytes; the limit is {limit} bytes.")
+    path = tmp / f"dataset{UPLOAD_KINDS[kind]}"
+    with path.open("wb") as out:
+        for chunk in upload.chunks():
+            out.write(chunk)
+    local = spec.dataset.model_copy(update={"path": str(path)})
+    try:
+        dataset = load_dataset(local, seed=spec.seed)
+    except DatasetError as exc:
+        # messages name our temp path; the buyer knows the file by its own name
+        message = str(exc).replace(str(path), upload.name or path.name)
+        raise InvalidDataset(f"The dataset cannot be used: {message}") from None
+    return dataset, path
+
+
+def submit_job(
+    *,
+    buyer: User,
+    spec_data: Any,
+    dataset_upload: UploadedFile | None = None,
+    tier: str = Tier.HYBRID,
+    budget: Decimal = Decimal("0"),
+    max_price_per_gpu_hour: Decimal,
+    federated_dataset: str = "",
+) -> Job:
+    """Validate and store a job. With `federated_dataset`, nodes holding that named local
+    dataset train on it; the job's own dataset is then only used for evaluation."""
+    spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
+    with tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp:
+        dataset, local_path = _load(spec, dataset_upload, Path(tmp))
+        try:
+            model = build_model(
+                spec.model, dataset.input_shape, dataset.num_classes, seed=spec.seed
+            )
+        except ModelSpecError as exc:
+            raise _spec_error([("model.arch", str(exc))]) from None
+        plans = [] if federated_dataset else _plan(spec, dataset)
+        info = describe_model(model, dataset.input_shape, dataset.task == "language_model")
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        dataset_bytes = local_path.read_bytes() if local_path else None
+        stored_spec = spec
+        if dataset_upload is not None:
+            shown = Path(dataset_upload.name or "dataset").name
+            stored_spec = spec.replace(dataset=spec.dataset.model_copy(update={"path": shown}))
+        return _store(
+            buyer=buyer,
+            spec=stored_spec,
+            dataset=dataset,
+            dataset_bytes=dataset_bytes,
+            plans=plans,
+            state=state,
+            # weights, gradients, optimizer state and activations: about 4x the fp32 weights
+            min_memory_gb=max(spec.requirements.min_memory_gb, 4 * info.bytes_fp32 / 2**30),
+            tier=tier,
+            budget=budget,
+            max_price=_max_price(spec, max_price_per_gpu_hour),
+            federated_dataset=federated_dataset,
+        )
+
+
+def _plan(spec: JobSpec, dataset: Dataset) -> list:
+    num_shards = spec.sharding.num_shards or min(
+        settings.GPUFLEX["DEFAULT_SHARDS"], dataset.num_train
+    )
+    try:
+        return plan_shards(dataset, num_shards, method=spec.sharding.method, seed=spec.seed)
+    except ShardingError as exc:
+        raise _spec_error([("sharding.num_shards", str(exc))]) from None
+
+
+def _max_price(spec: JobSpec, given: Decimal) -> Decimal:
+    """The lower of the request's price cap and the spec's own, when it names one."""
+    cap = spec.requirements.max_price_per_hour
+    return given if cap is None else min(given, Decimal(str(cap)))
+
+
+def _store(
+    *,
+    buyer: User,
+    spec: JobSpec,
+    dataset: Dataset,
+    dataset_bytes: bytes | None,
+    plans: list,
+    state: dict[str, torch.Tensor],
+    min_memory_gb: float,
+    tier: str,
+    budget: Decimal,
+    max_price: Decimal,
+    federated_dataset: str,
+) -> Job:
+    job_id = uuid.uuid4()
+    base = files.job_dir(job_id)
+    written: list[str] = []
+    try:
+        dataset_file = ""
+        if dataset_bytes is not None:
+            dataset_file = files.put(
+                f"{base}/dataset{UPLOAD_KINDS[spec.dataset.kind]}", dataset_bytes
+            )
+            written.append(dataset_file)
+        shard_rows = []
+        for plan in plans:
+            idx = torch.from_numpy(plan.indices)
+            tensors = {"x": dataset.x_train[idx], "y": dataset.y_train[idx]}
+            if dataset.lengths_train is not None:
+                tensors["lengths"] = dataset.lengths_train[idx]
+            name = files.put(f"{base}/shards/{plan.index}.safetensors", encode_state(tensors))
+            written.append(name)
+            shard_rows.append((plan, name))
+        with transaction.atomic():
+            job = Job.objects.create(
+                id=job_id,
+                buyer=buyer,
+                name=spec.name,
+                spec=spec.to_dict(),
+                tier=tier,
+                budget=budget,
+                max_price_per_gpu_hour=max_price,
+                dataset_file=dataset_file,
+                federated_dataset=federated_dataset,
+                input_shape=list(dataset.input_shape),
+                num_classes=dataset.num_classes,
+                task_kind=dataset.task,
+                min_memory_gb=min_memory_gb,
+                proximal_mu=build_strategy(spec.aggregation).proximal_mu,
+            )
+            Shard.objects.bulk_create(
+                Shard(job=job, index=p.index, file=n, content_hash=p.content_hash, size=p.size)
+                for p, n in shard_rows
+            )
+            rnd = open_round(job, 1, state)
+            written.append(rnd.input_model_file)
+    except BaseException:
+        files.delete_tree(written)
+        raise
+    return job

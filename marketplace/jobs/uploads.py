@@ -1,0 +1,148 @@
+"""Accepting a node's update: ownership, idempotency, validation, then verification."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.jobs import files
+from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
+from marketplace.jobs.models import Round, RoundStatus, Task, TaskResult, TaskStatus
+from marketplace.jobs.models_io import load_model_file
+from marketplace.jobs.rounds import maybe_close
+from marketplace.jobs.signals import bump_work_generation
+from marketplace.jobs.verification import verify_unit
+from marketplace.nodes.models import Node
+from trainer.compression import decode_any
+from trainer.hashing import bytes_hash
+from trainer.updates import UpdateRejected, encode_state
+
+FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
+MAX_ATTEMPTS = 5
+
+
+def task_for_node(node: Node, task_id: object) -> Task:
+    """The node's own task, or NotFound: a node never learns that another's task exists."""
+    try:
+        return Task.objects.select_related("round__job", "shard").get(pk=task_id, node=node)
+    except (Task.DoesNotExist, ValueError, TypeError, ValidationError):
+        raise NotFound("No such task is leased to this node.") from None
+
+
+def parse_metrics(header: str | None) -> dict[str, float]:
+    if not header:
+        return {}
+    try:
+        raw = json.loads(header)
+    except json.JSONDecodeError:
+        raise MarketplaceError("The X-GPUFlex-Metrics header is not valid JSON.") from None
+    if not isinstance(raw, dict):
+        raise MarketplaceError("The X-GPUFlex-Metrics header must be a JSON object.")
+    metrics = {}
+    for key in ("loss", "steps", "samples", "compute_s"):
+        if key in raw:
+            value = raw[key]
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
+                raise MarketplaceError(f"X-GPUFlex-Metrics field {key!r} must be a finite number.")
+            metrics[key] = float(value)
+    return metrics
+
+
+def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str | None) -> int:
+    """Store a validated update; returns 201 (new) or 200 (the same bytes again)."""
+    task = task_for_node(node, task_id)
+    digest = bytes_hash(body)
+    existing = TaskResult.objects.filter(task=task).first()
+    if existing is not None:
+        if existing.update_hash == digest:
+            return 200
+        raise Conflict("A different update was already accepted for this task.")
+    if task.status != TaskStatus.LEASED:
+        raise Conflict(f"The task is {task.status}; it no longer takes updates.")
+    limit = settings.GPUFLEX["MAX_UPDATE_BYTES"]
+    if len(body) > limit:
+        raise MarketplaceError(f"The update is {len(body)} bytes; the limit is {limit}.")
+    metrics = parse_metrics(metrics_header)
+    num_samples = task.shard.size if task.shard else int(metrics.get("samples", 0))
+    if num_samples < 1:
+        raise MarketplaceError(
+            "A federated update must report its sample count in X-GPUFlex-Metrics 'samples'."
+        )
+    spec = task.round.job.spec
+    reference = load_model_file(task.round.input_model_file)
+    try:
+        # any codec the task allowed; compressed updates get the same checks after decoding
+        delta, meta = decode_any(body, reference, max_norm=spec["aggregation"]["max_update_norm"])
+    except UpdateRejected as exc:
+        raise UpdateRejectedError(f"The update was rejected: {exc}.", reason=exc.reason) from None
+    # Stored decoded, so verification and aggregation read plain deltas whatever the codec;
+    # the name keys the bytes the node sent, which is what makes a retried upload idempotent.
+    name = f"{files.job_dir(task.round.job_id)}/updates/{digest}.safetensors"
+    plain = meta.get("codec", "none") == "none"
+    files.put(name, body if plain else encode_state(delta), content_addressed=True)
+    lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
+    with transaction.atomic():
+        rnd = Round.objects.select_for_update().get(pk=task.round_id)
+        task = Task.objects.select_for_update().get(pk=task.pk)
+        if task.node_id != node.pk:
+            raise NotFound("No such task is leased to this node.")
+        if task.status != TaskStatus.LEASED or rnd.status != RoundStatus.OPEN:
+            raise Conflict(f"The task is {task.status}; it no longer takes updates.")
+        held_s = (timezone.now() - task.leased_at).total_seconds() if task.leased_at else 0.0
+        TaskResult.objects.create(
+            task=task,
+            node=node,
+            update_file=name,
+            update_hash=digest,
+            num_samples=num_samples,
+            metrics=metrics,
+            # billing input: what the node says, never more than the time it held the lease
+            compute_s=min(max(metrics.get("compute_s", 0.0), 0.0), held_s, lease_s),
+        )
+        task.status = TaskStatus.DONE
+        task.save(update_fields=["status"])
+        verify_unit(rnd, task)
+        maybe_close(rnd)
+    return 201
+
+
+def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
+    """Put a leased task back in the queue (or give up on it after too many attempts)."""
+    from marketplace.nodes.services import record_verification
+
+    node_id = task.node_id
+    give_up = task.attempts >= MAX_ATTEMPTS
+    updated = Task.objects.filter(pk=task.pk, status=TaskStatus.LEASED).update(
+        status=TaskStatus.FAILED if give_up else TaskStatus.PENDING,
+        node=None,
+        lease_expires=None,
+        last_error=reason[:300],
+    )
+    if updated and lost and node_id is not None:
+        record_verification(node_id, lost=1)
+    if updated and not give_up:
+        transaction.on_commit(bump_work_generation)
+
+
+def fail_task(node: Node, task_id: object, reason: str, detail: str) -> Any:
+    if reason not in FAIL_REASONS:
+        raise MarketplaceError(
+            f"Unknown failure reason {reason!r}; use one of {', '.join(sorted(FAIL_REASONS))}."
+        )
+    task = task_for_node(node, task_id)
+    with transaction.atomic():
+        if task.status == TaskStatus.LEASED:
+            release_task(task, f"{reason}: {detail}")
+            rnd = Round.objects.select_for_update().get(pk=task.round_id)
+            maybe_close(rnd)
+    return task

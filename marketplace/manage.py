@@ -1,0 +1,17 @@
+"""Django's manage.py for the marketplace (also reachable as `gpuflex manage`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.server.settings.base")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(argv if argv is not None else sys.argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Contributor nodes: hardware, benchmark, price, liveness and reliability."""
+
+# ruff: noqa: RUF012 - Django/DRF declare Meta options and view settings as class attributes
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class NodeKind(models.TextChoices):
+    VOLUNTEER = "volunteer"
+    PLATFORM = "platform"
+
+
+class NodeState(models.TextChoices):
+    IDLE = "idle"
+    WORKING = "working"
+    PAUSED = "paused"
+    OFFLINE = "offline"
+
+
+class Node(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="nodes"
+    )
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=16, choices=NodeKind.choices, default=NodeKind.VOLUNTEER)
+    hardware = models.JSONField(default=dict)
+    benchmark = models.JSONField(default=dict)
+    network = models.JSONField(default=dict)
+    availability = models.JSONField(default=dict)
+    price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4)
+    # named local datasets (federated silos) this node can train on without uploading them
+    local_datasets = models.JSONField(default=list, blank=True)
+    # denormalised from `hardware` so that scheduling filters in SQL
+    gpu_model = models.CharField(max_length=100, blank=True)
+    memory_gb = models.FloatField(default=0.0)
+
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.IDLE)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    metrics = models.JSONField(default=dict, blank=True)
+    live_network = models.JSONField(default=dict, blank=True)
+
+    # verification record: results that agreed / disagreed with their replicas; lost leases
+    verified_ok = models.PositiveIntegerField(default=0)
+    verified_bad = models.PositiveIntegerField(default=0)
+    lost_leases = models.PositiveIntegerField(default=0)
+    reliability = models.FloatField(default=0.5)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "last_heartbeat_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+    @property
+    def is_platform(self) -> bool:
+        return self.kind == NodeKind.PLATFORM
+
+
+def reliability_score(verified_ok: int, verified_bad: int, lost_leases: int) -> float:
+    """A smoothed success rate: new nodes start at 0.5, a wrong result costs three good ones,
+    a lost lease (silence past its timeout) one."""
+    return (verified_ok + 1) / (verified_ok + 3 * verified_bad + lost_leases + 2)

@@ -1,0 +1,57 @@
+"""Reads for nodes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Max, Min, QuerySet, Sum
+from django.utils import timezone
+
+from marketplace.accounts.models import User
+from marketplace.nodes.models import Node, NodeState
+
+
+def nodes_of(user: User) -> QuerySet[Node]:
+    if user.is_operator:
+        return Node.objects.all().order_by("pk")
+    return Node.objects.filter(owner=user).order_by("pk")
+
+
+def online_nodes() -> QuerySet[Node]:
+    cutoff = timezone.now() - timedelta(seconds=settings.GPUFLEX["NODE_TIMEOUT_S"])
+    return Node.objects.exclude(state=NodeState.OFFLINE).filter(last_heartbeat_at__gte=cutoff)
+
+
+def _money(value: object) -> str:
+    # SQLite hands back aggregates of decimals as floats; always show the field's 4 places
+    return str(Decimal(str(value)).quantize(Decimal("0.0001")))
+
+
+def market_capacity() -> dict[str, Any]:
+    """Online GPUs by model with their price range: what a buyer can expect to get."""
+    rows = (
+        online_nodes()
+        .values("gpu_model", "kind")
+        .annotate(
+            nodes=Count("pk"),
+            memory_gb=Sum("memory_gb"),
+            min_price=Min("price_per_gpu_hour"),
+            max_price=Max("price_per_gpu_hour"),
+        )
+        .order_by("gpu_model", "kind")
+    )
+    models = [
+        {
+            "gpu_model": r["gpu_model"] or "unknown",
+            "kind": r["kind"],
+            "nodes": r["nodes"],
+            "memory_gb": round(r["memory_gb"] or 0.0, 2),
+            "min_price_per_gpu_hour": _money(r["min_price"]),
+            "max_price_per_gpu_hour": _money(r["max_price"]),
+        }
+        for r in rows
+    ]
+    return {"online_nodes": sum(m["nodes"] for m in models), "gpus": models}

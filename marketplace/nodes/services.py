@@ -1,0 +1,120 @@
+"""Writes for nodes: registration, heartbeats, offline detection, reliability."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Case, F, Value, When
+from django.utils import timezone
+
+from marketplace.accounts.models import User
+from marketplace.accounts.services import issue_node_key
+from marketplace.nodes.models import Node, NodeState, reliability_score
+
+
+def _memory_gb(hardware: dict[str, Any]) -> float:
+    if "memory_gb" in hardware:
+        return float(hardware["memory_gb"])
+    if "memory_mb" in hardware:
+        return float(hardware["memory_mb"]) / 1024.0
+    return 0.0
+
+
+@transaction.atomic
+def register_node(
+    *,
+    owner: User,
+    name: str,
+    kind: str,
+    hardware: dict[str, Any],
+    benchmark: dict[str, Any],
+    network: dict[str, Any],
+    price_per_gpu_hour: Decimal,
+    availability: dict[str, Any],
+    local_datasets: list[str] | None = None,
+) -> tuple[Node, str]:
+    """Create a node and its own credential; returns (node, plaintext node key)."""
+    node = Node.objects.create(
+        owner=owner,
+        name=name,
+        kind=kind,
+        hardware=hardware,
+        benchmark=benchmark,
+        network=network,
+        availability=availability,
+        price_per_gpu_hour=price_per_gpu_hour,
+        local_datasets=list(local_datasets or []),
+        gpu_model=str(hardware.get("gpu_model", ""))[:100],
+        memory_gb=_memory_gb(hardware),
+        last_heartbeat_at=timezone.now(),
+    )
+    _, plaintext = issue_node_key(node)
+    return node, plaintext
+
+
+def record_heartbeat(
+    node: Node,
+    *,
+    state: str,
+    metrics: dict[str, Any],
+    network: dict[str, Any],
+    task_id: str | None = None,
+    progress: float | None = None,
+) -> dict[str, Any]:
+    """One UPDATE, no read: heartbeats are the hottest path on the server."""
+    now = timezone.now()
+    live = dict(metrics)
+    if task_id is not None:
+        live["task_id"] = task_id
+    if progress is not None:
+        live["progress"] = progress
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            # A heartbeat lost in a crash is replaced by the next one seconds later; not
+            # waiting for the WAL flush on every one of them is most of its cost.
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+        Node.objects.filter(pk=node.pk).update(
+            state=state, metrics=live, live_network=network, last_heartbeat_at=now
+        )
+    conf = settings.GPUFLEX
+    return {
+        "server_time": now,
+        "heartbeat_interval_s": conf["HEARTBEAT_INTERVAL_S"],
+        "lease_timeout_s": conf["LEASE_TIMEOUT_S"],
+    }
+
+
+def touch(node: Node) -> None:
+    """Any authenticated agent call shows the node is alive (a claim counts as a heartbeat)."""
+    back = Case(When(state=NodeState.OFFLINE, then=Value(NodeState.IDLE)), default=F("state"))
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now(), state=back)
+
+
+def mark_offline(now: datetime | None = None) -> list[int]:
+    """Nodes silent past the timeout go offline; returns their ids (their work is reassigned
+    by the caller)."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.GPUFLEX["NODE_TIMEOUT_S"])
+    stale = Node.objects.exclude(state=NodeState.OFFLINE).filter(last_heartbeat_at__lt=cutoff)
+    ids = list(stale.values_list("pk", flat=True))
+    if ids:
+        Node.objects.filter(pk__in=ids).update(state=NodeState.OFFLINE)
+    return ids
+
+
+def record_verification(node_id: int, *, ok: int = 0, bad: int = 0, lost: int = 0) -> None:
+    """Count verified / rejected results and lost leases, then recompute reliability."""
+    with transaction.atomic():
+        Node.objects.filter(pk=node_id).update(
+            verified_ok=F("verified_ok") + ok,
+            verified_bad=F("verified_bad") + bad,
+            lost_leases=F("lost_leases") + lost,
+        )
+        node = Node.objects.select_for_update().get(pk=node_id)
+        node.reliability = reliability_score(node.verified_ok, node.verified_bad, node.lost_leases)
+        node.save(update_fields=["reliability"])

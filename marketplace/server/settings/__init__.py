@@ -1,0 +1,1 @@
+"""Settings modules: `base` (environment-driven, the default), `production`, `test`."""

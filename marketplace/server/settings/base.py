@@ -1,0 +1,219 @@
+"""Settings read from the environment.
+
+With nothing set this is the embedded setup `make demo` uses: SQLite and kombu's filesystem
+broker under the data dir. Production sets DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY,
+ALLOWED_HOSTS and optionally GPUFLEX_STORAGE=s3.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DATA_DIR = Path(os.environ.get("GPUFLEX_DATA_DIR", Path.cwd() / ".gpuflex")).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)  # SQLite, media and the broker live here
+
+# A development key: production.py refuses to start without a real one.
+SECRET_KEY = os.environ.get("SECRET_KEY", "gpuflex-development-key-not-for-production-use-0000")
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "marketplace.accounts",
+    "marketplace.nodes",
+    "marketplace.jobs",
+    "marketplace.api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "marketplace.server.urls"
+WSGI_APPLICATION = "marketplace.server.wsgi.application"
+AUTH_USER_MODEL = "accounts.User"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", f"sqlite:///{DATA_DIR / 'gpuflex.sqlite3'}"),
+        conn_max_age=int(os.environ.get("CONN_MAX_AGE", "60")),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Long polls and uploads from several threads: wait for the write lock, do not fail;
+    # IMMEDIATE takes it at BEGIN, so a read-then-write transaction never deadlocks.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+    )
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+MEDIA_ROOT = str(DATA_DIR / "media")
+STATIC_ROOT = str(DATA_DIR / "static")
+STATIC_URL = "static/"
+
+if os.environ.get("GPUFLEX_STORAGE", "filesystem") == "s3":
+    _default_storage = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": os.environ.get("AWS_STORAGE_BUCKET_NAME", "gpuflex"),
+            "endpoint_url": os.environ.get("AWS_S3_ENDPOINT_URL") or None,
+            "default_acl": None,
+            "file_overwrite": True,
+        },
+    }
+else:
+    _default_storage = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": MEDIA_ROOT},
+    }
+STORAGES = {
+    "default": _default_storage,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+# -- GPUFlex ---------------------------------------------------------------------------------
+
+GPUFLEX = {
+    "HEARTBEAT_INTERVAL_S": float(os.environ.get("GPUFLEX_HEARTBEAT_INTERVAL_S", "10")),
+    # a node silent this long is offline and its leased work goes back to the queue
+    "NODE_TIMEOUT_S": float(os.environ.get("GPUFLEX_NODE_TIMEOUT_S", "45")),
+    "LEASE_TIMEOUT_S": float(os.environ.get("GPUFLEX_LEASE_TIMEOUT_S", "300")),
+    "ROUND_DEADLINE_S": float(os.environ.get("GPUFLEX_ROUND_DEADLINE_S", "900")),
+    "MAX_CLAIM_WAIT_S": 30.0,
+    "DEFAULT_SHARDS": int(os.environ.get("GPUFLEX_DEFAULT_SHARDS", "4")),
+    "MAX_DATASET_BYTES": int(os.environ.get("GPUFLEX_MAX_DATASET_BYTES", str(64 * 2**20))),
+    "MAX_UPDATE_BYTES": int(os.environ.get("GPUFLEX_MAX_UPDATE_BYTES", str(256 * 2**20))),
+    # BOINC-style adaptive replication: every task of a node with fewer verified results
+    # than this is replicated; afterwards only REPLICATION_SHARE of them, at random.
+    "TRUST_AFTER_VERIFIED": int(os.environ.get("GPUFLEX_TRUST_AFTER_VERIFIED", "3")),
+    "REPLICATION_SHARE": float(os.environ.get("GPUFLEX_REPLICATION_SHARE", "0.1")),
+    # honest replicas of a deterministic task agree to float rounding; relative L2 distance
+    "AGREEMENT_TOLERANCE": float(os.environ.get("GPUFLEX_AGREEMENT_TOLERANCE", "1e-3")),
+    # an update pointing against the others' mean is dropped (sign-flip / scaling attacks)
+    "MIN_COSINE": float(os.environ.get("GPUFLEX_MIN_COSINE", "-0.25")),
+    "MIN_RELIABILITY": float(os.environ.get("GPUFLEX_MIN_RELIABILITY", "0.2")),
+    "TICK_S": float(os.environ.get("GPUFLEX_TICK_S", "5")),
+    # an aggregating round untouched this long is assumed lost with its worker
+    "STUCK_AGGREGATION_S": float(os.environ.get("GPUFLEX_STUCK_AGGREGATION_S", "120")),
+}
+
+# Updates arrive as raw request bodies; the view checks the size and answers 413 itself.
+DATA_UPLOAD_MAX_MEMORY_SIZE = GPUFLEX["MAX_UPDATE_BYTES"]
+FILE_UPLOAD_MAX_MEMORY_SIZE = 4 * 2**20
+
+# -- Celery ----------------------------------------------------------------------------------
+
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = DATA_DIR / "broker"
+    for _folder in ("queue", "processed"):  # kombu expects them to exist
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("GPUFLEX_CELERY_QUEUE", "gpuflex")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_BEAT_SCHEDULE = {
+    "gpuflex-tick": {"task": "marketplace.jobs.tasks.tick", "schedule": GPUFLEX["TICK_S"]},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+# -- REST API --------------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["marketplace.accounts.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["marketplace.api.throttles.KeyRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "key": os.environ.get("GPUFLEX_THROTTLE_KEY", "6000/min"),
+        "heartbeat": os.environ.get("GPUFLEX_THROTTLE_HEARTBEAT", "120/min"),
+    },
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "GPUFlex marketplace API",
+    "DESCRIPTION": "Jobs, nodes and tasks; the agent contract is docs/agent-api.md.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "ENUM_NAME_OVERRIDES": {
+        "NodeStateEnum": "marketplace.nodes.models.NodeState",
+        "HeartbeatStateEnum": ["idle", "working", "paused"],
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"marketplace": {"handlers": ["console"], "level": "INFO"}},
+}

@@ -1,0 +1,51 @@
+"""Tests: PostgreSQL (TEST_DATABASE_URL, else the local server), eager Celery, a temp data dir.
+
+Without a reachable PostgreSQL the suite falls back to a SQLite file, so it still runs on
+a bare machine; the tests that need PostgreSQL itself skip then. The integration test
+switches Celery to a real worker on Redis itself.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import warnings
+from pathlib import Path
+
+LOCAL_POSTGRES = "postgres://postgres@127.0.0.1:5432/gpuflex"
+
+
+def _postgres_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+os.environ.setdefault("GPUFLEX_DATA_DIR", tempfile.mkdtemp(prefix="gpuflex-test-"))
+if "TEST_DATABASE_URL" in os.environ:
+    os.environ["DATABASE_URL"] = os.environ["TEST_DATABASE_URL"]
+elif _postgres_up():
+    os.environ.setdefault("DATABASE_URL", LOCAL_POSTGRES)
+else:
+    warnings.warn("PostgreSQL is not running on 127.0.0.1:5432; testing on SQLite", stacklevel=1)
+    os.environ.setdefault(
+        "DATABASE_URL", f"sqlite:///{Path(os.environ['GPUFLEX_DATA_DIR']) / 'gpuflex.sqlite3'}"
+    )
+os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
+
+from marketplace.server.settings.base import *  # noqa: E402, F403
+from marketplace.server.settings.base import DATA_DIR, DATABASES, GPUFLEX  # noqa: E402
+
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # a file, not Django's shared-cache memory database: threads must see real locking
+    DATABASES["default"]["TEST"] = {"NAME": str(Path(DATA_DIR) / "test.sqlite3")}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+GPUFLEX["MAX_DATASET_BYTES"] = 2 * 2**20
+# small so that a test can exceed it without building a huge body
+GPUFLEX["MAX_UPDATE_BYTES"] = 4 * 2**20
+DATA_UPLOAD_MAX_MEMORY_SIZE = GPUFLEX["MAX_UPDATE_BYTES"]
+Path(DATA_DIR).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,12 @@
+"""WSGI entry point (`gpuflex serve` runs it under gunicorn)."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+from django.urls import get_resolver
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.server.settings.base")
+application = get_wsgi_application()
+# Import every view now (they pull in torch through trainer/), so that a worker's first
+# request does not pay seconds of imports while clients wait.
+get_resolver().url_patterns  # noqa: B018

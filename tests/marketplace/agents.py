@@ -1,0 +1,88 @@
+"""A test stand-in for the desktop agent: the agent API over Django's test client, with real
+local training (trainer.local.train_local), optionally cheating."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from rest_framework.test import APIClient
+
+from trainer.compression import CodecConfig, encode_update
+from trainer.datasets import Dataset
+from trainer.local import train_local
+from trainer.models import build_model
+from trainer.spec import parse_spec
+from trainer.updates import decode_state, encode_state
+
+
+class Agent:
+    def __init__(self, client: APIClient, node_id: int, key: str) -> None:
+        self.client = client
+        self.node_id = node_id
+        self.key = key
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+
+    def heartbeat(self, state: str = "idle", **extra: Any) -> Any:
+        body = {"state": state, "metrics": {"gpu_util": 0.5}, "network": {"rtt_ms": 20}} | extra
+        return self.client.post("/api/v1/agent/heartbeat", body, format="json")
+
+    def claim(self, wait: float = 0) -> dict[str, Any] | None:
+        response = self.client.post(f"/api/v1/agent/claim?wait={wait}")
+        if response.status_code == 204:
+            return None
+        assert response.status_code == 200, response.content
+        return response.json()["task"]
+
+    def model(self, task_id: str) -> Any:
+        return self.client.get(f"/api/v1/agent/tasks/{task_id}/model")
+
+    def shard(self, task_id: str) -> Any:
+        return self.client.get(f"/api/v1/agent/tasks/{task_id}/shard")
+
+    def train(self, task: dict[str, Any]) -> tuple[bytes, dict[str, float]]:
+        """What the real agent does: download, train_local with the task's seed, encode delta."""
+        state, meta = decode_state(self.model(task["id"]).content)
+        tensors, _ = decode_state(self.shard(task["id"]).content)
+        spec = parse_spec(task["spec"])
+        input_shape = tuple(json.loads(meta["input_shape"]))
+        num_classes = int(meta["num_classes"])
+        model = build_model(spec.model, input_shape, num_classes, seed=spec.seed)
+        x, y = tensors["x"], tensors["y"]
+        data = Dataset("shard", meta["task"], x, y, x[:0], y[:0], num_classes, input_shape)
+        result = train_local(
+            model,
+            state,
+            data,
+            spec,
+            seed=task["seed"],
+            steps=task["steps"],
+            batch_size=task["batch_size"],
+            proximal_mu=task["proximal_mu"],
+        )
+        metrics = {
+            "loss": result.loss,
+            "steps": result.steps,
+            "samples": result.num_samples,
+            "compute_s": 2.0,
+        }
+        codec = CodecConfig(task["codec"])  # whatever the server's sizing chose for this task
+        return encode_update(result.delta, codec), metrics
+
+    def upload(self, task_id: str, payload: bytes, metrics: dict[str, float] | None = None) -> Any:
+        return self.client.put(
+            f"/api/v1/agent/tasks/{task_id}/update",
+            data=payload,
+            content_type="application/octet-stream",
+            HTTP_X_GPUFLEX_METRICS=json.dumps(metrics or {}),
+        )
+
+    def work(self, task: dict[str, Any], cheat: bool = False) -> Any:
+        payload, metrics = self.train(task)
+        if cheat:  # a random update of plausible size instead of real work
+            state, _ = decode_state(payload)
+            gen = torch.Generator().manual_seed(self.node_id)
+            fake = {k: torch.randn(v.shape, generator=gen) * 0.05 for k, v in state.items()}
+            payload = encode_state(fake)
+        return self.upload(task["id"], payload, metrics)

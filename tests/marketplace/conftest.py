@@ -1,0 +1,69 @@
+"""Fixtures: users with keys, registered nodes as agents, and a small digits job."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from marketplace.accounts.services import create_user, issue_user_key
+from tests.marketplace.agents import Agent
+from tests.marketplace.helpers import HARDWARE, SMALL_SPEC, client_for
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def make_user(db: None) -> Callable[..., tuple[Any, str]]:
+    def make(role: str = "buyer") -> tuple[Any, str]:
+        user = create_user(f"{role}{next(_names)}", role)
+        _, key = issue_user_key(user)
+        return user, key
+
+    return make
+
+
+@pytest.fixture
+def buyer(make_user: Callable[..., tuple[Any, str]]) -> APIClient:
+    _, key = make_user("buyer")
+    return client_for(key)
+
+
+@pytest.fixture
+def provider(make_user: Callable[..., tuple[Any, str]]) -> APIClient:
+    _, key = make_user("provider")
+    return client_for(key)
+
+
+@pytest.fixture
+def make_agent(provider: APIClient) -> Callable[..., Agent]:
+    def make(kind: str = "volunteer", price: str = "0.40", **extra: Any) -> Agent:
+        body = {
+            "name": f"node-{next(_names)}",
+            "kind": kind,
+            "hardware": HARDWARE,
+            "benchmark": {"fp32_tflops": 80},
+            "network": {"rtt_ms": 20, "up_mbps": 100, "down_mbps": 300},
+            "price_per_gpu_hour": price,
+            "availability": {"hours": "always"},
+        } | extra
+        response = provider.post("/api/v1/nodes/", body, format="json")
+        assert response.status_code == 201, response.content
+        data = response.json()
+        return Agent(APIClient(), data["id"], data["node_key"])
+
+    return make
+
+
+@pytest.fixture
+def submit(buyer: APIClient) -> Callable[..., dict[str, Any]]:
+    def do(spec: dict[str, Any] | None = None, client: APIClient | None = None, **fields: Any):
+        body = {"spec": spec or SMALL_SPEC, "max_price_per_gpu_hour": "1.00"} | fields
+        response = (client or buyer).post("/api/v1/jobs/", body, format="json")
+        assert response.status_code == 201, response.content
+        return response.json()
+
+    return do

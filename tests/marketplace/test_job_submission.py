@@ -1,0 +1,188 @@
+"""Bad specs, corrupt datasets and oversized uploads get clear 4xx and store nothing."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from marketplace.jobs.models import Job, Round, Shard, Task
+from tests.marketplace.helpers import SMALL_SPEC
+
+
+def nothing_stored() -> bool:
+    media = settings.MEDIA_ROOT
+    import os
+
+    stored = [f for _, _, fs in os.walk(media) for f in fs] if os.path.isdir(media) else []
+    return (
+        not (Job.objects.exists() or Shard.objects.exists() or Round.objects.exists())
+        and not Task.objects.exists()
+        and not stored
+    )
+
+
+@pytest.fixture(autouse=True)
+def empty_media(tmp_path, settings) -> None:
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    settings.STORAGES = settings.STORAGES | {
+        "default": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": settings.MEDIA_ROOT},
+        }
+    }
+
+
+def post(buyer, spec, dataset=None, **fields):
+    body = {"spec": spec if isinstance(spec, str) else __import__("json").dumps(spec)}
+    body |= {"max_price_per_gpu_hour": "1.00"} | fields
+    if dataset is not None:
+        body["dataset"] = dataset
+    return buyer.post("/api/v1/jobs/", body, format="multipart")
+
+
+def csv_file(text: str, name: str = "data.csv") -> SimpleUploadedFile:
+    return SimpleUploadedFile(name, text.encode(), content_type="text/csv")
+
+
+def csv_spec() -> dict:
+    return SMALL_SPEC | {
+        "dataset": {"kind": "csv", "path": "data.csv"},
+        "sharding": {"method": "stratified", "num_shards": 2},
+    }
+
+
+def good_csv(rows: int = 40) -> str:
+    rng = np.random.default_rng(0)
+    lines = ["a,b,label"]
+    for i in range(rows):
+        lines.append(f"{rng.normal():.3f},{rng.normal():.3f},{i % 2}")
+    return "\n".join(lines)
+
+
+def test_spec_errors_name_the_field(buyer) -> None:
+    bad = SMALL_SPEC | {"optimizer": {"name": "sgd", "lr": -1}, "bogus": 1}
+    response = post(buyer, bad)
+    assert response.status_code == 400
+    body = response.json()
+    assert body["error"] == "invalid_spec"
+    fields = {p["field"] for p in body["problems"]}
+    assert {"optimizer.lr", "bogus"} <= fields
+    assert "optimizer.lr" in body["detail"]
+    assert nothing_stored()
+
+
+def test_spec_as_yaml_text_is_accepted(buyer) -> None:
+    import yaml
+
+    response = post(buyer, yaml.safe_dump(SMALL_SPEC))
+    assert response.status_code == 201, response.content
+
+
+def test_unparseable_spec_text(buyer) -> None:
+    response = post(buyer, "name: [unclosed")
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_spec"
+    assert nothing_stored()
+
+
+def test_unsupported_sharding_method_is_refused(buyer) -> None:
+    response = post(buyer, SMALL_SPEC | {"sharding": {"method": "capability"}})
+    assert response.status_code == 400
+    assert response.json()["problems"][0]["field"] == "sharding.method"
+
+
+def test_csv_upload_creates_a_job_with_shards(buyer) -> None:
+    response = post(buyer, csv_spec(), csv_file(good_csv()))
+    assert response.status_code == 201, response.content
+    job = Job.objects.get()
+    assert job.shards.count() == 2 and job.input_shape == [2] and job.num_classes == 2
+    assert job.spec["dataset"]["path"] == "data.csv"  # never our server path
+
+
+def test_npz_upload(buyer) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, x=np.random.default_rng(0).normal(size=(30, 4)), y=np.arange(30) % 3)
+    spec = csv_spec() | {"dataset": {"kind": "npz", "path": "d.npz"}}
+    response = post(buyer, spec, SimpleUploadedFile("d.npz", buf.getvalue()))
+    assert response.status_code == 201, response.content
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("a,b,label\n1,2,0\n1,x,1\n", ["column 'b'", "row 2", "not a number"]),
+        ("a,b\n1,2\n3,4\n", ["no label column 'label'"]),
+        ("a,b,label\n1,2,0\n1,2\n", ["row 2 has 2 fields"]),
+        ("", ["empty file"]),
+        ("a,b,label\n1,nan,0\n2,3,1\n", ["non-finite"]),
+    ],
+)
+def test_corrupt_csv_is_refused_and_nothing_stored(buyer, text: str, words: list[str]) -> None:
+    response = post(buyer, csv_spec(), csv_file(text))
+    assert response.status_code == 400
+    body = response.json()
+    assert body["error"] == "invalid_dataset"
+    for word in words:
+        assert word in body["detail"]
+    assert "data.csv" in body["detail"] and "/tmp" not in body["detail"]
+    assert nothing_stored()
+
+
+def test_corrupt_npz_is_refused(buyer) -> None:
+    spec = csv_spec() | {"dataset": {"kind": "npz", "path": "d.npz"}}
+    response = post(buyer, spec, SimpleUploadedFile("d.npz", b"PK\x03\x04 not really a zip"))
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_dataset"
+    assert nothing_stored()
+
+
+def test_user_dataset_needs_an_upload(buyer) -> None:
+    response = post(buyer, csv_spec())
+    assert response.status_code == 400
+    assert "needs an uploaded file" in response.json()["detail"]
+
+
+def test_builtin_dataset_takes_no_upload(buyer) -> None:
+    response = post(buyer, SMALL_SPEC, csv_file(good_csv()))
+    assert response.status_code == 400
+    assert nothing_stored()
+
+
+def test_oversized_dataset_is_413(buyer) -> None:
+    limit = settings.GPUFLEX["MAX_DATASET_BYTES"]
+    big = good_csv() + "\n" + ("0.1,0.2,1\n" * (limit // 10 + 1))
+    response = post(buyer, csv_spec(), csv_file(big))
+    assert response.status_code == 413
+    assert response.json()["error"] == "too_large"
+    assert nothing_stored()
+
+
+def test_more_shards_than_samples(buyer) -> None:
+    spec = csv_spec() | {"sharding": {"method": "random", "num_shards": 500}}
+    response = post(buyer, spec, csv_file(good_csv(10)))
+    assert response.status_code == 400
+    assert response.json()["problems"][0]["field"] == "sharding.num_shards"
+    assert nothing_stored()
+
+
+def test_model_that_does_not_fit_the_data(buyer) -> None:
+    spec = csv_spec() | {"model": {"arch": "cnn"}}
+    response = post(buyer, spec, csv_file(good_csv()))
+    assert response.status_code == 400
+    assert response.json()["problems"][0]["field"] == "model.arch"
+    assert nothing_stored()
+
+
+def test_missing_price_is_a_field_error(buyer) -> None:
+    response = buyer.post("/api/v1/jobs/", {"spec": SMALL_SPEC}, format="json")
+    assert response.status_code == 400
+    assert "max_price_per_gpu_hour" in response.json()["detail"]
+
+
+def test_provider_cannot_submit_jobs(provider) -> None:
+    response = post(provider, SMALL_SPEC)
+    assert response.status_code == 403
