@@ -6,7 +6,7 @@ PY       := $(VENV)/bin/python
 TORCH    := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv dev demo test lint format bench clean
+.PHONY: help venv dev demo test lint format bench clean contracts gas system-deps
 
 help:
 	@echo "make demo   - run the main job and print its results"
@@ -18,9 +18,16 @@ $(PY):
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH)
 
 # One stamp per extras set, redone whenever pyproject.toml changes.
-$(VENV)/.dev-installed: pyproject.toml | $(PY)
+$(VENV)/.dev-installed: pyproject.toml contracts/package-lock.json | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH) -e ".[dev]"
+	if command -v npm >/dev/null; then npm ci --prefix contracts --no-audit --no-fund --silent; \
+	else echo "npm not found: the contracts recompile test will be skipped"; fi
 	touch $@
+
+# Debian packages the tests use: installed when running as root and missing.
+DEB_PACKAGES := bubblewrap
+system-deps:
+	scripts/ensure-debian-packages.sh $(DEB_PACKAGES)
 
 venv: $(PY)
 dev: $(VENV)/.dev-installed
@@ -37,11 +44,17 @@ format: dev
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint
+test: lint system-deps
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+contracts: dev
+	node contracts/compile.js
+
+gas: dev
+	$(PY) -m contracts.gas_report --out bench/results/contracts-gas.json --check
 
 bench: dev
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache contracts/node_modules
