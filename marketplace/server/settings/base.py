@@ -162,12 +162,14 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 4 * 2**20
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = DATA_DIR / "broker"
-    for _folder in ("queue", "processed"):  # kombu expects them to exist
+    for _folder in ("queue", "processed", "control"):  # kombu expects them to exist
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),
         "processed_folder": str(_broker_dir / "processed"),
+        # broadcast (pidbox) exchanges; kombu's default is ./control in the working directory
+        "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("GPUFLEX_CELERY_QUEUE", "gpuflex")
