@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -133,7 +136,42 @@ def render(results: dict[str, Any]) -> str:
     ]
     if "network" in results:
         parts += render_network(results["network"])
+    if "marketplace" in results:
+        parts += render_marketplace(results["marketplace"])
     return "\n".join(parts)
+
+
+def marketplace_section() -> dict[str, Any]:
+    """In a subprocess: the scheduling bench sets up Django in-process on its own database."""
+    env = {**os.environ}
+    env.setdefault("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gpuflex_bench")
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.marketplace_bench"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    return json.loads(out.stdout)
+
+
+def render_marketplace(m: dict[str, Any]) -> list[str]:
+    hb, sc = m["heartbeat"], m["scheduling"]
+    return [
+        f"## Marketplace ({hb['database']})",
+        "",
+        "| figure | measured | goal |",
+        "|---|---:|---|",
+        f"| heartbeats/s against `gpuflex serve` ({hb['workers']} workers × {hb['threads']} "
+        f"threads, {hb['clients']} clients, {hb['duration_s']:.0f} s) | "
+        f"{hb['heartbeats_per_s']:.0f}/s, p50 {hb['p50_ms']:.0f} ms, p99 {hb['p99_ms']:.0f} ms "
+        f"({hb['ratio_to_baseline']:.2f}× the {hb['baseline_401_per_s']:.0f}/s of a 401 "
+        "that touches no database) | ≥ 1,000/s, p99 < 100 ms |",
+        f"| scheduling {sc['tasks']:,} tasks over {sc['nodes']:,} nodes | {sc['bulk_s']:.2f} s "
+        f"({sc['speedup_vs_one_by_one']:.0f}× faster than one claim at a time, "
+        f"{sc['one_claim_ms']:.1f} ms each) | < 2 s |",
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     network_bench.chart(network["mlp_wan"], RESULTS / "accuracy_vs_time.png")
+    print("marketplace: heartbeats and scheduling")
     results = {
+        "marketplace": marketplace_section(),
         "network": network,
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}",
