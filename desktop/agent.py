@@ -1,0 +1,800 @@
+"""The headless agent: the one public API that the `gpuflex-node` CLI and the tray app drive.
+
+    agent = Agent(settings)          # or Agent() for the saved settings
+    agent.start()                    # background thread: register, heartbeat, claim, train
+    agent.pause(); agent.resume()
+    agent.status()                   # an immutable snapshot, safe from any thread
+    agent.subscribe(callback)        # log lines and state changes
+    agent.stop()
+
+Loop: register (once, with the provider key) → heartbeat (own thread) → claim (long poll) →
+download → train in the sandbox → validate → upload, or report the failure with its reason.
+Every step is journaled first (desktop.journal), so a crash anywhere resumes where it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import logging
+import re
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from desktop import __version__
+from desktop.benchmark import BenchmarkResult, benchmark
+from desktop.client import (
+    ApiError,
+    Backoff,
+    MarketplaceClient,
+    SimulatedNetwork,
+    Stopped,
+    Unavailable,
+)
+from desktop.config import Credentials, Paths, Settings, load_settings, save_settings
+from desktop.hardware import HardwareReport, detect, gpu_metrics
+from desktop.journal import Journal, TaskRecord
+from desktop.netprobe import NetProbe, NetworkFigures
+from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
+from desktop.sandbox import Limits, Sandbox, SandboxResult
+
+log = logging.getLogger("gpuflex.agent")
+
+TASK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # ids become folder names: no traversal
+MAX_TRAIN_ATTEMPTS = 3  # a task that kills the sandbox this often is reported, not retried
+FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
+
+
+class State(StrEnum):
+    STOPPED = "stopped"
+    STARTING = "starting"
+    IDLE = "idle"  # waiting for work from the marketplace
+    WORKING = "working"
+    PAUSED = "paused"  # by the owner
+    WAITING = "waiting"  # the work policy says not now (in use, on battery, too hot...)
+    ERROR = "error"  # cannot go on without help (not logged in, key revoked)
+
+    @property
+    def api(self) -> str:
+        return {"working": "working", "paused": "paused", "waiting": "paused"}.get(
+            self.value, "idle"
+        )
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    id: str
+    job_id: str
+    round: int
+    phase: str  # "downloading" | "training" | "uploading"
+    progress: float  # 0..1 of training
+    started: float
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    time: float
+    level: str  # "info" | "warning" | "error"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{dt.datetime.fromtimestamp(self.time):%H:%M:%S} {self.message}"
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    state: State = State.STOPPED
+    reason: str = ""  # why waiting, paused or in error, in words
+    task: TaskStatus | None = None
+    server: str = ""
+    node_id: str = ""
+    registered: bool = False
+    earnings_today: str = "0.00"
+    earnings_total: str = "0.00"
+    completed: int = 0
+    failed: int = 0
+    isolated: bool = False  # tasks run under bubblewrap
+    hardware: HardwareReport | None = None
+    benchmark: BenchmarkResult | None = None
+    network: dict[str, float | None] = field(default_factory=dict)
+    last_error: str = ""
+
+    @property
+    def paused(self) -> bool:
+        return self.state is State.PAUSED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value, "reason": self.reason,
+            "task": None if self.task is None else self.task.__dict__,
+            "server": self.server, "node_id": self.node_id, "registered": self.registered,
+            "earnings": {"today": self.earnings_today, "total": self.earnings_total},
+            "completed": self.completed, "failed": self.failed, "isolated": self.isolated,
+            "network": self.network, "last_error": self.last_error, "updated": time.time(),
+        }  # fmt: skip
+
+
+Event = tuple[str, Any]  # ("log", LogEntry) | ("state", AgentStatus) | ("task_done", dict)
+
+
+def registration_hardware(hw: HardwareReport, s: Settings) -> dict[str, Any]:
+    """The hardware report plus the summary fields the marketplace schedules on: `gpu_model`
+    and `memory_gb` (the GPU's memory, or for a CPU node the RAM a task may use)."""
+    gpu = hw.primary_gpu if hw.accelerator != "cpu" else None
+    memory_mb = gpu.memory_total_mb if gpu else min(hw.ram_total_mb, s.task_memory_mb)
+    return {
+        **hw.to_dict(),
+        "gpu_model": gpu.name if gpu else "",
+        "memory_gb": round(memory_mb / 1024, 2),
+        "accelerator": hw.accelerator,
+    }
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        paths: Paths | None = None,
+        *,
+        credentials: Credentials | None = None,
+        hardware: HardwareReport | None = None,
+        bench: BenchmarkResult | None = None,
+        transport: httpx.BaseTransport | None = None,
+        observe_fn: Callable[[], Observations] | None = None,
+        sandbox: Sandbox | None = None,
+        backoff: Backoff | None = None,
+        claim_wait_s: int = 20,
+        idle_sleep_s: float = 1.0,
+        policy_check_s: float = 5.0,
+    ) -> None:
+        self.paths = paths or Paths.default()
+        self._settings = settings or load_settings(self.paths)
+        self.credentials = credentials or Credentials(self.paths)
+        self._hardware = hardware
+        self._bench = bench
+        self._transport = transport
+        self._observe = observe_fn
+        self._sandbox = sandbox
+        self._backoff = backoff or Backoff()
+        self.claim_wait_s = claim_wait_s
+        self.idle_sleep_s = idle_sleep_s
+        self.policy_check_s = policy_check_s  # how often a running task re-checks the policy
+
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._paused = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._hb_thread: threading.Thread | None = None
+        self._subscribers: list[Callable[[Event], None]] = []
+        self._log: deque[LogEntry] = deque(maxlen=500)
+        self._status = AgentStatus(server=self._settings.server_url)
+        self._heartbeat_s = 10.0
+        self._policy_working = False
+        self.journal = Journal(self.paths.journal)
+        self.netprobe = NetProbe()
+        self.client: MarketplaceClient | None = None
+        self.simnet: SimulatedNetwork | None = None
+
+    # ----------------------------------------------------------------- public API
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread and self._thread.is_alive():
+                return
+            self._stop.clear()
+            self._set(state=State.STARTING, reason="")
+            self._thread = threading.Thread(target=self._main, name="gpuflex-agent", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Graceful: the running task is stopped and kept in the journal for the next start."""
+        self._stop.set()
+        self._wake.set()
+        for t in (self._thread, self._hb_thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout)
+        self._set(state=State.STOPPED, reason="", task=None)
+        self._write_status_file()
+
+    def pause(self) -> None:
+        self._paused.set()
+        self._wake.set()
+        self._set(state=State.PAUSED, reason="paused by you")
+        self._info("paused")
+
+    def resume(self) -> None:
+        self._paused.clear()
+        self._wake.set()
+        if self.status().state is State.PAUSED:
+            self._set(state=State.IDLE, reason="")
+        self._info("resumed")
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def status(self) -> AgentStatus:
+        with self._lock:
+            return self._status
+
+    def logs(self, n: int = 100) -> list[LogEntry]:
+        with self._lock:
+            return list(self._log)[-n:]
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    def update_settings(self, settings: Settings) -> None:
+        """Saved at once; limits and policy apply from the next task, the server on restart."""
+        with self._lock:
+            self._settings = settings
+        save_settings(settings, self.paths)
+        self._wake.set()
+        self._info("settings saved")
+
+    def login(self, provider_key: str) -> None:
+        self.credentials.set_provider_key(provider_key.strip())
+        self._wake.set()
+
+    def subscribe(self, callback: Callable[[Event], None]) -> None:
+        """Called from the agent's threads; GUIs must hop to their own thread."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+    def run_forever(self) -> None:
+        """For the CLI: start and block until stop() (or Ctrl-C)."""
+        self.start()
+        try:
+            while self.running:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            self._info("stopping (Ctrl-C)")
+        finally:
+            self.stop()
+
+    # ----------------------------------------------------------------- internals: events
+
+    def _set(self, **changes: Any) -> None:
+        # the loop may be between its pause check and an IDLE/WAITING update when the owner
+        # pauses: a pause is never overwritten by those
+        if self._paused.is_set() and changes.get("state") in (State.IDLE, State.WAITING):
+            changes.update(state=State.PAUSED, reason="paused by you")
+        with self._lock:
+            old = self._status
+            self._status = replace(old, **changes)
+            new = self._status
+        if (old.state, old.reason, old.task) != (new.state, new.reason, new.task):
+            self._emit(("state", new))
+
+    def _emit(self, event: Event) -> None:
+        for cb in list(self._subscribers):
+            try:
+                cb(event)
+            except Exception:  # a broken listener must never stop the agent
+                log.exception("event subscriber failed")
+
+    def _add_log(self, level: str, message: str) -> None:
+        entry = LogEntry(time.time(), level, message)
+        with self._lock:
+            self._log.append(entry)
+        getattr(log, level)(message)
+        self._emit(("log", entry))
+
+    def _info(self, message: str) -> None:
+        self._add_log("info", message)
+
+    def _warn(self, message: str) -> None:
+        self._add_log("warning", message)
+
+    def _error(self, message: str) -> None:
+        self._add_log("error", message)
+        self._set(last_error=message)
+
+    def _write_status_file(self) -> None:
+        with contextlib.suppress(OSError):
+            self.paths.data.mkdir(parents=True, exist_ok=True)
+            tmp = self.paths.data / "status.tmp"
+            tmp.write_text(json.dumps(self.status().to_dict()), encoding="utf-8")
+            tmp.replace(self.paths.data / "status.json")
+
+    # ----------------------------------------------------------------- internals: main loop
+
+    def _main(self) -> None:
+        try:
+            self._setup()
+            if not self._register():
+                return
+            self._hb_thread = threading.Thread(
+                target=self._heartbeats, name="gpuflex-heartbeat", daemon=True
+            )
+            self._hb_thread.start()
+            self._loop()
+        except Stopped:
+            pass
+        except Exception as exc:  # the last line of defence: say what happened, never vanish
+            log.exception("agent crashed")
+            self._error(f"agent stopped on an unexpected error: {type(exc).__name__}: {exc}")
+            self._set(state=State.ERROR, reason=str(exc))
+        finally:
+            if self.client is not None:
+                self.client.close()
+            self._write_status_file()
+
+    def _setup(self) -> None:
+        s = self._settings
+        self._info(f"GPUFlex agent {__version__} starting; marketplace {s.server_url}")
+        if self._hardware is None:
+            self._hardware = detect()
+        hw = self._hardware
+        for note in hw.notes:
+            self._info(note)
+        if self._bench is None:
+            self._info("benchmarking this machine (cached after the first run)…")
+            self._bench, cached = benchmark(hw, self.paths.cache, quick=True)
+            self._info("benchmark " + ("loaded from cache" if cached else "done"))
+        if self._sandbox is None:
+            self._sandbox = Sandbox(
+                Limits(memory_mb=s.task_memory_mb, cpu_s=s.task_cpu_s, wall_s=s.task_wall_s),
+                gpu=hw.accelerator != "cpu",
+                warn=self._warn,
+            )
+        transport = self._transport
+        if s.network_profile:
+            node = int(hashlib.sha256((s.node_name or "node").encode()).hexdigest(), 16) % 8
+            scale = float(s.extra.get("network_time_scale", 1.0))  # < 1 speeds up demos/tests
+            self.simnet = SimulatedNetwork(
+                s.network_profile, node=node, inner=transport, time_scale=scale
+            )
+            transport = self.simnet
+            self._info(f"simulated network '{s.network_profile}': {self.simnet.node}")
+        self.client = MarketplaceClient(
+            s.server_url, self.credentials.node_key(s.server_url), transport=transport,
+            backoff=self._backoff, stop=self._stop, on_retry=self._warn,
+        )  # fmt: skip
+        self._set(
+            hardware=hw, benchmark=self._bench, isolated=self._sandbox.isolated,
+            node_id=self.credentials.node_id(s.server_url) or "",
+        )  # fmt: skip
+
+    def _register(self) -> bool:
+        """Register once per server; waits (state ERROR) until the owner has logged in."""
+        assert self.client is not None and self._hardware and self._bench
+        s = self._settings
+        while not self._stop.is_set():
+            if self.client.node_key:
+                self._set(registered=True, state=State.IDLE, reason="")
+                return True
+            provider = self.credentials.provider_key()
+            if not provider:
+                if self.status().state is not State.ERROR:
+                    self._error("not logged in: run 'gpuflex-node login' or open Settings")
+                self._set(state=State.ERROR, reason="not logged in: run 'gpuflex-node login'")
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            body = {
+                "name": s.node_name or self._hardware.cpu_name,
+                "kind": s.kind,
+                "hardware": registration_hardware(self._hardware, s),
+                "benchmark": self._bench.advertised(),
+                "network": self._probe_rtt().to_dict(),
+                "price_per_gpu_hour": s.price_per_gpu_hour,
+                "availability": {
+                    "idle_minutes": s.idle_minutes,
+                    "schedule": [s.schedule_start, s.schedule_end],
+                    "work_on_battery": s.work_on_battery,
+                },
+            }
+            try:
+                answer = self.client.register(provider, body)
+            except Unavailable as exc:
+                self._warn(f"cannot reach the marketplace to register: {exc.detail}")
+                continue
+            except ApiError as exc:
+                self._error(f"registration refused: {exc}")
+                self._set(state=State.ERROR, reason=f"registration refused ({exc.code})")
+                if exc.status == 401:  # a wrong key: ask for it again rather than retry it
+                    self.credentials.set_provider_key(None)
+                else:  # the same body would be refused again: wait for new settings or a while
+                    self._sleep(60.0)
+                continue
+            self.credentials.set_node_key(s.server_url, str(answer["node_key"]))
+            self.credentials.set_node_id(s.server_url, str(answer["id"]))
+            self.client.node_key = str(answer["node_key"])
+            self._set(node_id=str(answer["id"]))
+            self._info(f"registered as node {answer['id']}")
+        return False
+
+    def _probe_rtt(self, n: int = 3) -> NetworkFigures:
+        """RTT before there is a node key: any answer (even 401) is one round trip."""
+        assert self.client is not None
+        for _ in range(n):
+            t0 = time.monotonic()
+            with contextlib.suppress(ApiError, Stopped):
+                self.client._request("GET", "agent/me", attempts=1)
+            self.netprobe.rtt(time.monotonic() - t0)
+        return self.netprobe.figures()
+
+    def _own_pids(self) -> set[int]:
+        return self._sandbox.current_pids() if self._sandbox is not None else set()
+
+    def _policy(self) -> Decision:
+        obs = self._observe() if self._observe else observe(self._own_pids())
+        return decide(WorkPolicy.from_settings(self._settings), obs, self._policy_working)
+
+    def _loop(self) -> None:
+        assert self.client is not None
+        outage = 0
+        while not self._stop.is_set():
+            if self._paused.is_set():
+                self._set(state=State.PAUSED, reason="paused by you", task=None)
+                self._sleep(self.idle_sleep_s)
+                continue
+            decision = self._policy()
+            if not decision.allowed:
+                if self.status().state is not State.WAITING:
+                    self._info(f"waiting: {decision}")
+                self._set(state=State.WAITING, reason=str(decision), task=None)
+                self._sleep(self.idle_sleep_s * 5)
+                continue
+            try:
+                pending = self.journal.open()
+                if pending:
+                    self._process(pending[0])
+                else:
+                    self._set(state=State.IDLE, reason="", task=None)
+                    task = self.client.claim(self.claim_wait_s)
+                    if task is not None:
+                        self._accept(task)
+                outage = 0
+            except Unavailable as exc:
+                outage += 1
+                delay = self._backoff.delay(min(outage, 10), self.client._rng)
+                self._warn(f"marketplace unreachable ({exc.detail}); trying again in {delay:.0f} s")
+                self._set(reason="marketplace unreachable")
+                self._sleep(delay)
+            except ApiError as exc:
+                if exc.status == 401:
+                    self._error("the marketplace rejected this node's key (revoked?)")
+                    self._set(state=State.ERROR, reason="node key rejected: log in again")
+                    self.credentials.set_node_key(self._settings.server_url, None)
+                    self.client.node_key = None
+                    if not self._register():
+                        return
+                else:
+                    self._error(f"marketplace error: {exc}")
+                    self._sleep(self.idle_sleep_s * 5)
+
+    def _sleep(self, seconds: float) -> None:
+        if self._wake.wait(seconds):
+            self._wake.clear()
+
+    # ----------------------------------------------------------------- internals: tasks
+
+    def _accept(self, task: dict[str, Any]) -> None:
+        tid = str(task.get("id", ""))
+        if not TASK_ID.match(tid):
+            self._error(f"the marketplace sent a task with an unusable id {tid[:40]!r}")
+            return
+        known = self.journal.get(tid)
+        if known is None or known.state == "done":  # done before: the server leased it anew
+            self.journal.record(tid, "claimed", task=task, attempts=0, outcome="")
+            self._info(f"claimed task {tid} (job {task.get('job_id')}, round {task.get('round')})")
+        rec = self.journal.get(tid)
+        assert rec is not None
+        self._process(rec)
+
+    def _folder(self, tid: str) -> Path:
+        return self.paths.tasks / tid
+
+    def _task_status(self, rec: TaskRecord, phase: str, progress: float = 0.0) -> TaskStatus:
+        cur = self.status().task
+        started = cur.started if cur is not None and cur.id == rec.id else time.time()
+        return TaskStatus(
+            rec.id, str(rec.task.get("job_id", "")), int(rec.task.get("round", 0) or 0),
+            phase, progress, started,
+        )  # fmt: skip
+
+    def _process(self, rec: TaskRecord) -> None:
+        assert self.client is not None
+        if rec.state in ("claimed", "ready") and self._deadline_passed(rec.task):
+            self._finish_failed(rec, "cancelled", "the task's deadline passed before it ran")
+            return
+        if rec.state == "ready" and not (self._folder(rec.id) / "shard.safetensors").exists():
+            rec = self.journal.record(rec.id, "claimed")  # inputs lost (data folder wiped)
+        if rec.state == "claimed":
+            self._set(state=State.WORKING, task=self._task_status(rec, "downloading"))
+            try:
+                if not self._download(rec):
+                    return
+            except ApiError as exc:
+                if exc.status not in (403, 404, 410):
+                    raise
+                # the lease is gone (expired while we were down, or reassigned): drop it
+                self._warn(f"task {rec.id} is no longer ours ({exc.code}); dropping it")
+                self._done(rec, "lost", ok=False)
+                return
+            rec = self.journal.record(rec.id, "ready")
+        if rec.state == "ready":
+            if rec.attempts >= MAX_TRAIN_ATTEMPTS:
+                self._finish_failed(rec, "crashed", f"gave up after {rec.attempts} attempts")
+                return
+            self._train(rec)
+            rec = self.journal.get(rec.id) or rec
+        if rec.state == "trained":
+            self._upload(rec)
+
+    def _deadline_passed(self, task: dict[str, Any]) -> bool:
+        raw = task.get("deadline")
+        if not raw:
+            return False
+        try:
+            deadline = dt.datetime.fromisoformat(str(raw).replace("Z", "+00:00"))
+        except ValueError:
+            return False
+        if deadline.tzinfo is None:
+            deadline = deadline.replace(tzinfo=dt.UTC)
+        return dt.datetime.now(dt.UTC) > deadline
+
+    def _download(self, rec: TaskRecord) -> bool:
+        from trainer.hashing import state_hash
+        from trainer.updates import UpdateRejected, decode_state
+
+        assert self.client is not None
+        folder = self._folder(rec.id)
+        folder.mkdir(parents=True, exist_ok=True)
+        for attempt in range(2):
+            model = self._timed_get(self.client.get_model, rec.id)
+            shard = self._timed_get(self.client.get_shard, rec.id)
+            try:
+                ok = self._hash_ok(rec.task.get("model_hash"), decode_state(model)[0], state_hash)
+                ok = ok and self._hash_ok(
+                    rec.task.get("shard_hash"),
+                    {k: v for k, v in decode_state(shard)[0].items() if k in ("x", "y")},
+                    state_hash,
+                )
+            except UpdateRejected as exc:
+                ok, why = False, str(exc)
+            else:
+                why = "content does not match the task's model_hash/shard_hash"
+            if ok:
+                break
+            self._warn(f"task {rec.id}: download {attempt + 1} is corrupt ({why})")
+        else:
+            self._finish_failed(rec, "crashed", f"inputs corrupt after two downloads: {why}")
+            return False
+        (folder / "model.safetensors").write_bytes(model)
+        (folder / "shard.safetensors").write_bytes(shard)
+        (folder / "task.json").write_text(json.dumps(rec.task), encoding="utf-8")
+        residual = self._residual_file(rec)
+        if rec.task.get("codec") == "topk" and residual.exists():
+            shutil.copyfile(residual, folder / "residual.safetensors")
+        return True
+
+    def _residual_file(self, rec: TaskRecord) -> Path:
+        """Top-k's error-feedback residual for the task's job, kept between its tasks."""
+        job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(rec.task.get("job_id", "job")))[:128]
+        return self.paths.tasks.parent / "feedback" / f"{job}.safetensors"
+
+    @staticmethod
+    def _hash_ok(expected: Any, state: dict[str, Any], fn: Callable[[Any], str]) -> bool:
+        if not expected or not isinstance(expected, str) or len(expected) != 64:
+            return True  # the task did not say; the sandbox still decodes it safely
+        return fn(state) == expected
+
+    def _timed_get(self, get: Callable[[str], bytes], tid: str) -> bytes:
+        t0 = time.monotonic()
+        data = get(tid)
+        self.netprobe.transfer(len(data), time.monotonic() - t0, upload=False,
+                               rtt_s=self.netprobe.latest_rtt_s())  # fmt: skip
+        return data
+
+    def _train(self, rec: TaskRecord) -> None:
+        assert self._sandbox is not None
+        folder = self._folder(rec.id)
+        for stale in ("update.safetensors", "result.json"):
+            (folder / stale).unlink(missing_ok=True)
+        rec = self.journal.record(rec.id, "ready", attempts=rec.attempts + 1)
+        self._set(state=State.WORKING, task=self._task_status(rec, "training"))
+        self._info(f"training task {rec.id} (attempt {rec.attempts})")
+        drop_at = None
+        if self.simnet is not None:
+            drop_at = self.simnet.begin_round(int(rec.task.get("round", 0) or 0))
+        self._policy_working = True
+        policy_stop: list[str] = []
+
+        def should_stop() -> str | None:
+            if self._stop.is_set():
+                return "the agent is stopping"
+            if self._paused.is_set():
+                return "paused by you"
+            return None
+
+        def on_event(event: dict[str, Any]) -> None:
+            nonlocal drop_at
+            progress = event.get("progress")
+            if isinstance(progress, int | float):
+                self._set(task=self._task_status(rec, "training", float(progress)))
+                if drop_at is not None and progress >= drop_at and self.simnet is not None:
+                    self._warn("simulated network: this node drops out of the round now")
+                    self.simnet.go_dark()
+                    drop_at = None
+
+        s = self._settings
+        self._sandbox.limits = Limits(
+            memory_mb=s.task_memory_mb, cpu_s=s.task_cpu_s, wall_s=s.task_wall_s
+        )
+        self._sandbox.env["GPUFLEX_GPU_MEMORY_FRACTION"] = str(s.gpu_memory_fraction)
+        try:
+            result = self._sandbox.run_task(folder, self._should_stop(should_stop, policy_stop),
+                                            on_event)  # fmt: skip
+        finally:
+            self._policy_working = False
+        if result.status == "cancelled":
+            # kept as "ready": trained again from scratch later (training is deterministic)
+            self.journal.record(rec.id, "ready", attempts=rec.attempts - 1)
+            self._info(f"task {rec.id} interrupted: {result.detail}; it will run again later")
+            return
+        if not result.ok:
+            self._finish_failed(rec, result.status if result.status in FAIL_REASONS else "crashed",
+                                result.detail or "the task failed")  # fmt: skip
+            return
+        self._record_trained(rec, result)
+
+    def _should_stop(
+        self, base: Callable[[], str | None], policy_stop: list[str]
+    ) -> Callable[[], str | None]:
+        """The owner's pause and quit at once; the work policy at most every few seconds."""
+        last = [time.monotonic()]
+
+        def check() -> str | None:
+            why = base()
+            if why:
+                return why
+            if time.monotonic() - last[0] >= self.policy_check_s:
+                last[0] = time.monotonic()
+                decision = self._policy()
+                if not decision.allowed:
+                    policy_stop.append(str(decision))
+                    return f"work policy: {decision}"
+            return None
+
+        return check
+
+    def _record_trained(self, rec: TaskRecord, result: SandboxResult) -> None:
+        from trainer.compression import decode_any
+        from trainer.updates import UpdateRejected, decode_state
+
+        folder = self._folder(rec.id)
+        try:
+            data = (folder / "update.safetensors").read_bytes()
+            reference, _ = decode_state((folder / "model.safetensors").read_bytes())
+            max_norm = rec.task.get("spec", {}).get("aggregation", {}).get("max_update_norm")
+            decode_any(data, reference, max_norm)  # never upload what the server would reject
+            outcome = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+            metrics = {k: float(v) for k, v in outcome.get("metrics", {}).items()}
+        except (OSError, ValueError, UpdateRejected) as exc:
+            self._finish_failed(rec, "crashed", f"the task produced an unusable update: {exc}")
+            return
+        self.journal.record(
+            rec.id, "trained", update_sha256=hashlib.sha256(data).hexdigest(), metrics=metrics
+        )
+        self._info(
+            f"task {rec.id} trained: loss {metrics.get('loss', float('nan')):.4f}, "
+            f"{metrics.get('compute_s', 0):.1f} s"
+        )
+
+    def _upload(self, rec: TaskRecord) -> None:
+        assert self.client is not None
+        self._set(state=State.WORKING, task=self._task_status(rec, "uploading", 1.0))
+        try:
+            data = (self._folder(rec.id) / "update.safetensors").read_bytes()
+        except OSError:
+            data = b""
+        if hashlib.sha256(data).hexdigest() != rec.update_sha256:
+            # the file changed since it was journaled: never send other bytes than recorded
+            self.journal.record(rec.id, "claimed")
+            self._warn(f"task {rec.id}: update file lost or changed on disk; running it again")
+            return
+        t0 = time.monotonic()
+        try:
+            code = self.client.put_update(rec.id, data, rec.metrics)
+        except ApiError as exc:
+            if isinstance(exc, Unavailable):
+                raise
+            outcome = {404: "lost", 409: "conflict", 422: "rejected"}.get(exc.status or 0, "error")
+            self._error(f"task {rec.id}: upload refused ({exc})")
+            self._done(rec, outcome, ok=False)
+            return
+        self.netprobe.transfer(len(data), time.monotonic() - t0, upload=True,
+                               rtt_s=self.netprobe.latest_rtt_s())  # fmt: skip
+        self._info(f"task {rec.id} uploaded" + (" (already accepted)" if code == 200 else ""))
+        residual = self._folder(rec.id) / "residual.next.safetensors"
+        if residual.exists():  # only once the server has the update it complements
+            target = self._residual_file(rec)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            residual.replace(target)
+        self._done(rec, "uploaded", ok=True)
+
+    def _finish_failed(self, rec: TaskRecord, reason: str, detail: str) -> None:
+        assert self.client is not None
+        self._error(f"task {rec.id} failed ({reason}): {detail}")
+        try:
+            self.client.fail(rec.id, reason, detail[:1000])
+        except Unavailable:
+            raise  # the journal still says not done: reported on the next pass
+        except ApiError as exc:
+            self._warn(f"task {rec.id}: failure report refused ({exc})")
+        self._done(rec, f"failed:{reason}", ok=False)
+
+    def _done(self, rec: TaskRecord, outcome: str, ok: bool) -> None:
+        self.journal.record(rec.id, "done", outcome=outcome)
+        shutil.rmtree(self._folder(rec.id), ignore_errors=True)
+        st = self.status()
+        self._set(
+            task=None, state=State.IDLE,
+            completed=st.completed + (1 if ok else 0), failed=st.failed + (0 if ok else 1),
+        )  # fmt: skip
+        self._emit(("task_done", {"id": rec.id, "outcome": outcome, "ok": ok}))
+
+    # ----------------------------------------------------------------- internals: heartbeats
+
+    def _heartbeats(self) -> None:
+        beats = 0
+        while not self._stop.is_set():
+            self._heartbeat_once(earnings=beats % 6 == 0)
+            beats += 1
+            self._write_status_file()
+            self._stop.wait(self._heartbeat_s)
+
+    def _heartbeat_once(self, earnings: bool = False) -> None:
+        if self.client is None or not self.client.node_key:
+            return
+        st = self.status()
+        m = gpu_metrics(0, self._own_pids())
+        metrics = {
+            "gpu_util": m.utilization_pct,
+            "gpu_temp_c": m.temperature_c,
+            "gpu_mem_used_mb": m.memory_used_mb,
+        }
+        # unknown figures are left out, not sent as null (the server types them as numbers)
+        body: dict[str, Any] = {
+            "state": st.state.api,
+            "metrics": {k: v for k, v in metrics.items() if v is not None},
+            "network": {
+                k: v for k, v in self.netprobe.figures().to_dict().items() if v is not None
+            },
+        }
+        if st.task is not None:
+            body["task_id"] = st.task.id
+            body["progress"] = round(st.task.progress, 4)
+        try:
+            t0 = time.monotonic()
+            answer = self.client.heartbeat(body)
+            self.netprobe.rtt(time.monotonic() - t0)
+            interval = answer.get("heartbeat_interval_s")
+            if isinstance(interval, int | float) and interval > 0:
+                self._heartbeat_s = float(interval)
+            if earnings:
+                me = self.client.me()
+                money = me.get("earnings", {})
+                self._set(
+                    earnings_today=str(money.get("today", "0.00")),
+                    earnings_total=str(money.get("total", "0.00")),
+                )
+            self._set(network=self.netprobe.figures().to_dict())
+        except (ApiError, Stopped) as exc:
+            log.debug("heartbeat failed: %s", exc)

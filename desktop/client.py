@@ -1,0 +1,258 @@
+"""The marketplace's agent API (docs/agent-api.md) over httpx, and nothing else of the server.
+
+Every call retries 429, 5xx and connection errors with exponential backoff and full jitter
+(honouring Retry-After), so a marketplace outage costs waiting, not tasks. A simulated-network
+transport (`--network-profile`) can stand in for the real one: it adds the trainer
+simulator's latency, bandwidth, loss and disconnects to the agent's own requests.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from trainer.sim.network import DISCONNECT_DETECT_S, NodeProfile, disconnects, get_profile
+
+API = "/api/v1/"
+
+
+class ApiError(Exception):
+    """A 4xx answer (not retried) or retries exhausted; `code` is the API's error code."""
+
+    def __init__(self, status: int | None, code: str, detail: str) -> None:
+        self.status = status
+        self.code = code
+        self.detail = detail
+        super().__init__(f"{status or 'network'} {code}: {detail}")
+
+
+class Unavailable(ApiError):
+    """The marketplace could not be reached or kept failing; worth trying again later."""
+
+
+class Stopped(Exception):
+    """The agent is shutting down; raised out of a backoff wait."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    base_s: float = 0.5
+    cap_s: float = 60.0
+    attempts: int = 8  # per call; the agent loop itself keeps going after that
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        # "full jitter" (AWS architecture blog): spreads a crowd of nodes coming back at once
+        return rng.uniform(self.base_s / 2, min(self.cap_s, self.base_s * 2**attempt))
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+class MarketplaceClient:
+    def __init__(
+        self,
+        server_url: str,
+        node_key: str | None = None,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        backoff: Backoff | None = None,
+        timeout_s: float = 30.0,
+        stop: threading.Event | None = None,
+        on_retry: Callable[[str], None] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.base = server_url.rstrip("/") + API
+        self.node_key = node_key
+        self.backoff = backoff or Backoff()
+        self.stop = stop or threading.Event()
+        self.on_retry = on_retry
+        self._rng = random.Random(seed)
+        # claims long-poll up to 30 s: the read timeout must outlast them
+        self._http = httpx.Client(
+            transport=transport, timeout=httpx.Timeout(timeout_s, read=timeout_s + 35)
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        key: str | None = None,
+        json_body: Any = None,
+        content: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        params: dict[str, Any] | None = None,
+        attempts: int | None = None,
+    ) -> httpx.Response:
+        key = key or self.node_key
+        hdrs = dict(headers or {})
+        if key:
+            hdrs["Authorization"] = f"Bearer {key}"
+        attempts = attempts or self.backoff.attempts
+        last = "no attempt made"
+        for attempt in range(attempts):
+            if self.stop.is_set():
+                raise Stopped()
+            wait: float | None = None
+            try:
+                r = self._http.request(
+                    method, self.base + path, json=json_body, content=content,
+                    headers=hdrs, params=params,
+                )  # fmt: skip
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            else:
+                if r.status_code < 400:
+                    return r
+                if r.status_code == 429 or r.status_code >= 500:
+                    last = f"HTTP {r.status_code}"
+                    wait = _retry_after(r) if r.status_code == 429 else None
+                else:
+                    raise _api_error(r)
+            if attempt + 1 < attempts:
+                delay = wait if wait is not None else self.backoff.delay(attempt, self._rng)
+                if self.on_retry:
+                    self.on_retry(f"{method} {path}: {last}; retrying in {delay:.1f} s")
+                if self.stop.wait(delay):
+                    raise Stopped()
+        raise Unavailable(None, "unavailable", f"{method} {path} failed {attempts} times: {last}")
+
+    # ------------------------------------------------------------------ endpoints
+
+    def register(self, provider_key: str, body: dict[str, Any]) -> dict[str, Any]:
+        r = self._request("POST", "nodes/", key=provider_key, json_body=body)
+        return dict(r.json())
+
+    def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._request("POST", "agent/heartbeat", json_body=body, attempts=2).json())
+
+    def claim(self, wait_s: int = 20) -> dict[str, Any] | None:
+        r = self._request("POST", "agent/claim", params={"wait": min(max(wait_s, 0), 30)})
+        if r.status_code == 204 or not r.content:
+            return None
+        return dict(r.json()["task"])
+
+    def get_model(self, task_id: str) -> bytes:
+        return self._request("GET", f"agent/tasks/{task_id}/model").content
+
+    def get_shard(self, task_id: str) -> bytes:
+        return self._request("GET", f"agent/tasks/{task_id}/shard").content
+
+    def put_update(self, task_id: str, data: bytes, metrics: dict[str, float]) -> int:
+        """201 on acceptance, 200 when these bytes were already accepted (a retry)."""
+        r = self._request(
+            "PUT",
+            f"agent/tasks/{task_id}/update",
+            content=data,
+            headers={
+                "Content-Type": "application/octet-stream",
+                "X-GPUFlex-Metrics": json.dumps(metrics),
+            },
+        )
+        return r.status_code
+
+    def fail(self, task_id: str, reason: str, detail: str) -> None:
+        self._request(
+            "POST", f"agent/tasks/{task_id}/fail", json_body={"reason": reason, "detail": detail}
+        )
+
+    def me(self) -> dict[str, Any]:
+        return dict(self._request("GET", "agent/me", attempts=2).json())
+
+
+def _api_error(r: httpx.Response) -> ApiError:
+    try:
+        body = r.json()
+        code, detail = str(body.get("error", "error")), str(body.get("detail", ""))
+        if body.get("reason"):
+            detail = f"{body['reason']}: {detail}"
+    except (ValueError, AttributeError):
+        code, detail = "error", r.text[:300]
+    return ApiError(r.status_code, code, detail)
+
+
+# ------------------------------------------------------------------ simulated network
+
+
+class SimulatedNetwork(httpx.BaseTransport):
+    """The trainer simulator's network model applied to real requests.
+
+    Each request waits one RTT plus its bytes over the link (capped by TCP's loss-limited
+    rate: `NodeProfile.transfer_s`), fails outright with the profile's packet-loss
+    probability (a dropped connection), and in a round where `disconnects` says this node
+    drops out, the network goes dark for a while, as a laptop losing Wi-Fi would.
+    """
+
+    def __init__(
+        self,
+        profile: str,
+        node: int = 0,
+        nodes: int = 8,
+        seed: int = 0,
+        inner: httpx.BaseTransport | None = None,
+        time_scale: float = 1.0,
+        outage_s: float = 2 * DISCONNECT_DETECT_S,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.name = profile
+        self.node: NodeProfile = get_profile(profile).node(node, nodes, seed)
+        self.seed = seed
+        self.inner = inner or httpx.HTTPTransport()
+        self.time_scale = time_scale
+        self.outage_s = outage_s
+        self.sleep = sleep
+        self._rng = random.Random(f"agent-net:{profile}:{seed}:{node}")
+        self._dark_until = 0.0
+        self._lock = threading.Lock()
+        self.injected = {"delay_s": 0.0, "lost": 0, "dark": 0}
+
+    def begin_round(self, round_: int) -> float | None:
+        """Called as a task starts; returns when (fraction of the work) the node drops out."""
+        return disconnects(self.node, self.seed, round_)
+
+    def go_dark(self) -> None:
+        with self._lock:
+            self._dark_until = time.monotonic() + self.outage_s * self.time_scale
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            dark = time.monotonic() < self._dark_until
+            lost = self._rng.random() < self.node.loss
+        if dark or lost:
+            self.injected["dark" if dark else "lost"] += 1
+            self.sleep(self.node.rtt_s * self.time_scale)
+            raise httpx.ConnectError(
+                f"simulated {'disconnect' if dark else 'packet loss'} ({self.name})",
+                request=request,
+            )
+        up = len(request.content) + sum(len(k) + len(v) for k, v in request.headers.raw)
+        delay = self.node.transfer_s(up, upload=True)
+        response = self.inner.handle_request(request)
+        body = response.read()
+        # the RTT is paid once per request, not again for the answer
+        delay += self.node.transfer_s(len(body), upload=False) - self.node.rtt_s
+        self.injected["delay_s"] += delay
+        self.sleep(delay * self.time_scale)
+        return httpx.Response(
+            response.status_code, headers=response.headers, content=body, request=request
+        )
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,202 @@
+"""Settings in each OS's standard place (platformdirs) and credentials in the OS keyring.
+
+GPUFLEX_NODE_CONFIG_DIR / GPUFLEX_NODE_DATA_DIR / GPUFLEX_NODE_CACHE_DIR override the folders
+(services, tests, several agents on one machine; NODE_ because the marketplace server reads
+GPUFLEX_DATA_DIR for its own data). On headless machines without a keyring backend the
+keys go to a credentials file readable only by its owner (0600).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+APP = "gpuflex"
+KEYRING_SERVICE = "gpuflex"
+
+
+@dataclass(frozen=True)
+class Paths:
+    config: Path
+    data: Path
+    cache: Path
+
+    @classmethod
+    def default(cls) -> Paths:
+        env = os.environ.get
+        return cls(
+            config=Path(env("GPUFLEX_NODE_CONFIG_DIR") or platformdirs.user_config_dir(APP)),
+            data=Path(env("GPUFLEX_NODE_DATA_DIR") or platformdirs.user_data_dir(APP)),
+            cache=Path(env("GPUFLEX_NODE_CACHE_DIR") or platformdirs.user_cache_dir(APP)),
+        )
+
+    @property
+    def settings_file(self) -> Path:
+        return self.config / "settings.json"
+
+    @property
+    def tasks(self) -> Path:
+        return self.data / "tasks"
+
+    @property
+    def journal(self) -> Path:
+        return self.data / "journal.jsonl"
+
+
+@dataclass
+class Settings:
+    server_url: str = "http://127.0.0.1:8000"
+    dashboard_url: str = ""  # empty: the server's own web UI
+    node_name: str = ""
+    kind: str = "volunteer"  # "volunteer" | "platform"
+    price_per_gpu_hour: str = "0.40"  # a decimal string, as the API carries money
+    # work policy (BOINC's computing preferences)
+    idle_minutes: float = 0.0  # 0: work whenever allowed
+    pause_on_gpu_processes: bool = True
+    max_gpu_temp_c: float = 83.0
+    schedule_start: str = ""  # "HH:MM"; both empty: any time
+    schedule_end: str = ""
+    work_on_battery: bool = False
+    gpu_memory_fraction: float = 0.9
+    # sandbox limits per task
+    task_memory_mb: int = 8192
+    task_cpu_s: int = 3600
+    task_wall_s: int = 3600
+    # simulated network (demos, tests): "" for the real network
+    network_profile: str = ""
+    start_at_login: bool = False
+    first_run_done: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Settings:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def load_settings(paths: Paths | None = None) -> Settings:
+    paths = paths or Paths.default()
+    try:
+        return Settings.from_dict(json.loads(paths.settings_file.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        return Settings()
+    except (OSError, ValueError, TypeError):
+        # a damaged file must not stop the agent; keep it for the owner to look at
+        paths.settings_file.replace(paths.settings_file.with_suffix(".broken"))
+        return Settings()
+
+
+def save_settings(settings: Settings, paths: Paths | None = None) -> None:
+    paths = paths or Paths.default()
+    paths.config.mkdir(parents=True, exist_ok=True)
+    tmp = paths.settings_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(settings.to_dict(), indent=2), encoding="utf-8")
+    tmp.replace(paths.settings_file)
+
+
+# -------------------------------------------------------------------------- credentials
+
+
+class Credentials:
+    """API keys: the provider key (`gfx_u_…`) and this node's key (`gfx_n_…`) per server."""
+
+    def __init__(self, paths: Paths | None = None, use_keyring: bool | None = None) -> None:
+        self.paths = paths or Paths.default()
+        if use_keyring is None:
+            use_keyring = os.environ.get("GPUFLEX_KEYRING", "auto") != "file" and _keyring_ok()
+        self.use_keyring = use_keyring
+
+    @property
+    def file(self) -> Path:
+        return self.paths.config / "credentials.json"
+
+    @property
+    def backend(self) -> str:
+        return "OS keyring" if self.use_keyring else f"file {self.file} (0600)"
+
+    def get(self, name: str) -> str | None:
+        if self.use_keyring:
+            import keyring
+
+            try:
+                return keyring.get_password(KEYRING_SERVICE, name)
+            except Exception:
+                pass
+        return self._read_file().get(name)
+
+    def set(self, name: str, value: str | None) -> None:
+        if self.use_keyring:
+            import keyring
+
+            try:
+                if value is None:
+                    with contextlib.suppress(keyring.errors.PasswordDeleteError):
+                        keyring.delete_password(KEYRING_SERVICE, name)
+                else:
+                    keyring.set_password(KEYRING_SERVICE, name, value)
+                return
+            except Exception:
+                self.use_keyring = False  # locked or broken keyring: fall back for good
+        data = self._read_file()
+        if value is None:
+            data.pop(name, None)
+        else:
+            data[name] = value
+        self._write_file(data)
+
+    def _read_file(self) -> dict[str, str]:
+        try:
+            return dict(json.loads(self.file.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            return {}
+
+    def _write_file(self, data: dict[str, str]) -> None:
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.file.with_suffix(".tmp")
+        # created 0600 from the start: never a moment where another user could read it
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.chmod(tmp, stat.S_IRUSR | stat.S_IWUSR)
+        tmp.replace(self.file)
+
+    # Node keys are per server: one machine may contribute to a staging and a live marketplace
+    def node_key(self, server: str) -> str | None:
+        return self.get(f"node_key:{server}")
+
+    def set_node_key(self, server: str, key: str | None) -> None:
+        self.set(f"node_key:{server}", key)
+
+    def node_id(self, server: str) -> str | None:
+        return self.get(f"node_id:{server}")
+
+    def set_node_id(self, server: str, node_id: str | None) -> None:
+        self.set(f"node_id:{server}", node_id)
+
+    def provider_key(self) -> str | None:
+        return self.get("provider_key")
+
+    def set_provider_key(self, key: str | None) -> None:
+        self.set("provider_key", key)
+
+
+def _keyring_ok() -> bool:
+    """False when keyring only has its 'fail' or 'null' backends (headless Linux)."""
+    try:
+        import keyring
+
+        kr = keyring.get_keyring()
+        name = type(kr).__module__ + "." + type(kr).__name__
+        return kr.priority > 0 and "fail" not in name and "null" not in name  # type: ignore[operator]
+    except Exception:
+        return False

@@ -1,0 +1,48 @@
+"""`gpuflex-tray`: the tray app. The agent runs in background threads of this process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from desktop import __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuflex-tray", description="GPUFlex tray app")
+    parser.add_argument("--version", action="version", version=f"gpuflex-tray {__version__}")
+    parser.add_argument("--show", action="store_true", help="open the status window at start")
+    args = parser.parse_args(argv)
+
+    from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+
+    from desktop.agent import Agent
+    from desktop.gui.bridge import AgentBridge
+    from desktop.gui.first_run import FirstRunWizard
+    from desktop.gui.icons import app_icon
+    from desktop.gui.tray import TrayController
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    app = QApplication(sys.argv[:1])
+    app.setApplicationName("GPUFlex")
+    app.setWindowIcon(app_icon())
+    app.setQuitOnLastWindowClosed(False)  # closing the window leaves the tray running
+
+    agent = Agent()
+    bridge = AgentBridge(agent)
+    tray = TrayController(bridge)
+    tray.show()
+    if not agent.settings.first_run_done:
+        wizard = FirstRunWizard(bridge)
+        wizard.finished.connect(lambda _: bridge.start())
+        wizard.show()
+    else:
+        bridge.start()
+    if args.show or not QSystemTrayIcon.isSystemTrayAvailable():
+        tray.show_window()  # without a tray (some Wayland desktops) the window is the app
+    return app.exec()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""First run: show the hardware, benchmark it, sign in, and hand over to the agent."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from PySide6.QtWidgets import (
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QVBoxLayout,
+    QWizard,
+    QWizardPage,
+)
+
+from desktop.benchmark import BenchmarkResult, benchmark
+from desktop.gui.bridge import AgentBridge, Worker
+from desktop.gui.icons import app_icon
+from desktop.gui.style import STYLE
+from desktop.hardware import HardwareReport, detect
+
+
+class MeasurePage(QWizardPage):
+    """Detection and the benchmark run in a worker thread; Next unlocks when they are done."""
+
+    def __init__(self, bridge: AgentBridge) -> None:
+        super().__init__()
+        self.bridge = bridge
+        self.setTitle("Your hardware")
+        self.setSubTitle("GPUFlex measures what this computer can do; buyers see these figures.")
+        lay = QVBoxLayout(self)
+        self.text = QLabel("Detecting…")
+        self.text.setWordWrap(True)
+        self.bar = QProgressBar()
+        self.bar.setRange(0, 0)  # busy
+        lay.addWidget(self.text)
+        lay.addWidget(self.bar)
+        lay.addStretch(1)
+        self.result: tuple[HardwareReport, BenchmarkResult] | None = None
+        self._worker: Worker | None = None
+
+    def initializePage(self) -> None:
+        if self.result is not None:
+            return
+        paths = self.bridge.agent.paths
+
+        def measure() -> tuple[HardwareReport, BenchmarkResult]:
+            hw = detect()
+            result, _ = benchmark(hw, paths.cache, quick=True)
+            return hw, result
+
+        self._worker = Worker(measure, self)
+        self._worker.done.connect(self._done)
+        self._worker.failed.connect(lambda exc: self.text.setText(f"Measuring failed: {exc}"))
+        self._worker.start()
+
+    def _done(self, result: tuple[HardwareReport, BenchmarkResult]) -> None:
+        self.result = result
+        hw, bench = result
+        self.bar.setRange(0, 1)
+        self.bar.setValue(1)
+        self.text.setText(f"<pre>{hw.summary()}\n\n{bench.summary()}</pre>")
+        self.completeChanged.emit()
+
+    def isComplete(self) -> bool:
+        return self.result is not None
+
+
+class AccountPage(QWizardPage):
+    def __init__(self, bridge: AgentBridge) -> None:
+        super().__init__()
+        s = bridge.agent.settings
+        self.setTitle("Sign in and set your price")
+        self.setSubTitle("Your provider key is on the marketplace's account page.")
+        form = QFormLayout(self)
+        self.server = QLineEdit(s.server_url)
+        self.key = QLineEdit()
+        self.key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.key.setPlaceholderText("gfx_u_…")
+        self.name = QLineEdit(s.node_name)
+        self.price = QDoubleSpinBox()
+        self.price.setRange(0, 100)
+        self.price.setPrefix("$ ")
+        self.price.setSuffix(" per GPU hour")
+        self.price.setValue(float(s.price_per_gpu_hour))
+        form.addRow("Marketplace", self.server)
+        form.addRow("Provider API key", self.key)
+        form.addRow("Node name", self.name)
+        form.addRow("Price", self.price)
+        self.key.textChanged.connect(self.completeChanged)
+
+    def isComplete(self) -> bool:
+        return self.key.text().strip().startswith("gfx_u_")
+
+
+class FirstRunWizard(QWizard):
+    def __init__(self, bridge: AgentBridge) -> None:
+        super().__init__()
+        self.bridge = bridge
+        self.setWindowTitle("Welcome to GPUFlex")
+        self.setWindowIcon(app_icon())
+        self.setStyleSheet(STYLE)
+        self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
+        self.measure = MeasurePage(bridge)
+        self.account = AccountPage(bridge)
+        self.addPage(self.measure)
+        self.addPage(self.account)
+        self.resize(620, 480)
+
+    def accept(self) -> None:
+        a = self.account
+        s = replace(
+            self.bridge.agent.settings,
+            server_url=a.server.text().strip(),
+            node_name=a.name.text().strip(),
+            price_per_gpu_hour=f"{a.price.value():.2f}",
+            first_run_done=True,
+        )
+        self.bridge.save_settings(s, a.key.text().strip())
+        super().accept()

@@ -1,0 +1,389 @@
+"""Every task in its own process: no network, only its folder writable, bounded CPU/memory/time.
+
+Linux: bubblewrap (`bwrap`) with every namespace unshared (so no network), the Python
+environment and project bound read-only, a private /tmp, a minimal /dev plus only the GPU
+device nodes the task needs, and the task folder as the one writable place. Everywhere:
+rlimits (CPU seconds, data segment, file size, no core dumps) set in the child before exec,
+a wall-clock limit and a resident-memory watchdog in the agent. Where bwrap is missing or
+unusable the task still gets the limits, and the agent logs a warning that it is not isolated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+EXIT_OOM = 3  # desktop.task_runner's code for MemoryError / CUDA OOM
+
+
+@dataclass(frozen=True)
+class Limits:
+    memory_mb: int = 8192  # host memory (data segment and resident set)
+    cpu_s: int = 3600  # CPU seconds, all threads together
+    wall_s: float = 3600.0
+    file_mb: int = 4096  # largest file the task may write (the update)
+
+
+@dataclass
+class SandboxResult:
+    status: str  # "ok" | "oom" | "timeout" | "crashed" | "sandbox" | "cancelled"
+    returncode: int | None
+    detail: str = ""
+    duration_s: float = 0.0
+    isolated: bool = False  # ran under bubblewrap
+    stderr_tail: str = ""
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap") if sys.platform.startswith("linux") else None
+
+
+_BWRAP_WORKS: dict[str, bool] = {}
+
+
+def bwrap_usable() -> bool:
+    """bwrap present *and* allowed to make namespaces (some kernels forbid it unprivileged)."""
+    path = bwrap_path()
+    if path is None:
+        return False
+    if path not in _BWRAP_WORKS:
+        try:
+            probe = subprocess.run(
+                [path, "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "true"],
+                capture_output=True,
+                timeout=10,
+            )
+            _BWRAP_WORKS[path] = probe.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _BWRAP_WORKS[path] = False
+    return _BWRAP_WORKS[path]
+
+
+# GPU device nodes a CUDA/ROCm task needs; nothing else from the host's /dev
+_GPU_DEVICES = (
+    "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+    "/dev/kfd", "/dev/dri",
+)  # fmt: skip
+
+
+def gpu_device_nodes() -> list[str]:
+    nodes = [p for p in _GPU_DEVICES if os.path.exists(p)]
+    with contextlib.suppress(OSError):
+        nodes += sorted(
+            f"/dev/{n}" for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit()
+        )
+    return nodes
+
+
+def task_argv(folder: Path) -> list[str]:
+    """The task runner's command line: this Python, or in a PyInstaller bundle the bundled
+    gpuflex-node (a frozen executable has no `-m`), through its hidden `_task` command."""
+    if getattr(sys, "frozen", False):
+        exe = Path(sys.executable)
+        node = exe.with_name("gpuflex-node" + exe.suffix)
+        return [str(node if node.exists() else exe), "_task", str(folder)]
+    return [sys.executable, "-m", "desktop.task_runner", str(folder)]
+
+
+def _python_roots() -> list[Path]:
+    """Where the interpreter, the venv and the installed packages live (bound read-only)."""
+    roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
+    roots |= {Path(os.path.realpath(sys.executable)).parent.parent}
+    return sorted({r.resolve() for r in roots if r.exists()})
+
+
+def bwrap_argv(
+    folder: Path, argv: list[str], gpu: bool, env: dict[str, str] | None = None
+) -> list[str]:
+    bw = bwrap_path()
+    assert bw is not None
+    args = [bw, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    # system libraries; on merged-/usr systems /lib, /bin... are symlinks into /usr
+    args += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
+        args += ["--ro-bind-try", etc, etc]
+    # a private /tmp, sized so that it cannot eat the host's memory
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(256 * 2**20), "--tmpfs", "/tmp"]
+    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+    for root in [*_python_roots(), PROJECT_ROOT]:
+        args += ["--ro-bind", str(root), str(root)]
+    if gpu:
+        for node in gpu_device_nodes():
+            args += ["--dev-bind", node, node]
+        # the driver reads its PCI topology from sysfs
+        args += ["--ro-bind-try", "/sys", "/sys"]
+    # last, so it wins over any read-only bind above it (e.g. a folder inside the project)
+    args += ["--bind", str(folder), str(folder), "--chdir", str(folder)]
+    args += ["--remount-ro", "/"]  # the skeleton root bwrap made is read-only too
+    for key, value in {**_child_env(folder), **(env or {})}.items():
+        args += ["--setenv", key, value]
+    return [*args, "--", *argv]
+
+
+_PASSED_ENV = (
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
+    "GPUFLEX_DEVICE", "GPUFLEX_GPU_MEMORY_FRACTION",
+)  # fmt: skip
+
+
+def _child_env(folder: Path) -> dict[str, str]:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(folder),
+        "TMPDIR": "/tmp",
+        "PYTHONPATH": str(PROJECT_ROOT),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        "LANG": "C.UTF-8",
+    }
+    for key in _PASSED_ENV:
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def _limit_child(limits: Limits, cap_data: bool) -> Callable[[], None]:
+    def apply() -> None:  # runs in the child between fork and exec: keep it tiny
+        import resource
+
+        mb = 2**20
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_mb * mb, limits.file_mb * mb))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if cap_data:
+            resource.setrlimit(resource.RLIMIT_DATA, (limits.memory_mb * mb, limits.memory_mb * mb))
+        if sys.platform.startswith("linux"):
+            # without bwrap's --die-with-parent, a crashed agent must not leave orphans
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    return apply
+
+
+class Sandbox:
+    """Runs commands confined to one folder. `use_bwrap=None` picks bwrap where it works."""
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        use_bwrap: bool | None = None,
+        gpu: bool = False,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.gpu = gpu
+        self.env: dict[str, str] = {}  # extra variables for the task (e.g. the GPU memory cap)
+        self._running: psutil.Process | None = None
+        self.isolated = bwrap_usable() if use_bwrap is None else use_bwrap
+        if not self.isolated and warn is not None:
+            warn(
+                "bubblewrap is not available: tasks run with resource limits only, without "
+                "network or filesystem isolation (install the 'bubblewrap' package)"
+            )
+
+    def current_pids(self) -> set[int]:
+        """Host pids of the running task's processes: its GPU use is ours, not a game's."""
+        proc = self._running
+        if proc is None:
+            return set()
+        try:
+            return {proc.pid, *(c.pid for c in proc.children(recursive=True))}
+        except psutil.Error:
+            return {proc.pid}
+
+    def run_task(
+        self,
+        folder: Path,
+        should_stop: Callable[[], str | None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> SandboxResult:
+        """Train the task in `folder` (see desktop.task_runner)."""
+        result = self.run(folder, task_argv(folder.resolve()), should_stop, on_event)
+        if result.status in ("ok", "crashed", "oom"):
+            result = self._read_result(folder, result)
+        return result
+
+    def run(
+        self,
+        folder: Path,
+        argv: list[str],
+        should_stop: Callable[[], str | None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> SandboxResult:
+        """Run `argv` inside the sandbox; `should_stop` returning a reason cancels it."""
+        folder = folder.resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        # GPU drivers reserve huge private mappings; a data-segment cap would break CUDA, so
+        # GPU tasks rely on the resident-memory watchdog (and the GPU's own memory cap)
+        cap_data = not self.gpu
+        if self.isolated:
+            full = bwrap_argv(folder, argv, self.gpu, self.env)
+            env = None
+        else:
+            full = argv
+            env = {**_child_env(folder), **self.env}
+            env["PATH"] = os.environ.get("PATH", env["PATH"])
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                full,
+                cwd=folder,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own process group, killed as one
+                preexec_fn=_limit_child(self.limits, cap_data) if os.name == "posix" else None,
+            )
+        except OSError as exc:
+            return SandboxResult("sandbox", None, f"could not start the task process: {exc}")
+
+        events: list[dict[str, Any]] = []
+        stderr_tail = bytearray()
+
+        def read_stdout() -> None:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                try:
+                    event = json.loads(raw[:4096])
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    events.append(event)
+                    del events[:-50]
+                    if on_event is not None:
+                        on_event(event)
+
+        def read_stderr() -> None:
+            assert proc.stderr is not None
+            for chunk in iter(lambda: proc.stderr.read(4096), b""):  # type: ignore[union-attr]
+                stderr_tail.extend(chunk)
+                del stderr_tail[:-8192]
+
+        readers = [threading.Thread(target=f, daemon=True) for f in (read_stdout, read_stderr)]
+        for t in readers:
+            t.start()
+
+        killed: tuple[str, str] | None = None
+        ps = self._running = _ps(proc.pid)
+        while proc.poll() is None:
+            elapsed = time.monotonic() - started
+            if elapsed > self.limits.wall_s:
+                killed = ("timeout", f"ran past its time limit of {self.limits.wall_s:g} s")
+            elif (rss := _tree_rss_mb(ps)) > self.limits.memory_mb:
+                killed = (
+                    "oom",
+                    f"used {rss} MB, over its memory limit of {self.limits.memory_mb} MB",
+                )
+            elif should_stop is not None and (why := should_stop()):
+                killed = ("cancelled", why)
+            if killed:
+                _kill_group(proc)
+                break
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.1)
+        proc.wait()
+        self._running = None
+        for t in readers:
+            t.join(timeout=5)
+        duration = time.monotonic() - started
+        tail = stderr_tail.decode("utf-8", "replace")[-2000:]
+        base = {"duration_s": duration, "isolated": self.isolated, "stderr_tail": tail,
+                "events": events}  # fmt: skip
+        if killed:
+            return SandboxResult(killed[0], proc.returncode, killed[1], **base)
+        return SandboxResult(*_classify(proc.returncode, tail, self.limits), **base)
+
+    def _read_result(self, folder: Path, result: SandboxResult) -> SandboxResult:
+        """The runner's own verdict (result.json) refines the exit code's."""
+        try:
+            data = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            if result.ok:
+                result.status, result.detail = "crashed", "the task wrote no result.json"
+            return result
+        if not isinstance(data, dict):
+            return result
+        if data.get("status") == "failed":
+            result.status = str(data.get("reason") or "crashed")
+            result.detail = str(data.get("detail") or result.detail)[:1000]
+        elif result.ok and not (folder / "update.safetensors").is_file():
+            result.status, result.detail = "crashed", "the task wrote no update"
+        return result
+
+
+def _classify(code: int, stderr: str, limits: Limits) -> tuple[str, int, str]:
+    if code > 128 and code - 128 in _SIGNALS:  # bwrap reports its child's death by signal so
+        code = -(code - 128)
+    if code == 0:
+        return "ok", code, ""
+    if code == EXIT_OOM or "MemoryError" in stderr or "can't allocate memory" in stderr:
+        return "oom", code, f"ran out of memory (limit {limits.memory_mb} MB)"
+    if code == -signal.SIGXCPU:  # RLIMIT_CPU's soft limit
+        return "timeout", code, f"used more than its {limits.cpu_s} CPU seconds"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return "crashed", code, f"killed by signal {name}"
+    last = stderr.strip().splitlines()[-1:] or [""]
+    return "crashed", code, f"exited with code {code}: {last[0][:300]}"
+
+
+_SIGNALS = {int(s) for s in signal.Signals}
+
+
+def _ps(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def _tree_rss_mb(proc: psutil.Process | None) -> int:
+    if proc is None:
+        return 0
+    total = 0
+    try:
+        for p in [proc, *proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+    except psutil.Error:
+        return 0
+    return total // 2**20
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if hasattr(os, "killpg"):  # POSIX: the task and everything it started
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()

@@ -1,0 +1,191 @@
+"""The program that runs INSIDE the sandbox: one task, from files in its folder to files back.
+
+Reads task.json, model.safetensors and shard.safetensors from the task folder, trains with
+trainer.local.train_local and writes update.safetensors and result.json. Nothing else: no
+network (there is none in the sandbox), no pickle, no user code; the model is built from the
+spec alone. Progress goes to stdout as JSON lines for the agent to relay.
+
+Exit codes: 0 ok, 3 out of memory, 4 bad input, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_CRASHED = 1
+EXIT_OOM = 3
+EXIT_BAD_INPUT = 4
+
+
+class BadInput(ValueError):
+    pass
+
+
+def _emit(**event: Any) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _num_classes(spec: Any, input_shape: tuple[int, ...], state: dict[str, Any]) -> int:
+    """The class count is not in the task; read it off the global model: build the model for
+    two class counts on the meta device (no memory) and find the tensor whose shape moves."""
+    import torch
+
+    from trainer.models import build_model
+
+    with torch.device("meta"):
+        a = build_model(spec.model, input_shape, 2).state_dict()
+        b = build_model(spec.model, input_shape, 3).state_dict()
+    if a.keys() != state.keys():
+        raise BadInput("the global model's tensors do not match the job spec's model")
+    for name in a:
+        if a[name].shape != b[name].shape:
+            for dim, (x, y) in enumerate(zip(a[name].shape, b[name].shape, strict=True)):
+                if (x, y) == (2, 3):
+                    return int(state[name].shape[dim])
+    raise BadInput("cannot tell the number of classes from the global model")
+
+
+def _residual(path: Path) -> Any:
+    """The job's error-feedback residual from earlier tasks, if the agent passed one in."""
+    from trainer.updates import decode_state
+
+    if not path.exists():
+        return None
+    return decode_state(path.read_bytes())[0].get("residual")
+
+
+def run(folder: Path) -> int:
+    import torch
+
+    from trainer.compression import CodecConfig, ErrorFeedback, encode_update
+    from trainer.datasets import Dataset
+    from trainer.device import best_device
+    from trainer.local import train_local
+    from trainer.models import build_model
+    from trainer.spec import SpecError, parse_spec
+    from trainer.updates import UpdateRejected, decode_state, encode_state
+
+    try:
+        task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
+        spec = parse_spec(task["spec"], "task spec")
+        global_state, _ = decode_state((folder / "model.safetensors").read_bytes())
+        shard, _ = decode_state((folder / "shard.safetensors").read_bytes())
+        codec = CodecConfig(
+            task.get("codec", "none"), spec.compression.block_size, spec.compression.topk_fraction
+        )
+        feedback = ErrorFeedback(_residual(folder / "residual.safetensors"))
+        if "x" not in shard or "y" not in shard:
+            raise BadInput("the shard has no 'x' and 'y' tensors")
+    except (OSError, KeyError, ValueError, SpecError, UpdateRejected) as exc:
+        _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
+                                             "detail": f"bad task input: {exc}"})  # fmt: skip
+        return EXIT_BAD_INPUT
+
+    device = best_device(os.environ.get("GPUFLEX_DEVICE") or None)
+    if device.type == "cuda":
+        fraction = float(os.environ.get("GPUFLEX_GPU_MEMORY_FRACTION", "0.9"))
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+    x, y = shard["x"], shard["y"]
+    lm = x.dtype == torch.int64 and y.dim() == 2
+    input_shape = tuple(int(d) for d in x.shape[1:])
+    try:
+        num_classes = 256 if lm else _num_classes(spec, input_shape, global_state)
+    except BadInput as exc:
+        _write_json(folder / "result.json",
+                    {"status": "failed", "reason": "crashed", "detail": str(exc)})  # fmt: skip
+        return EXIT_BAD_INPUT
+    data = Dataset(
+        name="shard", task="language_model" if lm else "classification",
+        x_train=x, y_train=y, x_test=x[:0], y_test=y[:0], num_classes=num_classes,
+        input_shape=input_shape, lengths_train=shard.get("lengths"),
+    )  # fmt: skip
+    model = build_model(spec.model, input_shape, num_classes, seed=spec.seed).to(device)
+    steps = int(task.get("steps") or 0) or None
+
+    # train_local has no callback; a forward hook counts training steps for the progress bar
+    total = steps or 1
+    seen = {"n": 0, "t": 0.0}
+
+    def on_forward(module: Any, args: Any, out: Any) -> None:
+        if module.training:
+            seen["n"] += 1
+            now = time.monotonic()
+            if now - seen["t"] > 0.25 or seen["n"] == total:
+                seen["t"] = now
+                _emit(progress=min(1.0, seen["n"] / total), step=seen["n"])
+
+    model.register_forward_hook(on_forward)
+    _emit(progress=0.0, step=0, device=str(device))
+    result = train_local(
+        model, global_state, data, spec, seed=int(task.get("seed", 0)), steps=steps,
+        batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
+    )  # fmt: skip
+    metadata = {"task_id": str(task.get("id", ""))}
+    (folder / "update.tmp").write_bytes(encode_update(result.delta, codec, feedback, metadata))
+    (folder / "update.tmp").replace(folder / "update.safetensors")
+    if feedback.residual is not None:  # what top-k left out, carried to this job's next task
+        residual = encode_state({"residual": feedback.residual})
+        (folder / "residual.next.safetensors").write_bytes(residual)
+    _write_json(
+        folder / "result.json",
+        {
+            "status": "ok",
+            "metrics": {"loss": result.loss, "steps": result.steps,
+                        "samples": result.num_samples, "compute_s": result.compute_s},
+            "device": str(device),
+        },
+    )  # fmt: skip
+    _emit(progress=1.0, step=result.steps)
+    return EXIT_OK
+
+
+_OOM_TEXT = ("can't allocate memory", "not enough memory", "out of memory")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m desktop.task_runner TASK_FOLDER", file=sys.stderr)
+        return 2
+    folder = Path(args[0])
+    try:
+        return run(folder)
+    except MemoryError:
+        _safe_result(folder, "oom", "out of memory (host)")
+        return EXIT_OOM
+    except Exception as exc:
+        text = str(exc)
+        # torch.OutOfMemoryError on a GPU; on the CPU torch's allocator raises a RuntimeError
+        if type(exc).__name__ == "OutOfMemoryError" or any(s in text for s in _OOM_TEXT):
+            _safe_result(folder, "oom", f"out of memory: {text.splitlines()[0][:300]}")
+            return EXIT_OOM
+        traceback.print_exc()
+        _safe_result(folder, "crashed", f"{type(exc).__name__}: {str(exc)[:500]}")
+        return EXIT_CRASHED
+
+
+def _safe_result(folder: Path, reason: str, detail: str) -> None:
+    # the disk may be what failed; the exit code still tells the agent
+    with contextlib.suppress(Exception):
+        _write_json(
+            folder / "result.json", {"status": "failed", "reason": reason, "detail": detail}
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""The agent against a protocol double of the marketplace: claim, train for real, upload."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from fake_marketplace import FakeTask, digits_task
+
+from desktop.agent import Agent, State
+from desktop.benchmark import BenchmarkResult, save_cached
+from desktop.client import Backoff
+from desktop.config import Credentials, Paths, Settings, save_settings
+from desktop.journal import Journal
+from trainer.updates import encode_state
+
+FAST = Backoff(base_s=0.05, cap_s=0.3, attempts=6)
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 90.0, what: str = "") -> None:
+    """Polls a condition; the timeout only guards against hanging, it asserts nothing fast."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or cond}")
+
+
+def make_agent(settings: Settings, paths: Paths, bench: BenchmarkResult, **kw: object) -> Agent:
+    return Agent(settings, paths, bench=bench, backoff=FAST, claim_wait_s=1,
+                 idle_sleep_s=0.1, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_claims_trains_and_uploads_through_outages(market, logged_in, isolated_dirs, fake_bench):
+    """One real task end to end, with 5xx answers and dropped connections along the way."""
+    market.add(digits_task("t-1"))
+    market.fail_next(3, 503)
+    market.drop_next(2)
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    events = []
+    agent.subscribe(events.append)
+    agent.start()
+    try:
+        wait_for(lambda: "t-1" in market.accepted(), what="the update")
+        wait_for(lambda: agent.status().completed == 1, what="completion")
+    finally:
+        agent.stop()
+    assert [s for _, _, s in market.requests].count(503) == 3
+    assert any("retrying" in e.message for e in agent.logs(500))
+    assert market.registrations and market.registrations[0]["name"] == "test-node"
+    assert market.registrations[0]["benchmark"]["fp32_tflops"] == 0.1
+    assert market.registrations[0]["hardware"]["memory_gb"] > 0  # the server schedules on it
+    assert all(None not in h["metrics"].values() for h in market.heartbeats)
+    assert market.puts == [("t-1", 201)]
+    assert any(h.get("task_id") == "t-1" for h in market.heartbeats)
+    assert ("task_done", {"id": "t-1", "outcome": "uploaded", "ok": True}) in events
+    assert Credentials(isolated_dirs).node_key(market.url).startswith("gfx_n_")
+    assert not (isolated_dirs.tasks / "t-1").exists(), "the task folder is cleaned up"
+    rec = Journal(isolated_dirs.journal).get("t-1")
+    assert rec is not None and rec.state == "done" and rec.outcome == "uploaded"
+
+
+def _huge_lm_task(task_id: str) -> FakeTask:
+    """A task whose model (a 48-layer, 4096-wide transformer) cannot fit a small memory cap."""
+    t = digits_task(task_id)
+    t.task["spec"]["model"] = {"arch": "transformer", "d_model": 4096, "n_layers": 48,
+                               "n_heads": 64}  # fmt: skip
+    tokens = torch.zeros((8, 16), dtype=torch.int64)
+    t.shard = encode_state({"x": tokens, "y": tokens})
+    t.task["model_hash"] = t.task["shard_hash"] = ""
+    return t
+
+
+def test_over_memory_or_time_is_killed_reported_and_work_goes_on(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    logged_in.task_memory_mb = 1200  # room for torch itself, not for the huge model
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    oom = _huge_lm_task("t-oom")
+    market.add(oom)
+    agent.start()
+    try:
+        wait_for(lambda: oom.failed, what="the oom report")
+        agent.update_settings(replace(agent.settings, task_wall_s=1))
+        slow = digits_task("t-slow", steps=100_000)
+        market.add(slow)
+        wait_for(lambda: slow.failed, what="the timeout report")
+        agent.update_settings(replace(agent.settings, task_wall_s=120))
+        market.add(digits_task("t-good"))
+        wait_for(lambda: "t-good" in market.accepted(), what="the next task")
+    finally:
+        agent.stop()
+    assert oom.failed[0]["reason"] == "oom", oom.failed
+    assert slow.failed[0]["reason"] == "timeout", slow.failed
+    assert "time limit" in slow.failed[0]["detail"]
+    assert agent.status().failed == 2 and agent.status().completed == 1
+
+
+def test_pause_stops_claiming_and_resume_restarts_it(market, logged_in, isolated_dirs, fake_bench):
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: agent.status().state is State.IDLE, what="idle")
+        agent.pause()
+        wait_for(lambda: agent.status().state is State.PAUSED)
+        time.sleep(1.5)  # lets a long poll that was already in flight end
+        claims = market.claims
+        time.sleep(0.5)
+        assert market.claims == claims, "a paused agent does not claim"
+        agent.resume()
+        wait_for(lambda: market.claims > claims, what="claims after resume")
+        assert agent.status().state is not State.PAUSED
+    finally:
+        agent.stop()
+    assert agent.status().state is State.STOPPED
+
+
+def test_restart_after_upload_before_journal_does_not_submit_twice(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    """A crash between the upload and its journal entry: the retry sends identical bytes."""
+    task = digits_task("t-4")
+    market.add(task)
+    key = market.register_node()
+    Credentials(isolated_dirs).set_node_key(market.url, key)
+    with market.lock:  # leased to us, and our update already accepted by the server
+        market.queue.remove("t-4")
+        task.leased_to = market.nodes[key]
+    update = encode_state({k: torch.full_like(v, 1e-3) for k, v in task.reference.items()})
+    task.accepted = update
+    journal = Journal(isolated_dirs.journal)
+    journal.record("t-4", "claimed", task=task.task)
+    journal.record("t-4", "ready")
+    folder = isolated_dirs.tasks / "t-4"
+    folder.mkdir(parents=True)
+    (folder / "update.safetensors").write_bytes(update)
+    journal.record("t-4", "trained", update_sha256=hashlib.sha256(update).hexdigest(),
+                   metrics={"loss": 1.0})  # fmt: skip
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: agent.status().completed == 1, what="the repeated upload")
+    finally:
+        agent.stop()
+    assert market.puts == [("t-4", 200)]  # same bytes: the server answers 200, no duplicate
+    assert Journal(isolated_dirs.journal).get("t-4").outcome == "uploaded"
+
+
+def _run_node(paths: Paths) -> subprocess.Popen[bytes]:
+    env = dict(os.environ)
+    env["GPUFLEX_NODE_CONFIG_DIR"] = str(paths.config)
+    env["GPUFLEX_NODE_DATA_DIR"] = str(paths.data)
+    env["GPUFLEX_NODE_CACHE_DIR"] = str(paths.cache)
+    return subprocess.Popen(
+        [sys.executable, "-m", "desktop.cli", "run", "--claim-wait", "1"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2], start_new_session=True,
+    )  # fmt: skip
+
+
+def test_kill_mid_task_and_restart_neither_loses_nor_duplicates(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    market.add(digits_task("t-5", steps=600, rows=300))
+    save_settings(logged_in, isolated_dirs)
+    save_cached(isolated_dirs.cache, fake_bench)
+    node = _run_node(isolated_dirs)
+    try:
+        # "ready" with an attempt counted: the sandbox is training when we pull the plug
+        wait_for(
+            lambda: (
+                (r := Journal(isolated_dirs.journal, readonly=True).get("t-5")) is not None
+                and r.attempts >= 1
+                and r.state == "ready"
+            ),
+            what="training to start",
+        )
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        assert "t-5" not in market.accepted()
+        node = _run_node(isolated_dirs)
+        wait_for(lambda: "t-5" in market.accepted(), timeout=120, what="the resumed task")
+        wait_for(lambda: Journal(isolated_dirs.journal, readonly=True).get("t-5").state == "done")
+    finally:
+        os.killpg(node.pid, signal.SIGTERM)
+        node.wait(30)
+    assert market.puts == [("t-5", 201)]
+    assert market.tasks["t-5"].failed == []
+    assert len([r for r in market.requests if r[1].endswith("/claim?wait=1") and r[2] == 200]) == 1
+
+
+def test_work_policy_holds_the_agent_back(market, logged_in, isolated_dirs, fake_bench):
+    import datetime as dt
+
+    from desktop.policy import Observations
+
+    gaming = [True]
+
+    def observe() -> Observations:
+        procs = [(4242, 3000)] if gaming[0] else []
+        return Observations(now=dt.datetime.now(), other_gpu_processes=procs)
+
+    agent = make_agent(logged_in, isolated_dirs, fake_bench, observe_fn=observe)
+    agent.start()
+    try:
+        wait_for(lambda: agent.status().state is State.WAITING, what="waiting")
+        assert "another program uses the GPU" in agent.status().reason
+        assert market.claims == 0
+        gaming[0] = False
+        wait_for(lambda: market.claims > 0, what="claims once the game quits")
+    finally:
+        agent.stop()
+
+
+def test_a_game_starting_mid_task_preempts_it_and_work_resumes_later(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    import datetime as dt
+
+    from desktop.policy import Observations
+
+    gaming = [False]
+
+    def observe() -> Observations:
+        return Observations(now=dt.datetime.now(),
+                            other_gpu_processes=[(4242, 3000)] if gaming[0] else [])  # fmt: skip
+
+    agent = make_agent(logged_in, isolated_dirs, fake_bench, observe_fn=observe,
+                       policy_check_s=0.1)  # fmt: skip
+    market.add(digits_task("t-7", steps=400, rows=300))
+    agent.start()
+    try:
+        wait_for(lambda: (t := agent.status().task) is not None and t.phase == "training")
+        gaming[0] = True
+        wait_for(lambda: agent.status().state is State.WAITING, what="preemption")
+        rec = Journal(isolated_dirs.journal, readonly=True).get("t-7")
+        assert rec.state == "ready" and rec.attempts == 0  # kept, to run again in full
+        assert "t-7" not in market.accepted()
+        gaming[0] = False
+        wait_for(lambda: "t-7" in market.accepted(), what="the task after the game")
+    finally:
+        agent.stop()
+    assert market.puts == [("t-7", 201)] and market.tasks["t-7"].failed == []
+    assert any("interrupted" in e.message for e in agent.logs(500))
+
+
+def test_a_journaled_task_whose_lease_is_gone_is_dropped(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    """After a long outage the server gave the task to someone else: 404, not a retry loop."""
+    task = digits_task("t-8")
+    Journal(isolated_dirs.journal).record("t-8", "claimed", task=task.task)
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: (r := Journal(isolated_dirs.journal, readonly=True).get("t-8"))
+                 is not None and r.state == "done", what="the lost task dropped")  # fmt: skip
+        wait_for(lambda: market.claims > 0, what="claiming new work")
+    finally:
+        agent.stop()
+    assert Journal(isolated_dirs.journal, readonly=True).get("t-8").outcome == "lost"

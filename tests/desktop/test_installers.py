@@ -1,0 +1,57 @@
+"""Installer files are well formed; a built bundle (if `make package` ran) starts."""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALLERS = ROOT / "installers"
+
+
+def _ini(path: Path) -> configparser.ConfigParser:
+    # not strict: systemd allows repeated keys (Environment=)
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # keys are case-sensitive
+    parser.read_string(path.read_text())
+    return parser
+
+
+def test_desktop_entry() -> None:
+    entry = _ini(INSTALLERS / "linux" / "gpuflex-tray.desktop")["Desktop Entry"]
+    assert entry["Type"] == "Application" and entry["Exec"] == "gpuflex-tray"
+    assert entry["Terminal"] == "false"
+
+
+def test_systemd_user_unit() -> None:
+    unit = _ini(INSTALLERS / "linux" / "gpuflex-node.service")
+    assert unit["Service"]["ExecStart"].endswith("gpuflex-node run")
+    assert unit["Service"]["KillSignal"] == "SIGTERM"  # the agent's graceful stop
+    assert unit["Install"]["WantedBy"] == "default.target"  # a user unit
+
+
+def test_pyinstaller_spec_parses_and_names_both_programs() -> None:
+    source = (INSTALLERS / "gpuflex.spec").read_text()
+    ast.parse(source)
+    assert 'name="gpuflex-node"' in source and 'name="gpuflex-tray"' in source
+    for script in ("entry_node.py", "entry_tray.py"):
+        ast.parse((INSTALLERS / script).read_text())
+
+
+BUNDLE = ROOT / "dist" / "gpuflex" / "gpuflex-node"
+
+
+@pytest.mark.skipif(not BUNDLE.exists(), reason="no bundle built (make package)")
+def test_built_bundle_starts() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    out = subprocess.run([str(BUNDLE), "--version"], capture_output=True, text=True,
+                         timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.startswith("gpuflex-node ")
+    tray = subprocess.run([str(BUNDLE.with_name("gpuflex-tray")), "--version"],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert tray.returncode == 0 and "gpuflex-tray" in tray.stdout

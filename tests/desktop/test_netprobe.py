@@ -1,0 +1,23 @@
+"""Network figures from the agent's own requests."""
+
+from __future__ import annotations
+
+from desktop.netprobe import NetProbe
+
+
+def test_rtt_is_a_median_and_small_transfers_do_not_count() -> None:
+    p = NetProbe()
+    assert p.figures().to_dict() == {"rtt_ms": None, "up_mbps": None, "down_mbps": None}
+    for s in (0.05, 0.06, 2.0):  # one slow answer does not move the median much
+        p.rtt(s)
+    assert p.figures().rtt_ms == 60.0
+    p.transfer(1000, 0.01, upload=True)  # too small to measure bandwidth
+    assert p.figures().up_mbps is None
+
+
+def test_throughput_takes_the_latency_out() -> None:
+    p = NetProbe()
+    p.transfer(10_000_000, 1.1, upload=False, rtt_s=0.1)  # 10 MB in 1 s of wire time
+    assert p.figures().down_mbps == 80.0
+    p.transfer(1_000_000, 0.8, upload=True)
+    assert round(p.figures().up_mbps or 0, 1) == 10.0

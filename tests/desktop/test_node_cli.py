@@ -1,0 +1,47 @@
+"""`gpuflex-node` commands that need no marketplace."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from desktop import __version__
+from desktop.cli import main
+from desktop.config import Credentials, Paths, load_settings
+
+
+def test_version(capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_login_stores_key_and_settings(isolated_dirs: Paths, capsys) -> None:
+    assert main(["login", "--key", "gfx_u_cli", "--server", "http://m.test", "--price", "0.5"]) == 0
+    assert Credentials(isolated_dirs).provider_key() == "gfx_u_cli"
+    s = load_settings(isolated_dirs)
+    assert s.server_url == "http://m.test" and s.price_per_gpu_hour == "0.5"
+    assert main(["login", "--key", "not-a-key"]) == 2
+
+
+def test_status_without_an_agent(isolated_dirs: Paths, capsys) -> None:
+    assert main(["status", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["agent"]["state"] == "stopped" and data["marketplace"] is None
+
+
+def test_status_with_a_registered_node(market, isolated_dirs: Paths, capsys) -> None:
+    from desktop.config import Settings, save_settings
+
+    save_settings(Settings(server_url=market.url), isolated_dirs)
+    Credentials(isolated_dirs).set_node_key(market.url, market.register_node())
+    market.earnings = {"today": "0.10", "total": "1.00"}
+    assert main(["status"]) == 0
+    assert "today 0.10, total 1.00" in capsys.readouterr().out
+
+
+def test_run_rejects_an_unknown_network_profile(capsys) -> None:
+    assert main(["run", "--network-profile", "moon"]) == 2
+    assert "unknown network profile" in capsys.readouterr().err

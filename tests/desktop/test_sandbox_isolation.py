@@ -1,0 +1,136 @@
+"""The sandbox: no network, nothing writable outside the task folder, limits enforced."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from desktop.sandbox import Limits, Sandbox, bwrap_argv, bwrap_usable
+
+needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap missing or unusable")
+
+PY = sys.executable
+
+
+def run(folder: Path, code: str, **limits: float) -> object:
+    sandbox = Sandbox(Limits(**{"wall_s": 60, "memory_mb": 1024, **limits}))  # type: ignore[arg-type]
+    return sandbox.run(folder, [PY, "-c", code])
+
+
+@needs_bwrap
+def test_a_task_cannot_open_a_socket(tmp_path: Path) -> None:
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\n"
+        "s.settimeout(2)\n"
+        "s.connect(('1.1.1.1', 80))\n"
+    )
+    result = run(tmp_path / "task", code)
+    assert result.status == "crashed"
+    assert "Network is unreachable" in result.stderr_tail
+    # the same code outside the sandbox gets past socket creation: the test can fail
+    assert result.isolated
+
+
+@needs_bwrap
+def test_a_task_cannot_reach_the_agents_loopback(tmp_path: Path) -> None:
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        result = run(
+            tmp_path / "task", f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"
+        )
+    finally:
+        server.close()
+    assert result.status == "crashed"
+    assert "ConnectionRefused" in result.stderr_tail or "unreachable" in result.stderr_tail
+
+
+@needs_bwrap
+def test_a_task_can_write_only_its_own_folder(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    project_file = Path(__file__).resolve().parents[2] / "sandbox-escape.txt"
+    targets = [str(outside), str(project_file), "/root/escape.txt", "/usr/escape.txt"]
+    code = (
+        "import json, pathlib\n"
+        "pathlib.Path('inside.txt').write_text('ok')\n"
+        "report = {}\n"
+        f"for target in {targets!r}:\n"
+        "    try:\n"
+        "        open(target, 'w').write('escaped')\n"
+        "        report[target] = 'WROTE'\n"
+        "    except OSError as e:\n"
+        "        report[target] = 'DENIED'\n"
+        "pathlib.Path('report.json').write_text(json.dumps(report))\n"
+    )
+    folder = tmp_path / "task"
+    result = run(folder, code)
+    assert result.status == "ok", result.detail
+    assert (folder / "inside.txt").read_text() == "ok"
+    report = json.loads((folder / "report.json").read_text())
+    # /tmp inside is a private, throw-away tmpfs: a write there never reaches the host's /tmp
+    assert {t: v for t, v in report.items() if t != str(outside)} == {
+        t: "DENIED" for t in targets[1:]
+    }
+    assert not outside.exists() and not project_file.exists()
+
+
+def test_over_memory_is_killed_and_reported(tmp_path: Path) -> None:
+    result = run(tmp_path / "task", "b = bytearray(3 * 2**30)", memory_mb=256)
+    assert result.status == "oom", (result.status, result.detail, result.stderr_tail)
+
+
+def test_over_time_is_killed_and_reported(tmp_path: Path) -> None:
+    result = run(tmp_path / "task", "import time\nwhile True: time.sleep(0.05)", wall_s=0.5)
+    assert result.status == "timeout"
+    assert "time limit" in result.detail
+
+
+def test_over_cpu_time_is_killed_and_reported(tmp_path: Path) -> None:
+    result = run(tmp_path / "task", "while True: pass", cpu_s=1)
+    assert result.status == "timeout", (result.status, result.detail)
+
+
+def test_cancel_stops_the_task(tmp_path: Path) -> None:
+    sandbox = Sandbox(Limits(wall_s=60))
+    result = sandbox.run(
+        tmp_path / "task", [PY, "-c", "import time; time.sleep(60)"], should_stop=lambda: "paused"
+    )
+    assert result.status == "cancelled" and result.detail == "paused"
+
+
+def test_without_bwrap_limits_still_apply_and_a_warning_is_given(tmp_path: Path) -> None:
+    warnings: list[str] = []
+    sandbox = Sandbox(Limits(wall_s=60, memory_mb=256), use_bwrap=False, warn=warnings.append)
+    assert warnings and "bubblewrap" in warnings[0]
+    result = sandbox.run(tmp_path / "task", [PY, "-c", "b = bytearray(3 * 2**30)"])
+    assert result.status == "oom" and not result.isolated
+
+
+def test_progress_events_come_back(tmp_path: Path) -> None:
+    seen: list[dict] = []
+    code = "import json\nfor i in range(3): print(json.dumps({'progress': i / 2}), flush=True)"
+    result = Sandbox(Limits(wall_s=60)).run(tmp_path / "t", [PY, "-c", code], on_event=seen.append)
+    assert result.ok and [e["progress"] for e in seen] == [0.0, 0.5, 1.0]
+
+
+def test_gpu_tasks_get_only_gpu_device_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not bwrap_usable():
+        pytest.skip("bubblewrap missing")
+    import desktop.sandbox as sb
+
+    monkeypatch.setattr(sb, "gpu_device_nodes", lambda: ["/dev/nvidia0", "/dev/nvidiactl"])
+    argv = bwrap_argv(tmp_path, [PY, "-V"], gpu=True)
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--dev-bind"]
+    assert binds == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert "--unshare-all" in argv
+    assert bwrap_argv(tmp_path, [PY, "-V"], gpu=False).count("--dev-bind") == 0

@@ -1,0 +1,154 @@
+"""The tray app's real widgets, offscreen, driving a live agent against the test marketplace."""
+
+from __future__ import annotations
+
+import plistlib
+from pathlib import Path
+
+import pytest
+from fake_marketplace import digits_task
+from PySide6.QtCore import Qt
+
+from desktop import autostart
+from desktop.agent import Agent, State
+from desktop.client import Backoff
+from desktop.config import Credentials, load_settings
+from desktop.gui.bridge import AgentBridge
+from desktop.gui.first_run import FirstRunWizard
+from desktop.gui.settings_dialog import SettingsDialog
+from desktop.gui.status_window import StatusWindow
+from desktop.gui.tray import TrayController
+
+
+@pytest.fixture
+def live(qtbot, market, logged_in, isolated_dirs, fake_bench):
+    agent = Agent(logged_in, isolated_dirs, bench=fake_bench, claim_wait_s=1, idle_sleep_s=0.1,
+                  backoff=Backoff(base_s=0.05, cap_s=0.3))  # fmt: skip
+    bridge = AgentBridge(agent, poll_ms=50)
+    yield agent, bridge
+    agent.stop()
+    bridge._timer.stop()
+    bridge.deleteLater()
+
+
+def test_pause_and_resume_through_the_widgets(qtbot, live) -> None:
+    agent, bridge = live
+    window = StatusWindow(bridge)
+    qtbot.addWidget(window)
+    tray = TrayController(bridge, parent=bridge)
+    bridge.start()
+    qtbot.waitUntil(lambda: agent.status().state is State.IDLE, timeout=60_000)
+    qtbot.mouseClick(window.pause_button, Qt.MouseButton.LeftButton)
+    assert agent.status().state is State.PAUSED
+    qtbot.waitUntil(lambda: window.pause_button.text() == "Resume", timeout=5_000)
+    assert tray.pause_action.text() == "Resume"
+    assert window.pill.text() == "Paused"
+    tray.pause_action.trigger()  # the tray menu's item does the same
+    assert agent.status().state is not State.PAUSED
+    qtbot.waitUntil(lambda: window.pause_button.text() == "Pause", timeout=5_000)
+
+
+def test_status_window_follows_a_running_task(qtbot, live, market) -> None:
+    _agent, bridge = live
+    window = StatusWindow(bridge)
+    qtbot.addWidget(window)
+    market.earnings = {"today": "0.12", "total": "3.40"}
+    market.add(digits_task("gui-1", steps=1200, rows=300))
+    seen: list[int] = []
+    window.progress.valueChanged.connect(seen.append)
+    bridge.start()
+    qtbot.waitUntil(lambda: "gui-1" in window.task_label.text(), timeout=60_000)
+    qtbot.waitUntil(lambda: 0 < window.progress.value() < 1000, timeout=60_000)
+    assert "Training" in window.task_detail.text()
+    qtbot.waitUntil(lambda: "gui-1" in market.accepted(), timeout=90_000)
+    qtbot.waitUntil(lambda: window.task_label.text() == "No task right now", timeout=10_000)
+    qtbot.waitUntil(lambda: window.total.text() == "$3.40", timeout=10_000)
+    assert window.tasks.text().startswith("1")
+    assert "uploaded" in window.log.toPlainText()
+    assert any(0 < v < 1000 for v in seen)
+
+
+def test_settings_dialog_persists(qtbot, live, isolated_dirs, monkeypatch) -> None:
+    agent, bridge = live
+    dialog = SettingsDialog(bridge)
+    qtbot.addWidget(dialog)
+    dialog.price.setValue(0.75)
+    dialog.idle.setValue(7)
+    dialog.use_schedule.setChecked(True)
+    dialog.battery.setChecked(True)
+    dialog.mem.setValue(2048)
+    dialog.autostart.setChecked(True)
+    dialog.key.setText("gfx_u_newkey")
+    dialog.accept()
+    saved = load_settings(isolated_dirs)
+    assert saved.price_per_gpu_hour == "0.75" and saved.idle_minutes == 7
+    assert (saved.schedule_start, saved.schedule_end) == ("22:00", "07:00")
+    assert saved.work_on_battery and saved.task_memory_mb == 2048 and saved.start_at_login
+    assert agent.settings == saved
+    assert Credentials(isolated_dirs).provider_key() == "gfx_u_newkey"
+    assert autostart.is_enabled("linux")
+    # reopening shows what was saved
+    again = SettingsDialog(bridge)
+    qtbot.addWidget(again)
+    assert again.price.value() == 0.75 and again.idle.value() == 7
+    again.autostart.setChecked(False)
+    again.accept()
+    assert not autostart.is_enabled("linux")
+
+
+def test_first_run_measures_then_saves_the_account(qtbot, live, isolated_dirs) -> None:
+    _agent, bridge = live
+    wizard = FirstRunWizard(bridge)
+    qtbot.addWidget(wizard)
+    wizard.show()
+    qtbot.waitUntil(wizard.measure.isComplete, timeout=120_000)
+    assert "TFLOP/s" in wizard.measure.text.text()
+    wizard.next()
+    assert not wizard.account.isComplete()
+    wizard.account.key.setText("gfx_u_firstrun")
+    wizard.account.name.setText("my-desktop")
+    assert wizard.account.isComplete()
+    wizard.accept()
+    saved = load_settings(isolated_dirs)
+    assert saved.first_run_done and saved.node_name == "my-desktop"
+    assert Credentials(isolated_dirs).provider_key() == "gfx_u_firstrun"
+
+
+def test_tray_quit_stops_the_agent(qtbot, live) -> None:
+    agent, bridge = live
+    tray = TrayController(bridge, parent=bridge)
+    bridge.start()
+    qtbot.waitUntil(lambda: agent.running, timeout=10_000)
+    with qtbot.waitSignal(bridge.stopped, timeout=60_000):
+        tray.quit_action.trigger()
+    assert agent.status().state is State.STOPPED
+
+
+def test_autostart_files(tmp_path: Path, monkeypatch) -> None:
+    path = autostart.enable("linux")
+    text = Path(path).read_text()
+    assert "[Desktop Entry]" in text and "desktop.gui.app" in text
+    autostart.disable("linux")
+    assert not Path(path).exists()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    plist = plistlib.loads(Path(autostart.enable("darwin")).read_bytes())
+    assert plist["RunAtLoad"] and plist["Label"] == autostart.APP_ID
+    assert autostart.is_enabled("darwin")
+
+
+def test_screenshots_are_written(qtbot, tmp_path: Path) -> None:
+    from desktop.gui import screenshots
+
+    assert screenshots.main([str(tmp_path)]) == 0
+    for name in ("status-window.png", "tray-menu.png", "settings.png"):
+        assert (tmp_path / name).stat().st_size > 5_000
+
+
+def test_notifications_for_finished_tasks_and_errors(qtbot, live) -> None:
+    agent, bridge = live
+    with qtbot.waitSignal(bridge.notify, timeout=5_000) as done:
+        agent._emit(("task_done", {"id": "t-x", "outcome": "uploaded", "ok": True}))
+    assert done.args == ["Task finished", "Task t-x was uploaded."]
+    with qtbot.waitSignal(bridge.notify, timeout=5_000) as failed:
+        agent._error("task t-y failed (oom): too big")
+    assert failed.args[0] == "GPUFlex: problem" and "oom" in failed.args[1]
