@@ -6,7 +6,7 @@ PY       := $(VENV)/bin/python
 TORCH    := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv dev demo test lint format bench clean contracts gas system-deps
+.PHONY: help venv dev demo test lint format bench clean contracts gas system-deps package screenshots
 
 help:
 	@echo "make demo   - run the main job and print its results"
@@ -47,6 +47,15 @@ format: dev
 test: lint system-deps
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
+# The desktop bundle (tray app and gpuflex-node) for this platform; then starts it.
+package: dev
+	$(PY) -m pip install -q --disable-pip-version-check "pyinstaller==6.22.3"
+	$(VENV)/bin/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller installers/gpuflex.spec
+	dist/gpuflex/gpuflex-node --version
+
+screenshots: dev
+	QT_QPA_PLATFORM=offscreen $(PY) -m desktop.gui.screenshots docs/screenshots
+
 contracts: dev
 	node contracts/compile.js
 
@@ -57,4 +66,4 @@ bench: dev
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache contracts/node_modules
+	rm -rf $(VENV) .pytest_cache .ruff_cache contracts/node_modules build dist

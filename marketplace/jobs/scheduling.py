@@ -85,6 +85,13 @@ def _lease(task: Task, node: Node) -> bool:
             num_classes=job.num_classes,
         )
         steps, batch, codec = work.steps, work.batch_size, work.codec
+    # federated tasks train on data only their node has: a replica could not agree
+    replicable = task.shard_id is not None and job.tier != Tier.PLATFORM
+    replicate = task.replica == 0 and replicable and _needs_replica(node)
+    if replicate and codec == "topk":
+        # top-k's error feedback makes an upload depend on the node's earlier tasks, so two
+        # honest replicas would not agree; a verified task travels as deterministic int8
+        codec = "int8"
     won = Task.objects.filter(pk=task.pk, status=TaskStatus.PENDING).update(
         status=TaskStatus.LEASED,
         node=node,
@@ -98,15 +105,16 @@ def _lease(task: Task, node: Node) -> bool:
     )
     if won != 1:
         return False
-    # federated tasks train on data only their node has: a replica could not agree
-    replicable = task.shard_id is not None and task.round.job.tier != Tier.PLATFORM
-    if task.replica == 0 and replicable and _needs_replica(node):
-        add_replica(task, steps, batch)
+    if replicate:
+        add_replica(task, steps, batch, codec)
     return True
 
 
-def add_replica(task: Task, steps: int | None, batch_size: int | None) -> Task | None:
-    """One more copy of the task's unit (same seed and work) for another node to verify."""
+def add_replica(
+    task: Task, steps: int | None, batch_size: int | None, codec: str = "none"
+) -> Task | None:
+    """One more copy of the task's unit (same seed, work and codec) for another node to
+    verify."""
     siblings = Task.objects.filter(round=task.round_id, shard=task.shard_id)
     replica = max(siblings.values_list("replica", flat=True)) + 1
     created = Task.objects.create(
@@ -116,6 +124,7 @@ def add_replica(task: Task, steps: int | None, batch_size: int | None) -> Task |
         seed=task.seed,
         steps=steps,
         batch_size=batch_size,
+        codec=codec,
     )
     transaction.on_commit(bump_work_generation)
     return created
@@ -219,7 +228,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
         rows = list(
             pending.values_list(
                 "id", "round_id", "shard_id", "replica", "round__job_id", "steps",
-                "batch_size", "shard__size",
+                "batch_size", "shard__size", "codec",
             )
         )  # fmt: skip
         jobs = {j.pk: j for j in Job.objects.filter(pk__in={r[4] for r in rows})}
@@ -258,7 +267,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
             if specs[pk].adaptation.enabled and jobs[pk].input_shape
         }
         for task_id, node_id in plan:
-            _, _, _, _, job_id, steps, batch, shard_size = by_id[task_id]
+            _, _, _, _, job_id, steps, batch, shard_size, codec = by_id[task_id]
             node = by_node[node_id]
             if steps is None:
                 work = (
@@ -266,8 +275,8 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
                     if job_id in adaptive
                     else size_work(specs[job_id], node, shard_size)
                 )
-                steps, batch = work.steps, work.batch_size
-            leases.append((task_id, node_id, steps, batch, node.price_per_gpu_hour))
+                steps, batch, codec = work.steps, work.batch_size, work.codec
+            leases.append((task_id, node_id, steps, batch, codec, node.price_per_gpu_hour))
         if locked:
             _bulk_lease_postgres(leases, now, expires)
             return len(leases)
@@ -293,15 +302,17 @@ def _bulk_lease_guarded(leases: list[tuple], now: datetime, expires: datetime) -
             prep("lease_expires", expires),
             steps,
             batch,
+            codec,
             prep("price_per_gpu_hour", price),
             prep("id", task_id),
             TaskStatus.PENDING,
         )
-        for task_id, node_id, steps, batch, price in leases
+        for task_id, node_id, steps, batch, codec, price in leases
     ]
     sql = (
         f"UPDATE {table} SET status = %s, node_id = %s, leased_at = %s, lease_expires = %s, "
-        "steps = %s, batch_size = %s, price_per_gpu_hour = %s, attempts = attempts + 1 "
+        "steps = %s, batch_size = %s, codec = %s, price_per_gpu_hour = %s, "
+        "attempts = attempts + 1 "
         "WHERE id = %s AND status = %s"
     )
     with connection.cursor() as cursor:
@@ -314,16 +325,19 @@ def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) 
     field, which costs seconds of Python for thousands of rows."""
     if not leases:
         return
-    ids, nodes, steps, batches, prices = (list(column) for column in zip(*leases, strict=True))
+    ids, nodes, steps, batches, codecs, prices = (
+        list(column) for column in zip(*leases, strict=True)
+    )
     with connection.cursor() as cursor:
         cursor.execute(
             """
             UPDATE jobs_task AS t
             SET status = %s, node_id = v.node_id, steps = v.steps, batch_size = v.batch_size,
-                price_per_gpu_hour = v.price, attempts = t.attempts + 1,
+                codec = v.codec, price_per_gpu_hour = v.price, attempts = t.attempts + 1,
                 leased_at = %s, lease_expires = %s
-            FROM unnest(%s::uuid[], %s::bigint[], %s::int[], %s::int[], %s::numeric[])
-                AS v(id, node_id, steps, batch_size, price)
+            FROM unnest(%s::uuid[], %s::bigint[], %s::int[], %s::int[], %s::text[],
+                        %s::numeric[])
+                AS v(id, node_id, steps, batch_size, codec, price)
             WHERE t.id = v.id AND t.status = %s
             """,
             [
@@ -334,6 +348,7 @@ def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) 
                 nodes,
                 steps,
                 batches,
+                codecs,
                 prices,
                 TaskStatus.PENDING,
             ],

@@ -43,7 +43,8 @@ def size_work(
 ) -> Work:
     batch = spec.local.batch_size
     if not spec.adaptation.enabled or not input_shape:
-        return Work(steps=planned_steps(spec, shard_size, batch), batch_size=batch)
+        codec = spec.compression.codec if spec.compression.codec != "auto" else "none"
+        return Work(steps=planned_steps(spec, shard_size, batch), batch_size=batch, codec=codec)
     return plan_works(spec, input_shape, num_classes, _with(node, peers))[node.pk]
 
 

@@ -68,7 +68,7 @@ def verify_unit(rnd: Round, task: Task) -> None:
         if len(results) == 2:
             # one of the two is wrong and we cannot tell which: ask a third node
             first = min(tasks, key=lambda t: t.replica)
-            add_replica(first, first.steps, first.batch_size)
+            add_replica(first, first.steps, first.batch_size, first.codec)
             return
         for r in results:  # no majority among three or more: nobody is trusted or credited
             r.accepted, r.verified, r.rejection = False, False, "no replica majority"

@@ -9,7 +9,6 @@ import math
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 
 from trainer.datasets.base import Dataset, DatasetError
 
@@ -23,6 +22,9 @@ def train_test_indices(
     split is smaller than the number of classes; we then fall back to a plain seeded random
     split instead of failing, because tiny user datasets are legitimate for smoke tests.
     """
+    # sklearn costs a second to import; only loading a dataset needs it, not a node's task
+    from sklearn.model_selection import train_test_split
+
     if not 0.0 < test_fraction < 1.0:
         raise DatasetError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     n_test = math.ceil(test_fraction * n)  # the same rounding sklearn uses

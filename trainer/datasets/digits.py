@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from sklearn.datasets import load_digits
 
 from trainer.datasets.base import Dataset
 from trainer.datasets.classification import classification_dataset
@@ -18,6 +17,8 @@ def load_digits_dataset(test_fraction: float = 0.2, seed: int = 0) -> Dataset:
     The split depends only on (test_fraction, seed), so every node and every run that
     agrees on those two numbers evaluates on exactly the same test samples.
     """
+    from sklearn.datasets import load_digits  # here: a node's task never loads digits
+
     bunch = load_digits()
     x = (np.asarray(bunch.data, dtype=np.float64) / _MAX_INTENSITY).astype(np.float32)
     y = np.asarray(bunch.target, dtype=np.int64)
