@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import safetensors.torch
 import torch
 from torch import Tensor
@@ -26,6 +28,9 @@ FORMAT = "gpuflex/state-v1"
 
 # safetensors' own ceiling on the JSON header; decode_update sets a far tighter one
 MAX_HEADER_BYTES = 100_000_000
+# a safetensors header is {name: {"shape": [...]}}: three levels; allow a little slack
+MAX_HEADER_DEPTH = 8
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 # caller metadata is small provenance (round, node id, codec); more is abuse, not data
 MAX_METADATA_BYTES = 64 * 1024
 # header bytes one tensor entry may take beyond its name (dtype, shape, offsets, JSON)
@@ -201,8 +206,16 @@ def _parse_header(data: bytes, max_header: int) -> tuple[dict[str, dict[str, Any
         raise UpdateRejected(
             "corrupt", f"header of {header_len} bytes exceeds the limit of {max_header}"
         )
+    raw = data[8 : 8 + header_len]
+    depth = _json_depth(raw)
+    if depth > MAX_HEADER_DEPTH:
+        # Checked before parsing: a deeply nested header can overflow the C parser's stack
+        # (a crash, not a RecursionError) in threads with small stacks, as servers use.
+        raise UpdateRejected(
+            "corrupt", f"header nests {depth} levels deep; at most {MAX_HEADER_DEPTH} are valid"
+        )
     try:
-        header = json.loads(data[8 : 8 + header_len].decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise UpdateRejected("corrupt", f"header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
@@ -211,6 +224,15 @@ def _parse_header(data: bytes, max_header: int) -> tuple[dict[str, dict[str, Any
     data_len = len(data) - 8 - header_len
     entries = {name: _parse_entry(name, entry, data_len) for name, entry in header.items()}
     return entries, metadata
+
+
+def _json_depth(raw: bytes) -> int:
+    """Deepest nesting of [ and { outside strings, without recursion (vectorised)."""
+    structural = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    opens = (structural == ord("[")) | (structural == ord("{"))
+    closes = (structural == ord("]")) | (structural == ord("}"))
+    steps = opens.astype(np.int64) - closes.astype(np.int64)
+    return int(np.cumsum(steps).max(initial=0))
 
 
 def _parse_metadata(raw: Any) -> dict[str, str]:

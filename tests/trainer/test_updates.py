@@ -337,3 +337,26 @@ def test_apply_delta_keeps_the_global_dtype() -> None:
     expected = torch.tensor([1.0 + 0.75e-7], dtype=torch.float64).to(torch.float32)
     assert torch.equal(apply_delta(g, d)["a"], expected)
     assert apply_delta(g, d)["a"].dtype == torch.float32
+
+
+def test_deep_header_is_rejected_in_a_small_stack_thread() -> None:
+    """Server threads have small stacks: the nesting check must come before the C parser."""
+    import threading
+
+    deep = b"[" * 50_000 + b"]" * 50_000
+    outcome: list[str] = []
+
+    def decode() -> None:
+        try:
+            decode_state(len(deep).to_bytes(8, "little") + deep)
+        except UpdateRejected as exc:
+            outcome.append(exc.reason)
+
+    old = threading.stack_size(256 * 1024)
+    try:
+        worker = threading.Thread(target=decode)
+        worker.start()
+        worker.join()
+    finally:
+        threading.stack_size(old)
+    assert outcome == ["corrupt"]
