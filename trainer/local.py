@@ -29,6 +29,12 @@ class LocalResult:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def derive_seed(seed: int, round_: int, node: int) -> int:
+    """A task's training seed: independent, reproducible streams per (job seed, round, node or
+    shard), the same in the simulator and on the marketplace; resuming never replays one."""
+    return (seed * 1_000_003 + round_ * 10_007 + node * 101 + 17) % (2**63)
+
+
 def make_optimizer(params: list[nn.Parameter], spec: OptimizerSpec) -> torch.optim.Optimizer:
     if spec.name == "sgd":
         return torch.optim.SGD(

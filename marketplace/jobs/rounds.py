@@ -15,7 +15,7 @@ from marketplace.jobs.models_io import State, store_model
 from marketplace.jobs.signals import bump_work_generation
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
-from trainer.sim.setup import derive_seed
+from trainer.local import derive_seed
 from trainer.spec import parse_spec
 
 

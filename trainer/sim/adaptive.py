@@ -24,13 +24,13 @@ from trainer.aggregation.functions import flatten_state
 from trainer.compression import CodecConfig, decode_any, encode_update
 from trainer.evaluate import evaluate
 from trainer.hashing import state_hash
-from trainer.local import train_local
+from trainer.local import derive_seed, train_local
 from trainer.provenance import ProvenanceChain, record_round
 from trainer.sim.federated import ProgressFn, RunOptions, account_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.nodes import InFlight, SimNode, State, computing_in, time_in
 from trainer.sim.report import RoundLog, SimResult
-from trainer.sim.setup import SimSetup, derive_seed
+from trainer.sim.setup import SimSetup
 from trainer.updates import UpdateRejected
 
 

@@ -19,11 +19,11 @@ from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from trainer.evaluate import Evaluation, evaluate
 from trainer.hashing import state_hash
-from trainer.local import planned_steps, train_local
+from trainer.local import derive_seed, planned_steps, train_local
 from trainer.provenance import ProvenanceChain, record_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.report import RoundLog, SimResult
-from trainer.sim.setup import SimSetup, derive_seed
+from trainer.sim.setup import SimSetup
 from trainer.spec import TargetSpec
 from trainer.updates import UpdateRejected, decode_update, encode_state
 

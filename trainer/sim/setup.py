@@ -33,11 +33,6 @@ class SimSetup:
         return 3 * self.info.flops_per_sample  # forward + backward ~ 3x forward
 
 
-def derive_seed(seed: int, round_: int, node: int) -> int:
-    """Independent, reproducible streams per (round, node); resuming never replays a stream."""
-    return (seed * 1_000_003 + round_ * 10_007 + node * 101 + 17) % (2**63)
-
-
 def prepare(
     spec: JobSpec, nodes: int, network: str, seed: int, base_dir: Path | None = None
 ) -> SimSetup:
