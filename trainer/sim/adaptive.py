@@ -262,7 +262,7 @@ class NetworkAwareRun:
         everyone = max(arrivals + noticed, default=start)
         if self.spec.rounds.quorum < 1 and len(arrivals) >= plan.quorum:
             # buffered rounds (FedBuff): close on the quorum, fold the rest in next round
-            return min(arrivals[plan.quorum - 1], max(everyone, start))
+            return arrivals[plan.quorum - 1]
         if everyone <= deadline:
             return everyone
         if sum(a <= deadline for a in arrivals) >= plan.quorum:
