@@ -24,7 +24,7 @@ from trainer.aggregation.functions import flatten_state
 from trainer.compression import CodecConfig, decode_any, encode_update
 from trainer.evaluate import evaluate
 from trainer.hashing import state_hash
-from trainer.local import derive_seed, train_local
+from trainer.local import LocalResult, derive_seed, train_local
 from trainer.provenance import ProvenanceChain, record_round
 from trainer.sim.federated import ProgressFn, RunOptions, account_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
@@ -185,12 +185,14 @@ class NetworkAwareRun:
         steps_b = max(1, round((send_at - max(node.merge_at, node.last_send)) / step))
         seed = derive_seed(self.setup.seed, r, node.index)
         started = time.perf_counter()
-        progress = self.train(node, node.local, steps_a, p.batch_size, seed) if steps_a else None
+        progress = (
+            self.train(node, node.local, steps_a, p.batch_size, seed).delta if steps_a else None
+        )
         assert node.copy is not None
         merged = {k: node.copy[k] + (progress[k] if progress else 0) for k in node.copy}
         last = self.train(node, merged, steps_b, p.batch_size, seed + 1)
         self.result.host_compute_s += time.perf_counter() - started
-        node.local = {k: merged[k] + last[k] for k in merged}
+        node.local = {k: merged[k] + last.delta[k] for k in merged}
         delta = {k: node.local[k] - node.copy[k] for k in merged}
         if node.index in self.options.adversarial:
             delta = {k: -self.options.attack_scale * v for k, v in delta.items()}
@@ -203,11 +205,13 @@ class NetworkAwareRun:
         if not self.cfg.overlap:
             node.transferring.append((send_at, arrival))
         samples = node.shard.num_train
-        node.job = InFlight(node.version, send_at, arrival, payload, samples, 0.0, p.sync_every > 1)
+        node.job = InFlight(
+            node.version, send_at, arrival, payload, samples, last.loss, p.sync_every > 1
+        )
         node.last_send = send_at
 
-    def train(self, node: SimNode, start: State, steps: int, batch: int, seed: int) -> State:
-        result = train_local(
+    def train(self, node: SimNode, start: State, steps: int, batch: int, seed: int) -> LocalResult:
+        return train_local(
             self.setup.model,
             start,
             node.shard,
@@ -217,7 +221,6 @@ class NetworkAwareRun:
             batch_size=batch,
             proximal_mu=self.strategy.proximal_mu,
         )
-        return result.delta
 
     def merge(self, node: SimNode, codec: str, start: float, keep_progress: bool = False) -> int:
         """Send the node the global model: a delta against its copy, the whole model at first.
