@@ -164,7 +164,9 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("spec")
     j.add_argument("--dataset", help="CSV, NPZ or Parquet file for the spec's dataset")
     j.add_argument("--tier", choices=["volunteer", "hybrid", "platform"], default="hybrid")
-    j.add_argument("--budget", default="0")
+    j.add_argument(
+        "--budget", required=True, help="credits to hold in escrow; unspent credit comes back"
+    )
     j.add_argument("--max-price", default="1.00", help="per GPU-hour")
     j.add_argument("--follow", action="store_true", help="show progress until the job ends")
     j.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)

@@ -87,12 +87,13 @@ class Client:
         spec: str | Path | dict[str, Any],
         *,
         dataset: str | Path | None = None,
+        budget: str,
         tier: str = "hybrid",
-        budget: str = "0",
         max_price_per_gpu_hour: str = "1.00",
     ) -> dict[str, Any]:
-        """Submit a job; `spec` is a mapping or a YAML/JSON file (sent as text, parsed by the
-        server, so errors come back with the spec's field paths)."""
+        """Submit a job, holding `budget` credits of your balance in escrow; `spec` is a
+        mapping or a YAML/JSON file (sent as text, parsed by the server, so errors come back
+        with the spec's field paths)."""
         text = json.dumps(spec) if isinstance(spec, dict) else Path(spec).read_text("utf-8")
         form = {
             "spec": text,

@@ -3,7 +3,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from marketplace.api.views import agent, jobs, keys, market, nodes
+from marketplace.api.views import agent, jobs, keys, ledger, market, nodes
 
 urlpatterns = [
     # agent (docs/agent-api.md)
@@ -32,6 +32,16 @@ urlpatterns = [
         )
         for action in ("pause", "resume", "cancel")
     ],
+    # money (docs/money.md)
+    path("ledger/balance", ledger.BalanceView.as_view(), name="ledger-balance"),
+    path("ledger/statement", ledger.StatementView.as_view(), name="ledger-statement"),
+    path("ledger/earnings", ledger.EarningsView.as_view(), name="ledger-earnings"),
+    path("ledger/wallet", ledger.WalletView.as_view(), name="ledger-wallet"),
+    path("payouts/", ledger.PayoutListView.as_view(), name="payouts"),
+    path("payouts/<int:pk>/proof", ledger.PayoutProofView.as_view(), name="payout-proof"),
+    path("operator/credits", ledger.GrantView.as_view(), name="operator-credits"),
+    path("operator/reconcile", ledger.ReconcileView.as_view(), name="operator-reconcile"),
+    path("operator/payouts/<int:pk>/paid", ledger.PayoutPaidView.as_view(), name="payout-paid"),
     # market and operators
     path("market/capacity", market.CapacityView.as_view(), name="market-capacity"),
     path("operator/nodes/", market.OperatorNodesView.as_view(), name="operator-nodes"),

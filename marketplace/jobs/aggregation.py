@@ -25,6 +25,7 @@ from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, TaskResu
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
 from marketplace.jobs.rounds import open_round, unit_states
 from marketplace.jobs.verification import cosine
+from marketplace.ledger.services import budget_stop_reason, charge_result, release_escrow
 from marketplace.nodes.services import record_verification
 from trainer.aggregation import ClientUpdate, build_strategy, coordinate_median, flatten_state
 from trainer.artifacts import ArtifactStore
@@ -212,19 +213,26 @@ def run_aggregation(round_id: int) -> None:
         job.model_hash, job.model_file = model_hash, model_file
         fields = ["rounds_done", "reached_target", "model_hash", "model_file", "updated_at"]
         finished = outcome.reached_target or rnd.number >= job.max_rounds
+        stop = "" if finished or not job.is_active else budget_stop_reason(job)
         if finished and job.status != JobStatus.CANCELLED:
             job.status = JobStatus.COMPLETED
             job.finished_at = timezone.now()
             fields += ["status", "finished_at"]
+        elif stop:
+            job.status, job.error, job.finished_at = JobStatus.STOPPED, stop, timezone.now()
+            fields += ["status", "error", "finished_at"]
         job.save(update_fields=fields)
-        if job.status in (JobStatus.RUNNING, JobStatus.PAUSED):
+        if job.is_active:
             open_round(job, rnd.number + 1, outcome.state)
+        else:
+            release_escrow(job)
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
 
 
 def _settle_results(rnd: Round, outcome: Outcome) -> None:
     used = set(outcome.used)
-    for result in TaskResult.objects.filter(task__round=rnd):
+    results = TaskResult.objects.filter(task__round=rnd)
+    for result in results.select_related("task__round__job", "node"):
         result.cosine = outcome.cosines.get(result.pk, result.cosine)
         if result.pk in outcome.dropped:
             record_verification(result.node_id, bad=1)
@@ -234,6 +242,8 @@ def _settle_results(rnd: Round, outcome: Outcome) -> None:
         result.aggregated = result.pk in used
         result.credited = result.aggregated or (result.accepted and result.verified is True)
         result.save(update_fields=["accepted", "cosine", "rejection", "aggregated", "credited"])
+        if result.credited:
+            charge_result(result)
 
 
 def final_model_bytes(job: Job) -> bytes:

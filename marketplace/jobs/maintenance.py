@@ -25,6 +25,7 @@ from marketplace.jobs.rounds import (
     unit_states,
 )
 from marketplace.jobs.uploads import release_task
+from marketplace.ledger.services import release_escrow
 from marketplace.nodes.services import mark_offline
 
 
@@ -104,6 +105,7 @@ def resume_orphaned_jobs() -> int:
                 job.status = JobStatus.COMPLETED
                 job.finished_at = timezone.now()
                 job.save(update_fields=["status", "finished_at", "updated_at"])
+                release_escrow(job)
                 continue
             open_round(job, number, state)
             resumed += 1

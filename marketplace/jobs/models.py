@@ -24,6 +24,7 @@ class JobStatus(models.TextChoices):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    STOPPED = "stopped"  # ended early, with the reason in `error` (its budget ran out)
 
 
 class Job(models.Model):

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime, time
-from decimal import Decimal
-
-from django.db.models import Prefetch, QuerySet
-from django.utils import timezone
+from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 
 from marketplace.accounts.models import User
-from marketplace.jobs.models import Job, Round, TaskResult
+from marketplace.jobs.models import Job, Round, Task, TaskResult
 from marketplace.nodes.models import Node
 
 
@@ -23,19 +19,51 @@ def rounds_of(job: Job) -> QuerySet[Round]:
     return Round.objects.filter(job=job).order_by("number")
 
 
-def _charge(result: TaskResult) -> Decimal:
-    price = result.task.price_per_gpu_hour or Decimal("0")
-    return price * Decimal(str(result.compute_s)) / Decimal(3600)
-
-
 def node_earnings(node: Node) -> dict[str, str]:
-    """Credited results at the leased price x metered GPU time (what the ledger will pay)."""
-    start_of_day = timezone.make_aware(datetime.combine(timezone.now().date(), time.min))
-    total = today = Decimal("0")
-    for result in TaskResult.objects.filter(node=node, credited=True).select_related("task"):
-        charge = _charge(result)
-        total += charge
-        if result.created_at >= start_of_day:
-            today += charge
-    quantum = Decimal("0.000001")
-    return {"today": str(today.quantize(quantum)), "total": str(total.quantize(quantum))}
+    """What the ledger paid this node's owner for its work: today and in total."""
+    from marketplace.ledger.selectors import node_earnings as from_ledger
+
+    return from_ledger(node)
+
+
+def node_work(job: Job) -> list[dict]:
+    """Per node, what it did for this job: results accepted, samples and compute seconds.
+    The job page's per-node table and share-of-work column read it."""
+    rows = (
+        TaskResult.objects.filter(task__round__job=job)
+        .values("node_id")
+        .annotate(
+            results=Count("pk"),
+            accepted=Count("pk", filter=Q(accepted=True)),
+            samples=Sum("num_samples"),
+            compute_s=Sum("compute_s"),
+        )
+        .order_by("node_id")
+    )
+    return list(rows)
+
+
+def leased_nodes(job: Job) -> set[int]:
+    """Nodes holding a live lease on this job now: the ones working on it at this moment."""
+    return set(
+        Task.objects.filter(round__job=job, status="leased", node__isnull=False).values_list(
+            "node_id", flat=True
+        )
+    )
+
+
+def tasks_done_by_node(nodes: QuerySet[Node]) -> dict[int, int]:
+    """Accepted results per node, for the provider's "tasks done" column."""
+    rows = (
+        TaskResult.objects.filter(node__in=nodes, accepted=True)
+        .values("node_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    return {r["node_id"]: r["n"] for r in rows}
+
+
+def jobs_by_status() -> dict[str, int]:
+    """How many jobs are in each status, for the market page and the operator's overview."""
+    rows = Job.objects.order_by().values("status").annotate(n=Count("pk"))
+    return {r["status"]: r["n"] for r in rows}

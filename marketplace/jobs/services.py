@@ -9,6 +9,7 @@ from marketplace.jobs.errors import Conflict
 from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, Task, TaskStatus
 from marketplace.jobs.rounds import round_deadline
 from marketplace.jobs.signals import bump_work_generation
+from marketplace.ledger.services import release_escrow
 
 
 def _locked(job: Job) -> Job:
@@ -53,4 +54,7 @@ def cancel_job(job: Job) -> Job:
     Round.objects.filter(job=job, status=RoundStatus.OPEN).update(
         status=RoundStatus.CANCELLED, closed_at=timezone.now()
     )
+    if not Round.objects.filter(job=job, status=RoundStatus.AGGREGATING).exists():
+        # else the aggregation still pays its verified work, then releases the rest
+        release_escrow(job)
     return job

@@ -24,6 +24,7 @@ from marketplace.jobs import files
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.jobs.rounds import open_round
+from marketplace.ledger.services import check_credit, hold_budget
 from trainer.aggregation import build_strategy
 from trainer.datasets import Dataset, DatasetError, load_dataset
 from trainer.models import ModelSpecError, build_model, describe_model
@@ -114,13 +115,15 @@ def submit_job(
     spec_data: Any,
     dataset_upload: UploadedFile | None = None,
     tier: str = Tier.HYBRID,
-    budget: Decimal = Decimal("0"),
+    budget: Decimal,
     max_price_per_gpu_hour: Decimal,
     federated_dataset: str = "",
 ) -> Job:
-    """Validate and store a job. With `federated_dataset`, nodes holding that named local
-    dataset train on it; the job's own dataset is then only used for evaluation."""
+    """Validate and store a job, holding its budget in escrow. With `federated_dataset`,
+    nodes holding that named local dataset train on it; the job's own dataset is then only
+    used for evaluation."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
+    check_credit(buyer, budget)
     with tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp:
         dataset, local_path = _load(spec, dataset_upload, Path(tmp))
         try:
@@ -219,6 +222,7 @@ def _store(
                 min_memory_gb=min_memory_gb,
                 proximal_mu=build_strategy(spec.aggregation).proximal_mu,
             )
+            hold_budget(job)  # re-checked under the account's lock
             Shard.objects.bulk_create(
                 Shard(job=job, index=p.index, file=n, content_hash=p.content_hash, size=p.size)
                 for p, n in shard_rows

@@ -10,4 +10,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.server.settings.bas
 
 app = Celery("gpuflex")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["marketplace.jobs"])
+app.autodiscover_tasks(["marketplace.jobs", "marketplace.ledger"])

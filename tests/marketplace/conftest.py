@@ -10,6 +10,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from marketplace.accounts.services import create_user, issue_user_key
+from marketplace.ledger.services import grant_credit
 from tests.marketplace.agents import Agent
 from tests.marketplace.helpers import HARDWARE, SMALL_SPEC, client_for
 
@@ -21,6 +22,8 @@ def make_user(db: None) -> Callable[..., tuple[Any, str]]:
     def make(role: str = "buyer") -> tuple[Any, str]:
         user = create_user(f"{role}{next(_names)}", role)
         _, key = issue_user_key(user)
+        if role in ("buyer", "operator"):
+            grant_credit(user=user, amount="1000", memo="test credit", operator=None)
         return user, key
 
     return make
@@ -61,7 +64,8 @@ def make_agent(provider: APIClient) -> Callable[..., Agent]:
 @pytest.fixture
 def submit(buyer: APIClient) -> Callable[..., dict[str, Any]]:
     def do(spec: dict[str, Any] | None = None, client: APIClient | None = None, **fields: Any):
-        body = {"spec": spec or SMALL_SPEC, "max_price_per_gpu_hour": "1.00"} | fields
+        body = {"spec": spec or SMALL_SPEC, "max_price_per_gpu_hour": "1.00", "budget": "10"}
+        body |= fields
         response = (client or buyer).post("/api/v1/jobs/", body, format="json")
         assert response.status_code == 201, response.content
         return response.json()

@@ -23,6 +23,7 @@ from marketplace.accounts.services import create_user  # noqa: E402
 from marketplace.jobs.models import Task  # noqa: E402
 from marketplace.jobs.scheduling import claim_next, lease_batch  # noqa: E402
 from marketplace.jobs.submission import submit_job  # noqa: E402
+from marketplace.ledger.services import grant_credit  # noqa: E402
 from marketplace.nodes.services import register_node  # noqa: E402
 
 
@@ -36,7 +37,9 @@ def main(threads: int, batch: bool = False) -> None:
         "model": {"hidden": [8]},
         "sharding": {"method": "random", "num_shards": 40},
     }
-    submit_job(buyer=buyer, spec_data=spec, tier="volunteer", max_price_per_gpu_hour=Decimal(1))
+    grant_credit(user=buyer, amount="100", memo="test", operator=None)
+    submit_job(buyer=buyer, spec_data=spec, tier="volunteer", budget=Decimal(10),
+               max_price_per_gpu_hour=Decimal(1))  # fmt: skip
     nodes = [
         register_node(
             owner=provider, name=f"n{i}", kind="volunteer", hardware={"memory_gb": 8},

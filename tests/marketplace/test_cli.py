@@ -57,7 +57,20 @@ def test_submit_follow_jobs_download(wired, make_agent, tmp_path, capsys) -> Non
     spec.write_text(yaml.safe_dump(SMALL_SPEC | {"rounds": {"max_rounds": 1}}))
     thread = work_in_background(agents)
     assert (
-        cli.main(["submit", str(spec), "--tier", "platform", "--follow", "--interval", "0.2"]) == 0
+        cli.main(
+            [
+                "submit",
+                str(spec),
+                "--budget",
+                "10",
+                "--tier",
+                "platform",
+                "--follow",
+                "--interval",
+                "0.2",
+            ]
+        )
+        == 0
     )
     thread.join(timeout=60)
     out = capsys.readouterr()
@@ -75,6 +88,6 @@ def test_submit_follow_jobs_download(wired, make_agent, tmp_path, capsys) -> Non
 def test_errors_are_one_readable_line(wired, tmp_path, capsys) -> None:
     spec = tmp_path / "bad.yaml"
     spec.write_text("name: x\noptimizer: {lr: -1}\n")
-    assert cli.main(["submit", str(spec)]) == 2
+    assert cli.main(["submit", str(spec), "--budget", "10"]) == 2
     err = capsys.readouterr().err
     assert "optimizer.lr" in err and "invalid_spec" in err

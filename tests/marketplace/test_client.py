@@ -37,7 +37,7 @@ def test_submit_follow_download(sdk, make_agent, tmp_path) -> None:
     agents = [make_agent(kind="platform") for _ in range(3)]
     spec_file = tmp_path / "job.json"
     spec_file.write_text(json.dumps(SMALL_SPEC | {"rounds": {"max_rounds": 1}}))
-    job = sdk.submit(spec_file, tier="platform", max_price_per_gpu_hour="0.50")
+    job = sdk.submit(spec_file, budget="10", tier="platform", max_price_per_gpu_hour="0.50")
     assert job["status"] == "running"
     for agent in agents:
         assert agent.work(agent.claim()).status_code == 201
@@ -53,7 +53,7 @@ def test_submit_follow_download(sdk, make_agent, tmp_path) -> None:
 
 def test_sdk_raises_the_servers_error(sdk) -> None:
     with pytest.raises(GPUFlexError) as info:
-        sdk.submit(SMALL_SPEC | {"model": {"arch": "gpt"}})
+        sdk.submit(SMALL_SPEC | {"model": {"arch": "gpt"}}, budget="10")
     assert info.value.status == 400 and info.value.code == "invalid_spec"
     assert "model.arch" in info.value.detail
     with pytest.raises(GPUFlexError) as missing:
@@ -65,5 +65,5 @@ def test_sdk_uploads_a_dataset(sdk, tmp_path) -> None:
     data = tmp_path / "d.csv"
     data.write_text("a,b,label\n" + "\n".join(f"{i},{i % 3},{i % 2}" for i in range(30)))
     spec = SMALL_SPEC | {"dataset": {"kind": "csv", "path": "d.csv"}}
-    job = sdk.submit(spec, dataset=data)
+    job = sdk.submit(spec, dataset=data, budget="10")
     assert job["spec"]["dataset"]["path"] == "d.csv"

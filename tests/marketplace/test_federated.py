@@ -52,6 +52,7 @@ def submit_federated(buyer, **fields):
     body = {
         "spec": FEDERATED_SPEC,
         "max_price_per_gpu_hour": "1",
+        "budget": "10",
         "federated_dataset": "clinic",
         "tier": "volunteer",
     } | fields
@@ -113,7 +114,12 @@ def test_silo_coming_online_joins_the_open_round(make_agent, buyer) -> None:
 def test_federated_spec_rules(make_agent, buyer) -> None:
     response = buyer.post(
         "/api/v1/jobs/",
-        {"spec": SMALL_SPEC, "max_price_per_gpu_hour": "1", "federated_dataset": "clinic"},
+        {
+            "spec": SMALL_SPEC,
+            "max_price_per_gpu_hour": "1",
+            "budget": "10",
+            "federated_dataset": "clinic",
+        },
         format="json",
     )
     assert response.status_code == 400
@@ -122,11 +128,18 @@ def test_federated_spec_rules(make_agent, buyer) -> None:
     epochs = FEDERATED_SPEC | {"local": {"epochs": 1}}
     response = buyer.post(
         "/api/v1/jobs/",
-        {"spec": epochs, "max_price_per_gpu_hour": "1", "federated_dataset": "clinic"},
+        {
+            "spec": epochs,
+            "max_price_per_gpu_hour": "1",
+            "budget": "10",
+            "federated_dataset": "clinic",
+        },
         format="json",
     )
     assert {p["field"] for p in response.json()["problems"]} == {"local.steps"}
     plain = buyer.post(
-        "/api/v1/jobs/", {"spec": FEDERATED_SPEC, "max_price_per_gpu_hour": "1"}, format="json"
+        "/api/v1/jobs/",
+        {"spec": FEDERATED_SPEC, "max_price_per_gpu_hour": "1", "budget": "10"},
+        format="json",
     )
     assert plain.status_code == 400  # prepartitioned data needs the silos' name

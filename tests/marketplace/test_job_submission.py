@@ -38,7 +38,7 @@ def empty_media(tmp_path, settings) -> None:
 
 def post(buyer, spec, dataset=None, **fields):
     body = {"spec": spec if isinstance(spec, str) else __import__("json").dumps(spec)}
-    body |= {"max_price_per_gpu_hour": "1.00"} | fields
+    body |= {"max_price_per_gpu_hour": "1.00", "budget": "10"} | fields
     if dataset is not None:
         body["dataset"] = dataset
     return buyer.post("/api/v1/jobs/", body, format="multipart")

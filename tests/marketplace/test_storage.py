@@ -36,6 +36,7 @@ def test_job_with_uploaded_dataset_runs_on_pathless_storage(make_agent, buyer) -
             "dataset": SimpleUploadedFile("d.csv", f"a,b,label\n{rows}".encode()),
             "tier": "platform",
             "max_price_per_gpu_hour": "1",
+            "budget": "10",
         },
         format="multipart",
     )

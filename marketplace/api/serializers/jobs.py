@@ -7,6 +7,7 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from marketplace.jobs.models import Job, Round, Tier
+from marketplace.ledger.selectors import job_costs
 
 
 class SpecField(serializers.JSONField):
@@ -24,7 +25,10 @@ class JobSubmitSerializer(serializers.Serializer):
     dataset = serializers.FileField(required=False, allow_null=True, allow_empty_file=True)
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.HYBRID)
     budget = serializers.DecimalField(
-        max_digits=12, decimal_places=4, min_value=Decimal("0"), default=Decimal("0")
+        max_digits=12,
+        decimal_places=4,
+        min_value=Decimal("0.0001"),
+        help_text="credits held in escrow from your balance while the job runs",
     )
     max_price_per_gpu_hour = serializers.DecimalField(
         max_digits=10, decimal_places=4, min_value=Decimal("0")
@@ -42,6 +46,7 @@ class JobSerializer(serializers.ModelSerializer):
     max_rounds = serializers.IntegerField(read_only=True)
     current_round = serializers.SerializerMethodField()
     last_metrics = serializers.SerializerMethodField()
+    costs = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -59,6 +64,7 @@ class JobSerializer(serializers.ModelSerializer):
             "current_round",
             "reached_target",
             "last_metrics",
+            "costs",
             "model_hash",
             "error",
             "created_at",
@@ -70,6 +76,11 @@ class JobSerializer(serializers.ModelSerializer):
     def get_current_round(self, job: Job) -> int | None:
         active = [r for r in job.rounds.all() if r.status in ("open", "aggregating")]
         return active[0].number if active else None
+
+    def get_costs(self, job: Job) -> dict[str, str | int]:
+        """Money as decimal strings: budget, held, spent (with fees, bonuses and the cost of
+        redundancy shown apart), refunded."""
+        return job_costs(job).to_dict()
 
     def get_last_metrics(self, job: Job) -> dict | None:
         done = [r for r in job.rounds.all() if r.status == "done"]

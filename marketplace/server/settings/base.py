@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "marketplace.accounts",
     "marketplace.nodes",
     "marketplace.jobs",
+    "marketplace.ledger",
     "marketplace.api",
 ]
 
@@ -151,6 +152,27 @@ GPUFLEX = {
     "TICK_S": float(os.environ.get("GPUFLEX_TICK_S", "5")),
     # an aggregating round untouched this long is assumed lost with its worker
     "STUCK_AGGREGATION_S": float(os.environ.get("GPUFLEX_STUCK_AGGREGATION_S", "120")),
+    # -- money (docs/money.md) --
+    "PLATFORM_FEE": os.environ.get("GPUFLEX_PLATFORM_FEE", "0.10"),
+    "QUALITY_BONUS_MAX": os.environ.get("GPUFLEX_QUALITY_BONUS_MAX", "0.10"),
+    # prices are per reference GPU-hour: a GPU with this fp32 matmul throughput
+    "REFERENCE_FP32_TFLOPS": float(os.environ.get("GPUFLEX_REFERENCE_FP32_TFLOPS", "20")),
+    "MIN_SPEED_FACTOR": float(os.environ.get("GPUFLEX_MIN_SPEED_FACTOR", "0.01")),
+    "MAX_SPEED_FACTOR": float(os.environ.get("GPUFLEX_MAX_SPEED_FACTOR", "8")),
+    "MIN_PAYOUT": os.environ.get("GPUFLEX_MIN_PAYOUT", "5"),
+    # a job goes on only while its escrow covers this many times its dearest round so far
+    "ROUND_BUDGET_MARGIN": os.environ.get("GPUFLEX_ROUND_BUDGET_MARGIN", "1.5"),
+}
+
+# -- chain (docs/money.md): "" disabled, "embedded" an in-process EVM (tests, one process),
+# else a JSON-RPC URL with CHAIN_DEPLOYMENT (JSON of the addresses) and CHAIN_OPERATOR_KEY.
+CHAIN = {
+    "URL": os.environ.get("GPUFLEX_CHAIN_URL", ""),
+    "DEPLOYMENT": os.environ.get("GPUFLEX_CHAIN_DEPLOYMENT", ""),
+    "OPERATOR_KEY": os.environ.get("GPUFLEX_CHAIN_OPERATOR_KEY", ""),
+    # token base units per credit: 10**6 for a 6-decimal stablecoin; native: wei per credit
+    "UNITS_PER_CREDIT": int(os.environ.get("GPUFLEX_CHAIN_UNITS_PER_CREDIT", str(10**12))),
+    "TOKEN": os.environ.get("GPUFLEX_CHAIN_TOKEN", "0x0000000000000000000000000000000000000000"),
 }
 
 # Updates arrive as raw request bodies; the view checks the size and answers 413 itself.
@@ -182,6 +204,11 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BEAT_SCHEDULE = {
     "gpuflex-tick": {"task": "marketplace.jobs.tasks.tick", "schedule": GPUFLEX["TICK_S"]},
 }
+if CHAIN["URL"]:
+    CELERY_BEAT_SCHEDULE["gpuflex-settle-chain"] = {
+        "task": "marketplace.ledger.tasks.settle_chain",
+        "schedule": float(os.environ.get("GPUFLEX_SETTLE_S", "300")),
+    }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
 # -- REST API --------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""Money: balances, statements, earnings, payouts, wallets; operators grant credit, mark
+payouts paid and reconcile. Every amount is a decimal string."""
+
+# ruff: noqa: RUF012 - Django/DRF declare Meta options and view settings as class attributes
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from marketplace.accounts.models import User
+from marketplace.api.permissions import IsOperator, IsProvider, IsUser
+from marketplace.api.serializers.ledger import (
+    EntrySerializer,
+    GrantSerializer,
+    PayoutRequestSerializer,
+    PayoutSerializer,
+    ReferenceSerializer,
+    WalletSerializer,
+)
+from marketplace.jobs.errors import Conflict, NotFound
+from marketplace.ledger import selectors, services
+from marketplace.ledger.models import Payout, WalletAddress
+from marketplace.ledger.reconcile import reconcile
+
+
+def _idempotency_key(request: Request, body: dict) -> str:
+    return body.get("idempotency_key") or request.headers.get("Idempotency-Key", "")
+
+
+class BalanceView(APIView):
+    permission_classes = [IsUser]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response(selectors.balances(request.user).to_dict())
+
+
+class StatementView(generics.ListAPIView):
+    permission_classes = [IsUser]
+    serializer_class = EntrySerializer
+
+    def get_queryset(self):
+        return selectors.statement(self.request.user, limit=1000)
+
+
+class EarningsView(APIView):
+    permission_classes = [IsProvider]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        days = min(max(int(request.query_params.get("days", 30)), 1), 366)
+        money = lambda rows: [r | {"amount": str(r["amount"])} for r in rows]  # noqa: E731
+        return Response(
+            {
+                "balance": str(selectors.balances(request.user).earnings),
+                "by_node": money(selectors.earnings_by_node(request.user)),
+                "by_job": money(selectors.earnings_by_job(request.user)),
+                "daily": [
+                    {"date": d.isoformat(), "amount": str(a)}
+                    for d, a in selectors.earnings_series(request.user, days)
+                ],
+            }
+        )
+
+
+class PayoutListView(generics.ListAPIView):
+    permission_classes = [IsProvider]
+    serializer_class = PayoutSerializer
+
+    def get_queryset(self):
+        return selectors.payouts_for(self.request.user).select_related("batch")
+
+    @extend_schema(request=PayoutRequestSerializer, responses={201: PayoutSerializer})
+    def post(self, request: Request) -> Response:
+        body = PayoutRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        key = _idempotency_key(request, body.validated_data)
+        existed = Payout.objects.filter(user=request.user, request_key=key).exists()
+        payout = services.request_payout(
+            user=request.user,
+            amount=body.validated_data["amount"],
+            wallet_address=body.validated_data["wallet_address"],
+            idempotency_key=key,
+        )
+        code = status.HTTP_200_OK if existed else status.HTTP_201_CREATED
+        return Response(PayoutSerializer(payout).data, status=code)
+
+
+class PayoutProofView(APIView):
+    """The Merkle proof a provider submits to the escrow contract's claim()."""
+
+    permission_classes = [IsProvider]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, pk: int) -> Response:
+        payout = get_object_or_404(selectors.payouts_for(request.user), pk=pk)
+        if payout.batch is None:
+            raise Conflict(f"Payout {pk} is {payout.status}; it is not in an on-chain batch.")
+        from marketplace.ledger.chain import claim_proof
+
+        return Response(claim_proof(payout))
+
+
+class WalletView(APIView):
+    permission_classes = [IsUser]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        wallet = WalletAddress.objects.filter(user=request.user).first()
+        body: dict = {"address": wallet.address if wallet else None}
+        from django.conf import settings
+
+        if settings.CHAIN["URL"]:
+            from marketplace.ledger.chain import funding_id
+
+            body["funding_id"] = funding_id(request.user)
+        return Response(body)
+
+    @extend_schema(request=WalletSerializer, responses=OpenApiTypes.OBJECT)
+    def put(self, request: Request) -> Response:
+        body = WalletSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        address = body.validated_data["address"]
+        with transaction.atomic():
+            taken = WalletAddress.objects.filter(address__iexact=address).exclude(user=request.user)
+            if taken.exists():
+                raise Conflict(f"{address} is already registered to another account.")
+            WalletAddress.objects.update_or_create(user=request.user, defaults={"address": address})
+        return self.get(request)
+
+
+class GrantView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=GrantSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request) -> Response:
+        body = GrantSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        user = User.objects.filter(username=data["username"]).first()
+        if user is None:
+            raise NotFound(f"No user is called {data['username']!r}.")
+        key = _idempotency_key(request, data)
+        tx = services.grant_credit(
+            user=user,
+            amount=data["amount"],
+            memo=data["memo"],
+            operator=request.user,
+            key=f"grant:{request.user.pk}:{key}" if key else "",
+        )
+        return Response(
+            {"transaction": tx.key, "balance": selectors.balances(user).to_dict()},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class ReconcileView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response(reconcile().to_dict())
+
+
+class PayoutPaidView(APIView):
+    permission_classes = [IsOperator]
+
+    @extend_schema(request=ReferenceSerializer, responses={200: PayoutSerializer})
+    def post(self, request: Request, pk: int) -> Response:
+        body = ReferenceSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        payout = get_object_or_404(Payout, pk=pk)
+        payout = services.mark_payout_paid(
+            payout, reference=body.validated_data["reference"], operator=request.user
+        )
+        return Response(PayoutSerializer(payout).data)

@@ -1,0 +1,121 @@
+"""What one accepted task costs: pure arithmetic, written down in docs/money.md.
+
+    metered_s   = min(reported compute seconds, seconds the server saw between lease and upload)
+    speed       = clamp(node fp32 TFLOP/s / reference TFLOP/s, min_speed, max_speed)
+    base        = price per reference GPU-hour x metered_s x speed / 3600
+    bonus       = base x bonus_max x quality,   quality = clamp(cosine, 0, 1)
+    gross       = base + bonus                  (what the buyer's escrow pays)
+    fee         = gross x fee_rate              (the platform's share)
+    net         = gross - fee                   (the provider's earnings)
+
+A node's price is per *reference* GPU-hour: a GPU twice as fast as the reference finishes in
+half the time and is credited twice the speed, so it earns the same per task and more per
+hour. The server's own clock bounds the time a node can bill; the speed factor is clamped so
+that an inflated benchmark cannot multiply it without limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+from typing import Any
+
+from marketplace.ledger.money import ZERO, q
+
+
+@dataclass(frozen=True)
+class Rules:
+    fee_rate: Decimal
+    bonus_max: Decimal
+    reference_tflops: float
+    min_speed: float
+    max_speed: float
+
+    @classmethod
+    def from_settings(cls) -> Rules:
+        from django.conf import settings
+
+        g = settings.GPUFLEX
+        return cls(
+            fee_rate=Decimal(str(g["PLATFORM_FEE"])),
+            bonus_max=Decimal(str(g["QUALITY_BONUS_MAX"])),
+            reference_tflops=float(g["REFERENCE_FP32_TFLOPS"]),
+            min_speed=float(g["MIN_SPEED_FACTOR"]),
+            max_speed=float(g["MAX_SPEED_FACTOR"]),
+        )
+
+
+@dataclass(frozen=True)
+class Meter:
+    reported_s: float
+    observed_s: float
+    metered_s: float
+    speed: float
+    price_per_hour: Decimal
+    base: Decimal
+    quality: float
+    bonus: Decimal
+    gross: Decimal
+    fee: Decimal
+    net: Decimal
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Decimal) else v for k, v in asdict(self).items()}
+
+
+def speed_factor(fp32_tflops: float | None, rules: Rules) -> float:
+    """A node without a (positive) benchmark is billed at the slowest speed, not the reference:
+    leaving the benchmark out must never pay more than reporting it."""
+    score = fp32_tflops if fp32_tflops and fp32_tflops > 0 else 0.0
+    return min(max(score / rules.reference_tflops, rules.min_speed), rules.max_speed)
+
+
+def quality(cosine: float | None) -> float:
+    """How well an update agreed with the round's consensus direction (the aggregator's
+    cosine to the coordinate-wise median update); unknown (under three updates) earns none."""
+    if cosine is None:
+        return 0.0
+    return min(max(cosine, 0.0), 1.0)
+
+
+def meter(
+    *,
+    reported_s: float,
+    observed_s: float,
+    fp32_tflops: float | None,
+    price_per_hour: Decimal,
+    cosine: float | None,
+    rules: Rules,
+) -> Meter:
+    metered = max(0.0, min(reported_s, observed_s))
+    speed = speed_factor(fp32_tflops, rules)
+    # Decimal from repr of the floats keeps the arithmetic exact from here on
+    hours = Decimal(repr(metered)) * Decimal(repr(speed)) / Decimal(3600)
+    base = q(price_per_hour * hours)
+    qual = quality(cosine)
+    bonus = q(base * rules.bonus_max * Decimal(repr(qual)))
+    gross = base + bonus
+    fee = q(gross * rules.fee_rate)
+    return Meter(
+        reported_s=reported_s,
+        observed_s=observed_s,
+        metered_s=metered,
+        speed=speed,
+        price_per_hour=price_per_hour,
+        base=base,
+        quality=qual,
+        bonus=bonus,
+        gross=gross,
+        fee=fee,
+        net=gross - fee,
+    )
+
+
+def cap(m: Meter, available: Decimal, rules: Rules) -> tuple[Meter, Decimal]:
+    """Scale a charge down to what the escrow still holds; returns the shortfall."""
+    if m.gross <= available:
+        return m, ZERO
+    gross = max(available, ZERO)
+    fee = q(gross * rules.fee_rate)
+    capped = Meter(**{**asdict(m), "gross": gross, "fee": fee, "net": gross - fee})
+    return capped, m.gross - gross

@@ -1,0 +1,191 @@
+"""The double-entry ledger: accounts, transactions whose entries sum to zero, payouts, and
+what the chain glue has seen (deposit events, settlement batches).
+
+Balances are never stored: an account's balance is the sum of its entries. Amounts are
+fixed-point credits (see money.py), never floats.
+"""
+
+# ruff: noqa: RUF012 - Django declares Meta options as class attributes
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from marketplace.ledger.money import DECIMAL_PLACES, MAX_DIGITS
+
+
+class AccountKind(models.TextChoices):
+    BUYER_CREDIT = "buyer_credit"  # a buyer's spendable credit
+    JOB_ESCROW = "job_escrow"  # a job's budget, held while it runs
+    PROVIDER_EARNINGS = "provider_earnings"  # earned, not yet requested as a payout
+    PAYOUTS_PENDING = "payouts_pending"  # requested payouts on their way out
+    PLATFORM_FEES = "platform_fees"
+    # Outside the platform: money enters from them and leaves to them, so they go negative.
+    EXTERNAL_GRANTS = "external_grants"
+    EXTERNAL_CHAIN = "external_chain"
+    EXTERNAL_PAYOUTS = "external_payouts"
+
+
+# Accounts that hold the platform's users' money: never below zero.
+NON_NEGATIVE = {
+    AccountKind.BUYER_CREDIT,
+    AccountKind.JOB_ESCROW,
+    AccountKind.PROVIDER_EARNINGS,
+    AccountKind.PAYOUTS_PENDING,
+    AccountKind.PLATFORM_FEES,
+}
+
+
+class Account(models.Model):
+    code = models.CharField(max_length=80, unique=True)
+    kind = models.CharField(max_length=24, choices=AccountKind.choices)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="ledger_accounts",
+    )
+    job = models.OneToOneField(
+        "jobs.Job", null=True, blank=True, on_delete=models.PROTECT, related_name="escrow_account"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.code
+
+    @property
+    def non_negative(self) -> bool:
+        return self.kind in NON_NEGATIVE
+
+
+class TxKind(models.TextChoices):
+    GRANT = "grant"  # operator adds credit
+    DEPOSIT = "deposit"  # on-chain deposit credited
+    HOLD = "hold"  # a job's budget moves into escrow
+    CHARGE = "charge"  # verified work paid from escrow to the provider and the platform
+    RELEASE = "release"  # unspent escrow back to the buyer
+    PAYOUT_REQUEST = "payout_request"
+    PAYOUT_SETTLED = "payout_settled"
+    PAYOUT_REVERSED = "payout_reversed"
+
+
+class Transaction(models.Model):
+    """One movement of money; `key` makes posting it idempotent (a retry finds it)."""
+
+    key = models.CharField(max_length=120, unique=True)
+    kind = models.CharField(max_length=20, choices=TxKind.choices)
+    memo = models.CharField(max_length=300, blank=True)
+    # what it is about, for selectors and audits
+    job = models.ForeignKey(
+        "jobs.Job", null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_txs"
+    )
+    node = models.ForeignKey(
+        "nodes.Node", null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_txs"
+    )
+    # a result is charged at most once, enforced by the database as well as by `key`
+    task_result = models.OneToOneField(
+        "jobs.TaskResult", null=True, blank=True, on_delete=models.PROTECT, related_name="charge"
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="ledger_actions",
+    )
+    details = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.key}"
+
+
+class Entry(models.Model):
+    """A signed amount on one account: positive raises its balance, negative lowers it."""
+
+    transaction = models.ForeignKey(Transaction, on_delete=models.PROTECT, related_name="entries")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
+    amount = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+
+    class Meta:
+        indexes = [models.Index(fields=["account", "transaction"])]
+
+
+class PayoutStatus(models.TextChoices):
+    REQUESTED = "requested"  # held in payouts_pending
+    BATCHED = "batched"  # in an on-chain settlement batch: claimable with a proof
+    PAID = "paid"  # paid off-chain by an operator (with a reference)
+    REVERSED = "reversed"  # failed; the money went back to the provider's earnings
+
+
+class Payout(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="payouts"
+    )
+    amount = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    wallet_address = models.CharField(max_length=42)
+    # the client's idempotency key: a retried request finds the first payout
+    request_key = models.CharField(max_length=100)
+    status = models.CharField(
+        max_length=16, choices=PayoutStatus.choices, default=PayoutStatus.REQUESTED
+    )
+    batch = models.ForeignKey(
+        "ledger.SettlementRecord",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="payouts",
+    )
+    reference = models.CharField(max_length=200, blank=True, help_text="external payment id")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "request_key"], name="payout_unique_request")
+        ]
+        indexes = [models.Index(fields=["status", "created_at"])]
+
+
+class ChainDeposit(models.Model):
+    """A Deposited event, recorded once by its (tx hash, log index) key."""
+
+    event_key = models.CharField(max_length=140, unique=True)
+    funding_id = models.CharField(max_length=66, help_text="0x-hex bytes32 the buyer paid into")
+    buyer_address = models.CharField(max_length=42)
+    token = models.CharField(max_length=42)
+    units = models.DecimalField(max_digits=78, decimal_places=0)
+    amount = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT
+    )
+    # None while no GPUFlex account matches the depositor: kept, never lost, for an operator
+    transaction = models.OneToOneField(
+        Transaction, null=True, blank=True, on_delete=models.PROTECT, related_name="deposit"
+    )
+    block_number = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class SettlementRecord(models.Model):
+    """An on-chain settlement batch: stored before posting, so proofs can be served later."""
+
+    batch_id = models.CharField(max_length=66, unique=True)
+    batch_json = models.TextField()
+    total_units = models.DecimalField(max_digits=78, decimal_places=0)
+    posted = models.BooleanField(default=False)
+    # a revert: the batch's payouts went back to pending and this record is history
+    failed = models.CharField(max_length=300, blank=True)
+    gas_used = models.PositiveBigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+
+class WalletAddress(models.Model):
+    """The address a user pays from (buyer deposits) or is paid to; one per user."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="wallet"
+    )
+    address = models.CharField(max_length=42, unique=True)

@@ -1,0 +1,148 @@
+"""Proving the ledger's invariants (`gpuflex manage reconcile`).
+
+Each check returns the problems it found as sentences; the report lists what was checked, so
+an empty problem list means something. With the chain enabled the ledger is also compared
+with the escrow contract (chain.reconcile_chain).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.db.models import Q, Sum
+from django.utils import timezone
+
+from marketplace.jobs.models import Job, JobStatus
+from marketplace.ledger.models import (
+    NON_NEGATIVE,
+    Account,
+    Entry,
+    Payout,
+    PayoutStatus,
+    Transaction,
+    TxKind,
+)
+from marketplace.ledger.money import ZERO, q
+
+
+@dataclass
+class Report:
+    ok: bool = True
+    problems: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    checked_at: str = ""
+
+    def add(self, name: str, problems: list[str]) -> None:
+        self.checked.append(name)
+        self.problems.extend(problems)
+        self.ok = not self.problems
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "ok": self.ok,
+            "problems": self.problems,
+            "checked": self.checked,
+            "checked_at": self.checked_at,
+        }
+
+
+def _balances() -> dict[int, Decimal]:
+    rows = Entry.objects.values("account_id").annotate(s=Sum("amount"))
+    return {r["account_id"]: q(r["s"]) for r in rows}
+
+
+def check_zero_sum() -> list[str]:
+    total = Entry.objects.aggregate(s=Sum("amount"))["s"] or ZERO
+    problems = [f"All entries sum to {total}, not 0."] if total != 0 else []
+    bad = (
+        Entry.objects.values("transaction_id", "transaction__key")
+        .annotate(s=Sum("amount"))
+        .exclude(s=0)
+    )
+    problems += [f"Transaction {r['transaction__key']} sums to {r['s']}." for r in bad]
+    empty = Transaction.objects.filter(entries__isnull=True).values_list("key", flat=True)
+    problems += [f"Transaction {k} has no entries." for k in empty]
+    return problems
+
+
+def check_non_negative(bal: dict[int, Decimal]) -> list[str]:
+    return [
+        f"Account {a.code} is at {bal[a.pk]}, below zero."
+        for a in Account.objects.filter(kind__in=NON_NEGATIVE)
+        if bal.get(a.pk, ZERO) < 0
+    ]
+
+
+def check_escrow(bal: dict[int, Decimal]) -> list[str]:
+    """Open jobs' escrow equals their hold less their charges; ended jobs hold nothing."""
+    problems = []
+    charged = {
+        r["account__job_id"]: q(-r["s"])
+        for r in Entry.objects.filter(transaction__kind=TxKind.CHARGE, account__job__isnull=False)
+        .values("account__job_id")
+        .annotate(s=Sum("amount"))
+    }
+    for account in Account.objects.filter(job__isnull=False).select_related("job"):
+        job, held = account.job, bal.get(account.pk, ZERO)
+        if job.is_active:
+            expected = q(job.budget) - charged.get(job.pk, ZERO)
+            if held != expected:
+                problems.append(
+                    f"Job {job.pk} escrow is {held}; its budget less charges is {expected}."
+                )
+        elif held != 0 and not job.rounds.filter(status="aggregating").exists():
+            # a cancelled job's last aggregation still pays its verified work first
+            problems.append(f"Job {job.pk} is {job.status} but still holds {held} in escrow.")
+    unheld = Job.objects.filter(
+        status__in=[JobStatus.RUNNING, JobStatus.PAUSED], escrow_account__isnull=True
+    ).values_list("pk", flat=True)
+    problems += [f"Job {pk} is open but holds no escrow." for pk in unheld]
+    return problems
+
+
+def check_charges() -> list[str]:
+    """Only credited results are charged (once each: the schema's one-to-one key)."""
+    problems = [
+        f"Result {pk} was charged but is not credited (rejected or unverified work)."
+        for pk in Transaction.objects.filter(kind=TxKind.CHARGE)
+        .filter(Q(task_result__credited=False) | Q(task_result__isnull=True))
+        .values_list("task_result_id", flat=True)
+    ]
+    return problems
+
+
+def check_payouts(bal: dict[int, Decimal]) -> list[str]:
+    problems = []
+    by_code = {
+        a.code: bal.get(a.pk, ZERO)
+        for a in Account.objects.filter(code__startswith="platform:payouts")
+    }
+    requested = Payout.objects.filter(status=PayoutStatus.REQUESTED).aggregate(s=Sum("amount"))["s"]
+    pending = by_code.get("platform:payouts", ZERO)
+    if q(requested or ZERO) != pending:
+        problems.append(
+            f"Requested payouts add up to {q(requested or ZERO)}; pending holds {pending}."
+        )
+    paid = Payout.objects.filter(status=PayoutStatus.PAID).aggregate(s=Sum("amount"))["s"]
+    out = sum((bal.get(a.pk, ZERO) for a in Account.objects.filter(code="world:payouts")), ZERO)
+    if q(paid or ZERO) != out:
+        problems.append(f"Payouts marked paid add up to {q(paid or ZERO)}; {out} left the ledger.")
+    return problems
+
+
+def reconcile(with_chain: bool = True) -> Report:
+    report = Report(checked_at=timezone.now().isoformat())
+    bal = _balances()
+    report.add("entries sum to zero, per transaction and overall", check_zero_sum())
+    report.add("user and platform accounts are not below zero", check_non_negative(bal))
+    report.add("escrow equals open jobs' holds less charges", check_escrow(bal))
+    report.add("only credited results are charged", check_charges())
+    report.add("payout records agree with the payout accounts", check_payouts(bal))
+    if with_chain:
+        from marketplace.ledger.chain import chain_client, reconcile_chain
+
+        client = chain_client()
+        if client is not None:
+            report.add("the ledger agrees with the escrow contract", reconcile_chain(client))
+    return report

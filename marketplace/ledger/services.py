@@ -1,0 +1,279 @@
+"""Every movement of money the marketplace makes, each one idempotent by its key.
+
+Callers hold the relevant rows locked in their own transaction (the job when holding or
+releasing, the round when charging); posting.post locks the accounts it debits.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+
+from marketplace.accounts.models import User
+from marketplace.jobs.models import Job, TaskResult
+from marketplace.ledger import accounts
+from marketplace.ledger.errors import (
+    IdempotencyConflict,
+    InsufficientCredit,
+    InsufficientFunds,
+    InvalidPayout,
+    LedgerError,
+)
+from marketplace.ledger.metering import Rules, cap, meter
+from marketplace.ledger.models import Payout, PayoutStatus, Transaction, TxKind
+from marketplace.ledger.money import ZERO, parse_amount, q
+from marketplace.ledger.posting import balance, post
+
+ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
+
+
+# -- buyers -----------------------------------------------------------------------------------
+
+
+def grant_credit(
+    *, user: User, amount: Decimal | str, memo: str, operator: User | None, key: str = ""
+) -> Transaction:
+    """An operator adds credit to a buyer (a purchase paid elsewhere, a promotion)."""
+    amount = _amount(amount)
+    return post(
+        key or f"grant:{uuid.uuid4()}",
+        TxKind.GRANT,
+        [(accounts.external_grants(), -amount), (accounts.buyer_credit(user), amount)],
+        memo=memo[:300],
+        actor=operator,
+    )
+
+
+def check_credit(buyer: User, budget: Decimal) -> None:
+    """Fail early, before a submission does any heavy work."""
+    if budget <= 0:
+        raise LedgerError(f"A job needs a positive budget; got {budget}.", field="budget")
+    have = balance(accounts.buyer_credit(buyer))
+    if have < budget:
+        raise InsufficientCredit(
+            f"The budget {budget} is more than your available credit {have}.",
+            available=str(have),
+            budget=str(budget),
+        )
+
+
+def hold_budget(job: Job) -> Transaction:
+    """Move the job's budget from its buyer's credit into the job's escrow."""
+    try:
+        return post(
+            f"hold:{job.pk}",
+            TxKind.HOLD,
+            [
+                (accounts.buyer_credit(job.buyer_id), -job.budget),
+                (accounts.job_escrow(job), job.budget),
+            ],
+            memo=f"budget of job {job.name}",
+            job=job,
+        )
+    except InsufficientFunds as exc:
+        raise InsufficientCredit(
+            f"The budget {job.budget} is more than your available credit {exc.extra['balance']}.",
+            available=exc.extra["balance"],
+            budget=str(job.budget),
+        ) from None
+
+
+def release_escrow(job: Job) -> Transaction | None:
+    """Unspent escrow back to the buyer, once, when a job ends for any reason."""
+    escrow = accounts.job_escrow(job)
+    left = balance(escrow)
+    if left <= 0:
+        return None
+    return post(
+        f"release:{job.pk}",
+        TxKind.RELEASE,
+        [(escrow, -left), (accounts.buyer_credit(job.buyer_id), left)],
+        memo=f"unspent budget of job {job.name} ({job.status})",
+        job=job,
+    )
+
+
+# -- work -------------------------------------------------------------------------------------
+
+
+def charge_result(result: TaskResult) -> Transaction | None:
+    """Pay a credited result from its job's escrow: the provider's share and the platform fee.
+
+    Only ever called for results that verification and aggregation credited; the database's
+    one-charge-per-result constraint and the key make a re-delivered settlement a no-op."""
+    if not result.credited:
+        raise LedgerError(f"Result {result.pk} is not credited; only verified work is paid.")
+    existing = Transaction.objects.filter(task_result=result).first()
+    if existing is not None:
+        return existing
+    task = result.task
+    job = task.round.job
+    node = result.node
+    rules = Rules.from_settings()
+    observed = (result.created_at - task.leased_at).total_seconds() if task.leased_at else 0.0
+    price = (
+        task.price_per_gpu_hour if task.price_per_gpu_hour is not None else node.price_per_gpu_hour
+    )
+    m = meter(
+        reported_s=result.compute_s,
+        observed_s=observed,
+        fp32_tflops=(node.benchmark or {}).get("fp32_tflops"),
+        price_per_hour=Decimal(price),
+        cosine=result.cosine,
+        rules=rules,
+    )
+    escrow = accounts.job_escrow(job)
+    m, shortfall = cap(m, balance(escrow), rules)
+    if m.gross <= 0:
+        return None
+    details = m.to_dict() | {
+        "replica": task.replica,
+        "round": task.round.number,
+        "shortfall": str(shortfall),
+    }
+    return post(
+        f"charge:{result.pk}",
+        TxKind.CHARGE,
+        [
+            (escrow, -m.gross),
+            (accounts.provider_earnings(node.owner_id), m.net),
+            (accounts.platform_fees(), m.fee),
+        ],
+        memo=f"round {task.round.number} of {job.name} on {node.name}",
+        job=job,
+        node=node,
+        task_result=result,
+        details=details,
+    )
+
+
+def round_costs(job: Job) -> list[Decimal]:
+    """Gross charged per round so far, in round order."""
+    totals: dict[int, Decimal] = {}
+    for tx in Transaction.objects.filter(job=job, kind=TxKind.CHARGE):
+        r = int(tx.details.get("round", 0))
+        totals[r] = totals.get(r, ZERO) + Decimal(tx.details["gross"])
+    return [totals[r] for r in sorted(totals)]
+
+
+def budget_stop_reason(job: Job) -> str:
+    """Why the job cannot afford another round, or "" if it can: the escrow must cover the
+    dearest round so far times a margin, so a round is never started that it cannot pay."""
+    costs = round_costs(job)
+    if not costs:
+        return ""
+    left = balance(accounts.job_escrow(job))
+    need = q(max(costs) * Decimal(str(settings.GPUFLEX["ROUND_BUDGET_MARGIN"])))
+    if left >= need:
+        return ""
+    return (
+        f"Stopped at the end of round {job.rounds_done}: the budget has {left} left and the "
+        f"next round is estimated at {need} (the dearest round so far, {max(costs)}, times "
+        f"{settings.GPUFLEX['ROUND_BUDGET_MARGIN']}). Raise the budget to train further."
+    )
+
+
+# -- providers --------------------------------------------------------------------------------
+
+
+def request_payout(
+    *, user: User, amount: Decimal | str, wallet_address: str, idempotency_key: str
+) -> Payout:
+    """Move earnings to payouts-pending; a retry with the same key returns the first payout."""
+    if not idempotency_key or len(idempotency_key) > 100:
+        raise InvalidPayout("A payout needs an idempotency key of 1 to 100 characters.")
+    amount = _amount(amount)
+    if not ADDRESS.match(wallet_address or ""):
+        raise InvalidPayout(
+            f"{wallet_address!r} is not a wallet address (0x followed by 40 hex digits)."
+        )
+    with transaction.atomic():
+        existing = Payout.objects.filter(user=user, request_key=idempotency_key).first()
+        if existing is not None:
+            if existing.amount != amount or existing.wallet_address != wallet_address:
+                raise IdempotencyConflict(
+                    f"Idempotency key {idempotency_key!r} was used for another payout "
+                    f"({existing.amount} to {existing.wallet_address})."
+                )
+            return existing
+        minimum = Decimal(str(settings.GPUFLEX["MIN_PAYOUT"]))
+        if amount < minimum:
+            raise InvalidPayout(f"The minimum payout is {minimum}; {amount} was requested.")
+        payout = Payout.objects.create(
+            user=user, amount=amount, wallet_address=wallet_address, request_key=idempotency_key
+        )
+        try:
+            post(
+                f"payout:{payout.pk}",
+                TxKind.PAYOUT_REQUEST,
+                [(accounts.provider_earnings(user), -amount), (accounts.payouts_pending(), amount)],
+                memo=f"payout to {wallet_address}",
+                actor=user,
+                details={"payout": payout.pk},
+            )
+        except InsufficientFunds as exc:
+            raise InvalidPayout(
+                f"You have {exc.extra['balance']} of earnings available; {amount} was requested."
+            ) from None
+    return payout
+
+
+@transaction.atomic
+def mark_payout_paid(payout: Payout, *, reference: str, operator: User | None) -> Payout:
+    """An operator paid it off-chain (a bank or exchange transfer) under `reference`."""
+    payout = Payout.objects.select_for_update().get(pk=payout.pk)
+    if payout.status == PayoutStatus.PAID:
+        return payout
+    if payout.status != PayoutStatus.REQUESTED:
+        raise LedgerError(f"Payout {payout.pk} is {payout.status}; only a requested one is paid.")
+    if not reference.strip():
+        raise LedgerError("Give the external payment's reference.")
+    post(
+        f"payout-paid:{payout.pk}",
+        TxKind.PAYOUT_SETTLED,
+        [
+            (accounts.payouts_pending(), -payout.amount),
+            (accounts.external_payouts(), payout.amount),
+        ],
+        memo=f"paid: {reference}"[:300],
+        actor=operator,
+        details={"payout": payout.pk},
+    )
+    payout.status, payout.reference = PayoutStatus.PAID, reference[:200]
+    payout.save(update_fields=["status", "reference", "updated_at"])
+    return payout
+
+
+@transaction.atomic
+def reverse_payout(payout: Payout, *, reason: str, operator: User | None) -> Payout:
+    """A payout that cannot be made goes back to the provider's earnings."""
+    payout = Payout.objects.select_for_update().get(pk=payout.pk)
+    if payout.status == PayoutStatus.REVERSED:
+        return payout
+    if payout.status != PayoutStatus.REQUESTED:
+        raise LedgerError(f"Payout {payout.pk} is {payout.status}; it can no longer be reversed.")
+    post(
+        f"payout-reversed:{payout.pk}",
+        TxKind.PAYOUT_REVERSED,
+        [
+            (accounts.payouts_pending(), -payout.amount),
+            (accounts.provider_earnings(payout.user_id), payout.amount),
+        ],
+        memo=f"reversed: {reason}"[:300],
+        actor=operator,
+        details={"payout": payout.pk},
+    )
+    payout.status, payout.reference = PayoutStatus.REVERSED, reason[:200]
+    payout.save(update_fields=["status", "reference", "updated_at"])
+    return payout
+
+
+def _amount(value: Decimal | str) -> Decimal:
+    try:
+        return parse_amount(value)
+    except ValueError as exc:
+        raise LedgerError(f"Invalid amount: {exc}") from None

@@ -1,0 +1,116 @@
+"""The ledger with the escrow contract on an in-process EVM: deposits credited once, payouts
+settled in a Merkle batch and claimed with the proof the API serves, and reconciliation."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+pytest.importorskip("eth_tester")
+
+from contracts import ChainClient, ChainError, ClaimProof
+from marketplace.ledger import accounts
+from marketplace.ledger import chain as ledger_chain
+from marketplace.ledger.models import ChainDeposit, Payout
+from marketplace.ledger.posting import balance
+from marketplace.ledger.reconcile import reconcile
+from tests.marketplace.helpers import client_for
+from tests.marketplace.test_ledger_jobs import work_all
+
+pytestmark = pytest.mark.django_db(transaction=True)
+UPC = 10**12  # wei per credit
+
+
+@pytest.fixture
+def chain(settings):
+    settings.CHAIN = settings.CHAIN | {"URL": "embedded", "UNITS_PER_CREDIT": UPC}
+    settings.GPUFLEX = settings.GPUFLEX | {"MIN_PAYOUT": "0.01"}
+    client = ChainClient.embedded()
+    ledger_chain.use_client(client)
+    yield client
+    ledger_chain.use_client(None)
+
+
+def _wallet(client, address: str) -> dict:
+    response = client.put("/api/v1/ledger/wallet", {"address": address}, format="json")
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_deposit_spend_settle_claim_and_reconcile(chain, make_user, make_agent, provider):
+    w3 = chain.w3
+    buyer_addr, provider_addr, stranger = w3.eth.accounts[2], w3.eth.accounts[3], w3.eth.accounts[4]
+    buyer_user, buyer_key = make_user("buyer")
+    buyer = client_for(buyer_key)
+    funding = _wallet(buyer, buyer_addr)["funding_id"]
+    _wallet(provider, provider_addr)
+
+    chain.deposit(funding, 30 * UPC, sender=buyer_addr)
+    with pytest.raises(ChainError, match="NotJobBuyer"):  # the id is bound to its first payer
+        chain.deposit(funding, 5 * UPC, sender=stranger)
+    assert ledger_chain.sync_deposits(chain) == 1 and ledger_chain.sync_deposits(chain) == 0
+    assert balance(accounts.buyer_credit(buyer_user)) == Decimal("1030")  # 1000 granted + 30
+    assert reconcile().ok, reconcile().problems
+
+    agents = [make_agent(kind="platform", price="600") for _ in range(3)]
+    body = {"spec": {"name": "paid", "dataset": {"kind": "digits"}, "local": {"steps": 4},
+                     "rounds": {"max_rounds": 1}, "sharding": {"method": "stratified",
+                                                               "num_shards": 3}},
+            "tier": "platform", "budget": "20", "max_price_per_gpu_hour": "1000"}  # fmt: skip
+    assert buyer.post("/api/v1/jobs/", body, format="json").status_code == 201
+    work_all(agents)
+    earned = Decimal(provider.get("/api/v1/ledger/earnings").json()["balance"])
+    assert earned > Decimal("0.5")
+
+    request = {"amount": str(earned), "wallet_address": provider_addr, "idempotency_key": "p1"}
+    payout = provider.post("/api/v1/payouts/", request, format="json").json()
+
+    def refuse(batch):
+        raise ChainError("InsufficientEscrow", (), "simulated")
+
+    real_post, chain.post_batch = chain.post_batch, refuse
+    refused = ledger_chain.settle_payouts(chain)
+    assert refused is not None and refused.failed.startswith("InsufficientEscrow")
+    assert Payout.objects.get(pk=payout["id"]).status == "requested"
+    assert reconcile().ok, reconcile().problems
+    chain.post_batch = real_post
+
+    record = ledger_chain.settle_payouts(chain)
+    assert record is not None and record.posted and not record.failed
+    assert ledger_chain.settle_payouts(chain) is None  # nothing left to settle
+    assert Payout.objects.get(pk=payout["id"]).status == "batched"
+
+    proof = provider.get(f"/api/v1/payouts/{payout['id']}/proof").json()
+    escrow_before = w3.eth.get_balance(chain.escrow.address)
+    claim = ClaimProof(
+        batch_id=bytes.fromhex(proof["batch_id"][2:]),
+        provider=proof["provider"],
+        token=proof["token"],
+        amount=int(proof["amount"]),
+        proof=tuple(bytes.fromhex(p[2:]) for p in proof["proof"]),
+    )
+    claimed = chain.claim(claim, sender=provider_addr)
+    assert claimed.amount == int(proof["amount"]) == int(earned * UPC)
+    assert escrow_before - w3.eth.get_balance(chain.escrow.address) == claimed.amount
+    with pytest.raises(ChainError, match="AlreadyClaimed"):
+        chain.claim(claim, sender=provider_addr)
+
+    report = reconcile()
+    assert report.ok, report.problems
+    assert "the ledger agrees with the escrow contract" in report.checked
+
+
+def test_reconcile_sees_a_deposit_the_ledger_has_not_credited(chain, make_user) -> None:
+    user, key = make_user("buyer")
+    funding = _wallet(client_for(key), chain.w3.eth.accounts[5])["funding_id"]
+    chain.deposit(funding, 2 * UPC, sender=chain.w3.eth.accounts[5])
+    problems = reconcile().problems
+    assert problems == []  # the ledger knows no funding ids yet: nothing to compare
+    ledger_chain.sync_deposits(chain)
+    chain.deposit(funding, 3 * UPC, sender=chain.w3.eth.accounts[5])
+    problems = " ".join(reconcile().problems)
+    assert "the chain holds deposits of 5000000000000" in problems
+    ledger_chain.sync_deposits(chain)
+    assert reconcile().ok
+    assert ChainDeposit.objects.filter(user=user).count() == 2

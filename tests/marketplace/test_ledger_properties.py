@@ -1,0 +1,202 @@
+"""Random sequences of grants, jobs, charges, rejections, cancellations and payouts: after
+every step the ledger reconciles and every balance matches a simple model of the rules."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from marketplace.accounts.services import create_user
+from marketplace.jobs.models import Job, JobStatus, Round, Task, TaskResult
+from marketplace.ledger import accounts
+from marketplace.ledger.errors import InsufficientCredit, InvalidPayout, LedgerError
+from marketplace.ledger.metering import Rules, cap, meter
+from marketplace.ledger.models import Payout, PayoutStatus
+from marketplace.ledger.posting import balance
+from marketplace.ledger.reconcile import reconcile
+from marketplace.ledger.services import (
+    charge_result,
+    grant_credit,
+    hold_budget,
+    mark_payout_paid,
+    release_escrow,
+    request_payout,
+    reverse_payout,
+)
+from marketplace.nodes.models import Node
+
+pytestmark = pytest.mark.django_db
+_ids = itertools.count()
+WALLET = "0x" + "cd" * 20
+money = st.decimals(min_value="0.01", max_value="50", places=2)
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    @initialize()
+    def actors(self) -> None:
+        n = next(_ids)
+        self.buyers = [create_user(f"hb{n}_{i}", "buyer") for i in range(2)]
+        self.providers = [create_user(f"hp{n}_{i}", "provider") for i in range(2)]
+        self.nodes = [
+            Node.objects.create(
+                owner=p,
+                name=f"n{n}_{i}",
+                price_per_gpu_hour=Decimal("3"),
+                benchmark={"fp32_tflops": 10.0 * (i + 1)},
+            )
+            for i, p in enumerate(self.providers)
+        ]
+        self.credit = {b.pk: Decimal(0) for b in self.buyers}
+        self.earnings = {p.pk: Decimal(0) for p in self.providers}
+        self.escrow: dict[str, Decimal] = {}
+        self.jobs: list[Job] = []
+        self.results: list[TaskResult] = []
+        self.payouts: list[Payout] = []
+        self.rules = Rules.from_settings()
+
+    @rule(who=st.integers(0, 1), amount=money)
+    def grant(self, who: int, amount: Decimal) -> None:
+        grant_credit(user=self.buyers[who], amount=amount, memo="p", operator=None)
+        self.credit[self.buyers[who].pk] += amount
+
+    @rule(who=st.integers(0, 1), budget=money)
+    def submit(self, who: int, budget: Decimal) -> None:
+        buyer = self.buyers[who]
+        job = Job.objects.create(buyer=buyer, name="p", spec={}, budget=budget,
+                                 max_price_per_gpu_hour=Decimal("5"))  # fmt: skip
+        try:
+            hold_budget(job)
+        except InsufficientCredit:
+            assert budget > self.credit[buyer.pk]
+            job.status = JobStatus.FAILED  # a refused submission never runs
+            job.save()
+            return
+        assert budget <= self.credit[buyer.pk]
+        self.credit[buyer.pk] -= budget
+        self.escrow[str(job.pk)] = budget
+        self.jobs.append(job)
+
+    @rule(
+        j=st.integers(0, 20), who=st.integers(0, 1), seconds=st.floats(0, 20000),
+        cosine=st.none() | st.floats(-1, 1), credited=st.booleans(),
+    )  # fmt: skip
+    def work(self, j: int, who: int, seconds: float, cosine, credited: bool) -> None:
+        active = [job for job in self.jobs if job.is_active]
+        if not active:
+            return
+        job, node = active[j % len(active)], self.nodes[who]
+        rnd = Round.objects.filter(job=job).first() or Round.objects.create(
+            job=job, number=1, input_model_hash="x", input_model_file="x",
+            deadline=timezone.now() + timedelta(hours=1),
+        )  # fmt: skip
+        task = Task.objects.create(round=rnd, seed=0, node=node, status="done",
+                                   leased_at=timezone.now() - timedelta(seconds=seconds + 5),
+                                   price_per_gpu_hour=node.price_per_gpu_hour)  # fmt: skip
+        result = TaskResult.objects.create(task=task, node=node, update_file="u", update_hash="h",
+                                           num_samples=1, compute_s=seconds, cosine=cosine,
+                                           credited=credited, accepted=credited)  # fmt: skip
+        if not credited:
+            with pytest.raises(LedgerError, match="only verified work is paid"):
+                charge_result(result)
+            return
+        expected = meter(reported_s=seconds, observed_s=seconds + 5, cosine=cosine,
+                         fp32_tflops=node.benchmark["fp32_tflops"],
+                         price_per_hour=node.price_per_gpu_hour, rules=self.rules)  # fmt: skip
+        expected, _ = cap(expected, self.escrow[str(job.pk)], self.rules)
+        tx = charge_result(result)
+        if tx is not None:
+            assert Decimal(tx.details["gross"]) == expected.gross
+            self.escrow[str(job.pk)] -= expected.gross
+            self.earnings[node.owner_id] += expected.net
+            self.results.append(result)
+
+    @rule(i=st.integers(0, 50))
+    def recharge(self, i: int) -> None:
+        if self.results:
+            charge_result(self.results[i % len(self.results)])  # a retry: no change
+
+    @rule(j=st.integers(0, 20), cancel=st.booleans())
+    def end(self, j: int, cancel: bool) -> None:
+        active = [job for job in self.jobs if job.is_active]
+        if not active:
+            return
+        job = active[j % len(active)]
+        job.status = JobStatus.CANCELLED if cancel else JobStatus.COMPLETED
+        job.save()
+        release_escrow(job)
+        release_escrow(job)  # a retry
+        self.credit[job.buyer_id] += self.escrow[str(job.pk)]
+        self.escrow[str(job.pk)] = Decimal(0)
+
+    @rule(who=st.integers(0, 1), amount=st.decimals(min_value="0.5", max_value="20", places=3),
+          key=st.sampled_from(["a", "b", "c"]))  # fmt: skip
+    def payout(self, who: int, amount: Decimal, key: str) -> None:
+        user = self.providers[who]
+        seen = Payout.objects.filter(user=user, request_key=key).first()
+        try:
+            p = request_payout(user=user, amount=amount, wallet_address=WALLET,
+                               idempotency_key=key)  # fmt: skip
+        except LedgerError as exc:
+            if seen is None:
+                assert isinstance(exc, InvalidPayout)
+                minimum = Decimal(str(self.rules_min()))
+                assert amount < minimum or amount > self.earnings[user.pk]
+            else:
+                assert seen.amount != amount  # a reused key for another amount
+            return
+        if seen is None:
+            self.earnings[user.pk] -= amount
+            self.payouts.append(p)
+        else:
+            assert p.pk == seen.pk
+
+    @rule(i=st.integers(0, 50), paid=st.booleans())
+    def finish_payout(self, i: int, paid: bool) -> None:
+        requested = [p for p in self.payouts if p.status == PayoutStatus.REQUESTED]
+        if not requested:
+            return
+        p = requested[i % len(requested)]
+        if paid:
+            p.status = mark_payout_paid(p, reference="ref", operator=None).status
+        else:
+            p.status = reverse_payout(p, reason="bounced", operator=None).status
+            self.earnings[p.user_id] += p.amount
+
+    def rules_min(self) -> Decimal:
+        from django.conf import settings as dj
+
+        return Decimal(str(dj.GPUFLEX["MIN_PAYOUT"]))
+
+    @invariant()
+    def reconciles(self) -> None:
+        if not hasattr(self, "buyers"):
+            return
+        report = reconcile(with_chain=False)
+        assert report.ok, report.problems
+        for b in self.buyers:
+            assert balance(accounts.buyer_credit(b)) == self.credit[b.pk]
+        for p in self.providers:
+            assert balance(accounts.provider_earnings(p)) == self.earnings[p.pk]
+        for job in self.jobs:
+            assert balance(accounts.job_escrow(job)) == self.escrow[str(job.pk)]
+
+
+def test_ledger_invariants_hold_under_random_operations(db) -> None:
+    from hypothesis.stateful import run_state_machine_as_test
+
+    run_state_machine_as_test(
+        LedgerMachine,
+        settings=settings(
+            max_examples=25,
+            stateful_step_count=20,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
+    )
