@@ -6,7 +6,7 @@ PY       := $(VENV)/bin/python
 TORCH    := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv dev demo test lint format bench clean contracts gas system-deps package screenshots
+.PHONY: help venv dev demo test lint format bench clean contracts gas system-deps package screenshots web-screenshots
 
 help:
 	@echo "make demo   - run the main job and print its results"
@@ -25,7 +25,7 @@ $(VENV)/.dev-installed: pyproject.toml contracts/package-lock.json | $(PY)
 	touch $@
 
 # Debian packages the tests use: installed when running as root and missing.
-DEB_PACKAGES := bubblewrap
+DEB_PACKAGES := bubblewrap chromium
 system-deps:
 	scripts/ensure-debian-packages.sh $(DEB_PACKAGES)
 
@@ -67,3 +67,8 @@ bench: dev
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache contracts/node_modules build dist
+
+# Laptop and phone screenshots of the web marketplace's main pages, taken by its browser test
+# (Debian's chromium, a live server and two real agents) into docs/screenshots/web/.
+web-screenshots: dev
+	GPUFLEX_WEB_SCREENSHOTS=docs/screenshots/web $(PY) -m pytest -p no:xdist -q tests/web/test_browser.py

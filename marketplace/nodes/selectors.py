@@ -55,3 +55,14 @@ def market_capacity() -> dict[str, Any]:
         for r in rows
     ]
     return {"online_nodes": sum(m["nodes"] for m in models), "gpus": models}
+
+
+def nodes_by_state() -> dict[str, int]:
+    """How many nodes are in each state, for the operator's overview."""
+    rows = Node.objects.order_by().values("state").annotate(n=Count("pk"))
+    return {r["state"]: r["n"] for r in rows}
+
+
+def network_of(node: Node) -> dict[str, Any]:
+    """The node's link as last measured (heartbeats), over what it registered with."""
+    return {**(node.network or {}), **(node.live_network or {})}

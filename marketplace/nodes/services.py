@@ -118,3 +118,13 @@ def record_verification(node_id: int, *, ok: int = 0, bad: int = 0, lost: int = 
         node = Node.objects.select_for_update().get(pk=node_id)
         node.reliability = reliability_score(node.verified_ok, node.verified_bad, node.lost_leases)
         node.save(update_fields=["reliability"])
+
+
+def set_price(node: Node, price: Decimal) -> Node:
+    """A provider changes the node's asking price. Leases already taken keep the price they
+    were taken at (Task.price_per_gpu_hour): a change only affects work leased afterwards."""
+    if price < 0:
+        raise ValueError("a price cannot be negative")
+    node.price_per_gpu_hour = price
+    node.save(update_fields=["price_per_gpu_hour"])
+    return node

@@ -33,6 +33,7 @@ DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -45,6 +46,7 @@ INSTALLED_APPS = [
     "marketplace.jobs",
     "marketplace.ledger",
     "marketplace.api",
+    "marketplace.web",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,64 @@
+"""Django admin for what the web pages do not cover (used when django.contrib.admin is
+installed). Registered here only for models nobody else has registered."""
+
+# ruff: noqa: RUF012 - Django declares admin options as class attributes
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from marketplace.accounts.models import ApiKey, User
+from marketplace.jobs.models import Job, Round, Task, TaskResult
+from marketplace.nodes.models import Node
+
+
+class UserAdmin(admin.ModelAdmin):
+    list_display = ["username", "email", "role", "is_active", "date_joined"]
+    list_filter = ["role", "is_active"]
+    search_fields = ["username", "email"]
+
+
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "user", "node", "name", "created_at", "revoked_at"]
+    readonly_fields = ["digest", "prefix"]
+
+
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "owner", "kind", "gpu_model", "state", "price_per_gpu_hour",
+                    "reliability", "last_heartbeat_at"]  # fmt: skip
+    list_filter = ["kind", "state"]
+    search_fields = ["name", "gpu_model", "owner__username"]
+
+
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["name", "buyer", "status", "tier", "rounds_done", "budget", "created_at"]
+    list_filter = ["status", "tier"]
+    search_fields = ["name", "buyer__username"]
+
+
+class RoundAdmin(admin.ModelAdmin):
+    list_display = ["job", "number", "status", "opened_at", "closed_at"]
+    list_filter = ["status"]
+
+
+class TaskAdmin(admin.ModelAdmin):
+    list_display = ["id", "round", "replica", "status", "node", "attempts", "leased_at"]
+    list_filter = ["status"]
+
+
+class TaskResultAdmin(admin.ModelAdmin):
+    list_display = ["task", "node", "accepted", "verified", "credited", "compute_s"]
+    list_filter = ["accepted", "verified", "credited"]
+
+
+for model, model_admin in [
+    (User, UserAdmin),
+    (ApiKey, ApiKeyAdmin),
+    (Node, NodeAdmin),
+    (Job, JobAdmin),
+    (Round, RoundAdmin),
+    (Task, TaskAdmin),
+    (TaskResult, TaskResultAdmin),
+]:
+    if not admin.site.is_registered(model):
+        admin.site.register(model, model_admin)

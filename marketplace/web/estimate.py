@@ -1,0 +1,132 @@
+"""What a job will cost and how long it will take, from the market as it is right now.
+
+A pure function of the spec's work and the online nodes' prices and benchmarks, so that the
+submit page can show it before anything is stored, and tests can check it without a database.
+It is an estimate, said as one: it assumes the cheapest eligible nodes take the work, that
+every round runs to `max_rounds` (a target can stop it sooner), and a fixed per-round overhead
+for transfers and aggregation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal
+
+# Without a benchmark, a node is assumed to be slow: better to over- than under-promise.
+DEFAULT_SAMPLES_PER_S = 2_000.0
+# Download model and shard, upload the update, aggregate and evaluate: seconds per round.
+ROUND_OVERHEAD_S = 2.0
+# scikit-learn's digits, the one built-in dataset: its size is known before submitting.
+BUILTIN_SIZES = {"digits": 1797}
+# A job on a volunteer-heavy tier replicates some tasks to verify them (see jobs/verification).
+REPLICATION_FACTOR = {"volunteer": 1.5, "hybrid": 1.25, "platform": 1.0}
+CENT = Decimal("0.0001")
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One online node, as the estimate sees it."""
+
+    price_per_gpu_hour: Decimal
+    samples_per_s: float | None
+
+
+@dataclass(frozen=True)
+class Work:
+    """The spec's work: tasks per round, and steps of `batch_size` samples per task."""
+
+    rounds: int
+    tasks_per_round: int
+    steps_per_task: int
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    nodes: int  # nodes that would take the work in parallel
+    gpu_hours: float
+    cost: Decimal
+    seconds: float
+    price_low: Decimal
+    price_high: Decimal
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "nodes": self.nodes,
+            "gpu_hours": round(self.gpu_hours, 6),
+            "cost": str(self.cost),
+            "seconds": round(self.seconds, 1),
+            "price_low": str(self.price_low),
+            "price_high": str(self.price_high),
+        }
+
+
+def work_of(spec_dict: dict, train_samples: int | None, default_shards: int) -> Work:
+    """The work a parsed spec (`JobSpec.to_dict()`) asks for. `train_samples` is the training
+    split's size when known (built-in datasets); an epoch-based spec on an unknown dataset is
+    counted as one pass of 1000 samples per shard."""
+    local = spec_dict["local"]
+    batch = int(local.get("batch_size") or 32)
+    shards = int((spec_dict.get("sharding") or {}).get("num_shards") or default_shards)
+    if train_samples is not None:
+        shards = max(1, min(shards, train_samples))
+    if local.get("steps"):
+        steps = int(local["steps"])
+    else:
+        per_shard = (train_samples or 1000 * shards) / shards
+        steps = max(1, math.ceil(float(local.get("epochs") or 1) * per_shard / batch))
+    rounds = int(spec_dict["rounds"]["max_rounds"])
+    return Work(rounds=rounds, tasks_per_round=shards, steps_per_task=steps, batch_size=batch)
+
+
+def train_samples(spec_dict: dict) -> int | None:
+    dataset = spec_dict.get("dataset") or {}
+    total = BUILTIN_SIZES.get(dataset.get("kind", ""))
+    if total is None:
+        return None
+    return int(total * (1 - float(dataset.get("test_fraction", 0.2))))
+
+
+def estimate(
+    work: Work, offers: Sequence[Offer], *, max_price: Decimal, tier: str = "hybrid"
+) -> Estimate | None:
+    """None when no online node is at or under `max_price`: nothing would run."""
+    eligible = sorted(
+        (o for o in offers if o.price_per_gpu_hour <= max_price),
+        key=lambda o: o.price_per_gpu_hour,
+    )
+    if not eligible:
+        return None
+    used = eligible[: work.tasks_per_round]
+    speeds = [o.samples_per_s or DEFAULT_SAMPLES_PER_S for o in used]
+    samples_per_task = work.steps_per_task * work.batch_size
+    # the slowest node in the cohort sets each wave's length; waves cover all tasks
+    waves = math.ceil(work.tasks_per_round / len(used))
+    round_s = waves * samples_per_task / min(speeds) + ROUND_OVERHEAD_S
+    replication = REPLICATION_FACTOR.get(tier, 1.0)
+    mean_speed = sum(speeds) / len(speeds)
+    gpu_s = work.rounds * work.tasks_per_round * replication * samples_per_task / mean_speed
+    mean_price = sum((o.price_per_gpu_hour for o in used), Decimal(0)) / len(used)
+    cost = (mean_price * Decimal(str(gpu_s)) / Decimal(3600)).quantize(CENT, ROUND_HALF_UP)
+    return Estimate(
+        nodes=len(used),
+        gpu_hours=gpu_s / 3600,
+        cost=max(cost, CENT),
+        seconds=work.rounds * round_s,
+        price_low=used[0].price_per_gpu_hour,
+        price_high=used[-1].price_per_gpu_hour,
+    )
+
+
+def samples_per_s(benchmark: dict, arch: str) -> float | None:
+    """A node's training throughput for this architecture, from its advertised benchmark."""
+    value = benchmark.get("train_samples_per_s")
+    if isinstance(value, dict):
+        value = value.get(arch) or value.get("mlp")
+    try:
+        speed = float(value)
+    except (TypeError, ValueError):
+        return None
+    return speed if speed > 0 else None

@@ -1,0 +1,190 @@
+"""What the job page shows, as plain data: rounds, per-node table, topology, cost, provenance.
+
+The page renders it once and then polls `live_payload` as JSON every second, so the first
+paint and the updates come from the same functions.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from decimal import Decimal
+from typing import Any
+
+import yaml
+from django.urls import reverse
+
+from marketplace.jobs import files
+from marketplace.jobs.aggregation import provenance_name
+from marketplace.jobs.models import Job, Round
+from marketplace.jobs.selectors import leased_nodes, node_work, rounds_of
+from marketplace.jobs.sizing import measurement
+from marketplace.nodes.models import Node
+from marketplace.nodes.selectors import network_of
+from marketplace.web import money
+from trainer.adapt import health
+from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
+from trainer.spec import JobSpec, SpecError, parse_spec
+
+# RTT bands for the topology's link colours (ms): a LAN, a good WAN, a far or poor one.
+RTT_GOOD_MS = 50.0
+RTT_FAIR_MS = 150.0
+
+
+def round_rows(rounds: list[Round]) -> list[dict[str, Any]]:
+    rows = []
+    for r in rounds:
+        m = r.metrics or {}
+        span = (r.closed_at - r.opened_at).total_seconds() if r.closed_at else None
+        rows.append(
+            {
+                "number": r.number,
+                "status": r.status,
+                "accuracy": m.get("accuracy"),
+                "loss": m.get("loss"),
+                "participants": m.get("participants"),
+                "rejected": m.get("rejected"),
+                "opened_at": r.opened_at.isoformat(),
+                "seconds": None if span is None else round(span, 2),
+            }
+        )
+    return rows
+
+
+def rtt_band(rtt_ms: float | None) -> str:
+    if rtt_ms is None:
+        return "unknown"
+    if rtt_ms <= RTT_GOOD_MS:
+        return "good"
+    if rtt_ms <= RTT_FAIR_MS:
+        return "fair"
+    return "poor"
+
+
+def _spec(job: Job) -> JobSpec | None:
+    try:
+        return parse_spec(job.spec)
+    except SpecError:
+        return None
+
+
+def _health_scores(nodes: list[Node], spec: JobSpec | None) -> dict[int, float]:
+    """The adaptation policy's health score per node, against the median node's speed."""
+    if spec is None or not nodes:
+        return {}
+    ms = {n.pk: measurement(n, spec) for n in nodes}
+    reference = statistics.median(m.step_s for m in ms.values())
+    return {pk: round(health(m, reference).score, 3) for pk, m in ms.items()}
+
+
+def node_rows(job: Job) -> list[dict[str, Any]]:
+    work = {w["node_id"]: w for w in node_work(job)}
+    working = leased_nodes(job)
+    ids = set(work) | working
+    nodes = list(Node.objects.filter(pk__in=ids).order_by("pk"))
+    scores = _health_scores(nodes, _spec(job))
+    total_samples = sum(w["samples"] or 0 for w in work.values()) or 1
+    rows = []
+    for node in nodes:
+        w = work.get(node.pk, {})
+        rtt = network_of(node).get("rtt_ms")
+        rows.append(
+            {
+                "id": node.pk,
+                "name": node.name,
+                "kind": node.kind,
+                "gpu": node.gpu_model or "CPU",
+                "health": scores.get(node.pk),
+                "rtt_ms": None if rtt is None else round(float(rtt), 1),
+                "band": rtt_band(None if rtt is None else float(rtt)),
+                "results": w.get("accepted", 0),
+                "share": round((w.get("samples") or 0) / total_samples, 4),
+                "state": "working" if node.pk in working else node.state,
+            }
+        )
+    return rows
+
+
+def topology(rows: list[dict[str, Any]], size: int = 320) -> dict[str, Any]:
+    """Server in the middle, nodes on a circle around it; positions in an SVG viewBox."""
+    centre = size / 2
+    radius = size / 2 - 36
+    nodes = []
+    for i, row in enumerate(rows):
+        angle = 2 * math.pi * i / max(len(rows), 1) - math.pi / 2
+        nodes.append(
+            row
+            | {
+                "x": round(centre + radius * math.cos(angle), 1),
+                "y": round(centre + radius * math.sin(angle), 1),
+            }
+        )
+    return {"size": size, "centre": centre, "nodes": nodes}
+
+
+def _dec(value: Decimal | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def cost_summary(job: Job) -> dict[str, Any]:
+    costs = money.job_costs(job)
+    if costs is None:
+        return {"available": False, "budget": str(job.budget)}
+    fields = ("budget", "held", "spent", "provider_share", "platform_fee", "bonus",
+              "redundancy_cost", "refunded")  # fmt: skip
+    summary = {f: _dec(getattr(costs, f, None)) for f in fields}
+    budget = getattr(costs, "budget", None) or job.budget
+    spent = getattr(costs, "spent", None) or Decimal(0)
+    summary["fraction"] = float(spent / budget) if budget else 0.0
+    return {"available": True} | summary
+
+
+def live_payload(job: Job) -> dict[str, Any]:
+    """Everything the job page updates while it is open; small enough to poll every second."""
+    rows = node_rows(job)
+    return {
+        "status": job.status,
+        "rounds_done": job.rounds_done,
+        "max_rounds": job.max_rounds,
+        "reached_target": job.reached_target,
+        "has_model": bool(job.model_file),
+        "model_url": reverse("web:job-model", args=[job.pk]),
+        "rounds": round_rows(list(rounds_of(job))),
+        "nodes": rows,
+        "topology": topology(rows),
+        "cost": cost_summary(job),
+        "error": job.error,
+    }
+
+
+def provenance(job: Job) -> dict[str, Any]:
+    """The provenance chain as stored, and whether it checks out (links and record hashes).
+
+    Replaying every round from artifacts (`gpuflex` verify) is heavier; the page checks the
+    chain itself, which detects any altered, missing or reordered record.
+    """
+    if not job.rounds_done:
+        return {"records": [], "ok": None, "problems": [], "head": ""}
+    try:
+        chain = ProvenanceChain.from_json(files.get(provenance_name(job)).decode())
+    except (OSError, ProvenanceError, ValueError, KeyError) as exc:
+        return {"records": [], "ok": False, "problems": [f"unreadable: {exc}"], "head": ""}
+    report = verify_chain(chain)
+    records = [
+        {
+            "round": r.round,
+            "strategy": r.strategy,
+            "contributions": len(r.contributions),
+            "input": r.input_model_hash[:12],
+            "output": r.output_model_hash[:12],
+            "hash": r.record_hash[:12],
+            "accuracy": r.metrics.get("accuracy"),
+        }
+        for r in chain
+    ]
+    return {"records": records, "ok": report.ok, "problems": report.problems, "head": chain.head}
+
+
+def spec_yaml(job: Job) -> str:
+    """The stored spec as the buyer wrote it: YAML, keys in the spec's own order."""
+    return yaml.safe_dump(job.spec, sort_keys=False)

@@ -1,0 +1,162 @@
+/* The job page: renders the live payload, then polls it every second so that charts, the
+   rounds timeline, the node table, the topology and the cost grow without a reload. */
+"use strict";
+
+(function () {
+  const page = document.getElementById("job-page");
+  const url = page.dataset.liveUrl;
+  let data = JSON.parse(document.getElementById("live-data").textContent);
+  let accChart = null;
+  let lossChart = null;
+  let lastKey = "";
+
+  function el(id) { return document.getElementById(id); }
+  function text(id, value) { const e = el(id); if (e) e.textContent = value; }
+  function fmt(v, digits) { return v == null ? "—" : Number(v).toFixed(digits); }
+  function esc(s) {
+    return String(s).replace(/[&<>"']/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
+    });
+  }
+
+  function series(d) {
+    const done = d.rounds.filter(function (r) { return r.accuracy != null; });
+    return {
+      x: done.map(function (r) { return r.number; }),
+      acc: done.map(function (r) { return r.accuracy; }),
+      loss: done.map(function (r) { return r.loss; }),
+    };
+  }
+
+  function drawCharts(d) {
+    const s = series(d);
+    if (!accChart) {
+      accChart = GFCharts.line(el("chart-acc"), [{ label: "accuracy" }], [s.x, s.acc],
+        { xLabel: "round", integerX: true, yRange: [0, 1], format: function (v) { return v.toFixed(3); } });
+      lossChart = GFCharts.line(el("chart-loss"), [{ label: "loss", color: "#d98e04" }], [s.x, s.loss],
+        { xLabel: "round", integerX: true, format: function (v) { return v.toFixed(3); } });
+    } else {
+      accChart.setData([s.x, s.acc]);
+      lossChart.setData([s.x, s.loss]);
+    }
+    el("chart-acc").dataset.points = String(s.x.length);
+    const last = s.x.length - 1;
+    text("stat-acc", last >= 0 ? fmt(s.acc[last], 3) : "—");
+    text("stat-loss", last >= 0 ? fmt(s.loss[last], 3) : "—");
+  }
+
+  function drawTimeline(d) {
+    const parts = [];
+    for (let n = 1; n <= d.max_rounds && n <= 200; n++) {
+      const r = d.rounds.find(function (x) { return x.number === n; });
+      const cls = r ? r.status : "";
+      const tip = r ? ("round " + n + ": " + r.status + (r.accuracy != null ? ", accuracy " + fmt(r.accuracy, 3) : "") +
+        (r.seconds != null ? ", " + r.seconds + " s" : "")) : ("round " + n);
+      parts.push('<span class="r ' + esc(cls) + '" title="' + esc(tip) + '">' + n + "</span>");
+    }
+    el("timeline").innerHTML = parts.join("");
+    const open = d.rounds.find(function (r) { return r.status === "open"; });
+    text("timeline-note", d.status === "running" && open ? "Round " + open.number + " is training now." :
+      (d.reached_target ? "Stopped early: the target was reached." : ""));
+    text("stat-rounds", String(d.rounds_done));
+    el("rounds-bar").style.width = Math.min(100, 100 * d.rounds_done / d.max_rounds) + "%";
+  }
+
+  function drawNodes(d) {
+    const rows = d.nodes.map(function (n) {
+      return "<tr><td><strong>" + esc(n.name) + '</strong><div class="small muted">' + esc(n.kind) + "</div></td>" +
+        "<td>" + esc(n.gpu) + '</td><td class="num">' + fmt(n.health, 2) + "</td>" +
+        '<td class="num"><span class="badge ' + esc(n.band) + '">' + (n.rtt_ms == null ? "—" : esc(n.rtt_ms) + " ms") + "</span></td>" +
+        '<td><div class="share"><div class="bar"><span style="width:' + (100 * n.share).toFixed(1) + '%"></span></div>' +
+        (100 * n.share).toFixed(0) + "%</div></td>" +
+        '<td class="num">' + n.results + '</td><td><span class="badge ' + esc(n.state) + '">' + esc(n.state) + "</span></td></tr>";
+    });
+    el("node-rows").innerHTML = rows.length ? rows.join("") :
+      '<tr><td colspan="7" class="empty">Waiting for nodes to pick up the first tasks…</td></tr>';
+  }
+
+  function drawTopology(d) {
+    const t = d.topology;
+    const s = t.size;
+    const c = t.centre;
+    let svg = '<svg viewBox="0 0 ' + s + " " + s + '" role="img" aria-label="server and nodes, links coloured by RTT">';
+    t.nodes.forEach(function (n) {
+      svg += '<line class="link ' + esc(n.band) + '" x1="' + c + '" y1="' + c + '" x2="' + n.x + '" y2="' + n.y + '"><title>' +
+        esc(n.name) + ": " + (n.rtt_ms == null ? "RTT unknown" : n.rtt_ms + " ms") + "</title></line>";
+    });
+    svg += '<circle class="server" cx="' + c + '" cy="' + c + '" r="26"></circle>' +
+      '<text class="server-label" x="' + c + '" y="' + (c + 4) + '">server</text>';
+    t.nodes.forEach(function (n) {
+      svg += '<circle class="node ' + esc(n.state) + '" cx="' + n.x + '" cy="' + n.y + '" r="16"></circle>' +
+        '<text x="' + n.x + '" y="' + (n.y + 4) + '">' + esc(n.rtt_ms == null ? "?" : Math.round(n.rtt_ms)) + "</text>" +
+        '<text x="' + n.x + '" y="' + (n.y + 30) + '">' + esc(n.name.slice(0, 14)) + "</text>";
+    });
+    if (!t.nodes.length) {
+      svg += '<text x="' + c + '" y="' + (c + 50) + '" fill="#646b82">no nodes yet</text>';
+    }
+    el("topology").innerHTML = svg + "</svg>";
+  }
+
+  function drawCost(d) {
+    const cost = d.cost;
+    if (!cost.available) {
+      text("stat-cost", "—");
+      text("cost-note", "Cost figures are not available on this server yet.");
+      el("cost-kv").innerHTML = "<dt>Budget</dt><dd>" + esc(cost.budget) + "</dd>";
+      return;
+    }
+    text("stat-cost", cost.spent);  // as the ledger gives it: small jobs cost fractions of a cent
+    text("stat-budget", "of " + Number(cost.budget).toFixed(2) + " budget");
+    const bar = el("cost-bar");
+    bar.style.width = Math.min(100, 100 * cost.fraction) + "%";
+    bar.parentElement.classList.toggle("warn", cost.fraction > 0.8);
+    const labels = [["budget", "Budget"], ["held", "Held in escrow"], ["spent", "Spent"],
+      ["provider_share", "Paid to providers"], ["platform_fee", "Platform fee"], ["bonus", "Bonuses"],
+      ["redundancy_cost", "Verification replicas"], ["refunded", "Refunded"]];
+    el("cost-kv").innerHTML = labels.filter(function (l) { return cost[l[0]] != null; }).map(function (l) {
+      return "<dt>" + l[1] + "</dt><dd>" + esc(cost[l[0]]) + "</dd>";
+    }).join("");
+  }
+
+  function drawStatus(d) {
+    const badge = el("job-status");
+    badge.textContent = d.status;
+    badge.className = "badge " + d.status;
+    document.querySelectorAll("[data-when]").forEach(function (f) {
+      f.hidden = f.dataset.when.split(" ").indexOf(d.status) < 0;
+    });
+    el("download-model").hidden = !d.has_model;
+  }
+
+  function render(d) {
+    // redraw only what changed: the poll runs every second and usually brings nothing new
+    const key = JSON.stringify(d);
+    if (key === lastKey) return;
+    lastKey = key;
+    drawStatus(d);
+    drawCharts(d);
+    drawTimeline(d);
+    drawNodes(d);
+    drawTopology(d);
+    drawCost(d);
+  }
+
+  function active(d) { return d.status === "running" || d.status === "paused"; }
+
+  function poll() {
+    fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (d) {
+        if (d) { data = d; render(d); }
+        // a finished job changes no more: this last answer already holds its final round
+        if (d === null || active(d)) setTimeout(poll, 1000);
+      })
+      .catch(function () { setTimeout(poll, 3000); });
+  }
+
+  document.querySelectorAll("[data-confirm]").forEach(function (f) {
+    f.addEventListener("submit", function (e) { if (!window.confirm(f.dataset.confirm)) e.preventDefault(); });
+  });
+  render(data);
+  if (active(data)) setTimeout(poll, 1000);
+})();

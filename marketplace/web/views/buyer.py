@@ -1,0 +1,203 @@
+"""Buyers: submit a job (with a live estimate), list jobs, watch one, control it, download it."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+
+from django.conf import settings
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from marketplace.jobs import files
+from marketplace.jobs.aggregation import provenance_name
+from marketplace.jobs.errors import Conflict, InvalidSpec, MarketplaceError
+from marketplace.jobs.models import Job
+from marketplace.jobs.selectors import jobs_of
+from marketplace.jobs.services import cancel_job, pause_job, resume_job
+from marketplace.jobs.submission import parse_job_spec, submit_job
+from marketplace.nodes.selectors import online_nodes
+from marketplace.web import estimate, jobview, money
+from marketplace.web.access import buyer_required
+from marketplace.web.forms import JobForm
+from marketplace.web.views.common import not_found, problem_lines, wants_json
+
+ACTIONS = {"pause": pause_job, "resume": resume_job, "cancel": cancel_job}
+
+
+def _job(request: HttpRequest, pk: str) -> Job | None:
+    """The user's own job (any job for operators), or None: never someone else's."""
+    return jobs_of(request.user).filter(pk=pk).first()
+
+
+@buyer_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    jobs = list(jobs_of(request.user).order_by("-created_at")[:200])
+    for job in jobs:
+        done = [r for r in job.rounds.all() if r.metrics]
+        job.accuracy = done[-1].metrics.get("accuracy") if done else None
+    context = {"jobs": jobs, "balances": money.balances(request.user)}
+    return render(request, "web/jobs.html", context)
+
+
+def _market_estimate(spec_dict: dict, tier: str, max_price: Decimal) -> dict | None:
+    arch = spec_dict.get("model", {}).get("arch", "mlp")
+    offers = [
+        estimate.Offer(n.price_per_gpu_hour, estimate.samples_per_s(n.benchmark or {}, arch))
+        for n in online_nodes().filter(price_per_gpu_hour__lte=max_price)
+    ]
+    work = estimate.work_of(
+        spec_dict, estimate.train_samples(spec_dict), settings.GPUFLEX["DEFAULT_SHARDS"]
+    )
+    result = estimate.estimate(work, offers, max_price=max_price, tier=tier)
+    return result.as_dict() if result else None
+
+
+def _decimal(value: str | None, default: str) -> Decimal:
+    try:
+        return Decimal(value or default)
+    except InvalidOperation:
+        return Decimal(default)
+
+
+@buyer_required
+@require_POST
+def job_estimate(request: HttpRequest) -> JsonResponse:
+    """The submit page posts the editor's text here as the buyer types: inline problems and,
+    once the spec is valid, the estimate from the nodes online now."""
+    text = request.POST.get("spec", "")
+    try:
+        spec = parse_job_spec(text)
+    except InvalidSpec as exc:
+        problems = problem_lines(text, exc.extra.get("problems", []))
+        return JsonResponse({"ok": False, "problems": problems})
+    max_price = _decimal(request.POST.get("max_price_per_gpu_hour"), "1")
+    tier = request.POST.get("tier", "hybrid")
+    spec_dict = spec.to_dict()
+    return JsonResponse(
+        {
+            "ok": True,
+            "problems": [],
+            "dataset": spec.dataset.kind,
+            "needs_upload": spec.dataset.kind not in estimate.BUILTIN_SIZES,
+            "estimate": _market_estimate(spec_dict, tier, max_price),
+        }
+    )
+
+
+def _submit(request: HttpRequest, form: JobForm) -> tuple[Job | None, list[dict], str]:
+    """(job, spec problems, error sentence): exactly one of job / an error is set."""
+    data = form.cleaned_data
+    try:
+        job = submit_job(
+            buyer=request.user,
+            spec_data=data["spec"],
+            dataset_upload=data.get("dataset"),
+            tier=data["tier"],
+            budget=data["budget"],
+            max_price_per_gpu_hour=data["max_price_per_gpu_hour"],
+        )
+    except InvalidSpec as exc:
+        return None, problem_lines(data["spec"], exc.extra.get("problems", [])), exc.detail
+    except MarketplaceError as exc:
+        return None, [], exc.detail
+    except money.money_errors() as exc:  # e.g. not enough credit for the budget
+        return None, [], str(exc)
+    return job, [], ""
+
+
+@buyer_required
+def job_new(request: HttpRequest) -> HttpResponse:
+    form = JobForm(request.POST or None, request.FILES or None)
+    problems: list[dict] = []
+    error = ""
+    if request.method == "POST":
+        if form.is_valid():
+            job, problems, error = _submit(request, form)
+            if job is not None:
+                url = reverse("web:job", args=[job.pk])
+                if wants_json(request):
+                    return JsonResponse({"ok": True, "redirect": url}, status=201)
+                return redirect(url)
+        else:
+            error = "Please correct the fields marked below."
+        if wants_json(request):
+            fields = {k: [str(e) for e in v] for k, v in form.errors.items()}
+            body = {"ok": False, "error": error, "problems": problems, "fields": fields}
+            return JsonResponse(body, status=400)
+    context = {
+        "form": form,
+        "problems": problems,
+        "error": error,
+        "balances": money.balances(request.user),
+        "max_upload_mb": settings.GPUFLEX["MAX_DATASET_BYTES"] / 2**20,
+    }
+    return render(request, "web/job_new.html", context, status=400 if error else 200)
+
+
+@buyer_required
+@require_GET
+def job_detail(request: HttpRequest, pk: str) -> HttpResponse:
+    job = _job(request, pk)
+    if job is None:
+        return not_found(request, "job")
+    context = {
+        "job": job,
+        "live": jobview.live_payload(job),
+        "provenance": jobview.provenance(job),
+        "spec_json": jobview.spec_yaml(job),
+    }
+    return render(request, "web/job.html", context)
+
+
+@buyer_required
+@require_GET
+def job_live(request: HttpRequest, pk: str) -> JsonResponse:
+    """Polled every second by the job page: charts and tables grow without a reload."""
+    job = _job(request, pk)
+    if job is None:
+        return JsonResponse({"detail": "Not found."}, status=404)
+    return JsonResponse(jobview.live_payload(job))
+
+
+@buyer_required
+@require_POST
+def job_action(request: HttpRequest, pk: str, action: str) -> HttpResponse:
+    job = _job(request, pk)
+    if job is None or action not in ACTIONS:
+        return not_found(request, "job")
+    try:
+        ACTIONS[action](job)
+        messages.success(request, f"Job {action}d." if action != "cancel" else "Job cancelled.")
+    except Conflict as exc:
+        messages.error(request, exc.detail)
+    return redirect("web:job", pk=job.pk)
+
+
+@buyer_required
+@require_GET
+def job_model(request: HttpRequest, pk: str) -> HttpResponse:
+    """The latest global model, as the API's /jobs/{id}/model gives it."""
+    job = _job(request, pk)
+    if job is None:
+        return not_found(request, "job")
+    if not job.model_file:
+        messages.error(request, "No round has finished yet, so there is no model to download.")
+        return redirect("web:job", pk=job.pk)
+    response = HttpResponse(files.get(job.model_file), content_type="application/octet-stream")
+    response["Content-Disposition"] = f'attachment; filename="{job.pk}.safetensors"'
+    response["X-GPUFlex-Model-Hash"] = job.model_hash
+    return response
+
+
+@buyer_required
+@require_GET
+def job_provenance(request: HttpRequest, pk: str) -> HttpResponse:
+    job = _job(request, pk)
+    if job is None or not job.rounds_done:
+        return not_found(request, "provenance record")
+    response = HttpResponse(files.get(provenance_name(job)), content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="{job.pk}-provenance.json"'
+    return response

@@ -1,0 +1,133 @@
+"""Providers: their nodes (price editable), earnings over time, payouts; API keys for all."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from marketplace.accounts.selectors import user_keys
+from marketplace.accounts.services import issue_user_key, revoke_key
+from marketplace.jobs.selectors import node_earnings, tasks_done_by_node
+from marketplace.nodes.selectors import network_of, nodes_of
+from marketplace.nodes.services import set_price
+from marketplace.web import money
+from marketplace.web.access import provider_required, role_required
+from marketplace.web.forms import PayoutForm, PriceForm
+from marketplace.web.views.common import not_found
+
+
+def _node_rows(user: Any) -> list[dict[str, Any]]:
+    nodes = nodes_of(user)
+    done = tasks_done_by_node(nodes)
+    rows = []
+    for node in nodes:
+        bench = node.benchmark or {}
+        rows.append(
+            {
+                "node": node,
+                "tflops": bench.get("fp32_tflops"),
+                "device": bench.get("device") or node.gpu_model or "CPU",
+                "rtt_ms": network_of(node).get("rtt_ms"),
+                "tasks_done": done.get(node.pk, 0),
+                "earned": node_earnings(node)["total"],
+                "form": PriceForm(
+                    initial={"price_per_gpu_hour": node.price_per_gpu_hour},
+                    prefix=f"n{node.pk}",
+                ),
+            }
+        )
+    return rows
+
+
+@provider_required
+def node_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "web/nodes.html", {"rows": _node_rows(request.user)})
+
+
+@provider_required
+@require_POST
+def node_price(request: HttpRequest, pk: int) -> HttpResponse:
+    node = nodes_of(request.user).filter(pk=pk).first()
+    if node is None:
+        return not_found(request, "node")
+    form = PriceForm(request.POST, prefix=f"n{node.pk}")
+    if form.is_valid():
+        set_price(node, form.cleaned_data["price_per_gpu_hour"])
+        messages.success(request, f"{node.name} now asks {node.price_per_gpu_hour} per GPU-hour.")
+    else:
+        messages.error(request, "; ".join(e for errs in form.errors.values() for e in errs))
+    return redirect("web:nodes")
+
+
+def _earnings(user: Any) -> dict[str, Any]:
+    """The earnings page's figures; the page polls them as JSON to update in place."""
+    series = money.earnings_series(user, days=30)
+    by_node = money.earnings_by_node(user)
+    balances = money.balances(user)
+    return {
+        "available": series is not None,
+        "series": [[d.isoformat(), str(a)] for d, a in series or []],
+        "by_node": [
+            {k: str(v) if k == "amount" else v for k, v in row.items()} for row in by_node or []
+        ],
+        "balances": None
+        if balances is None
+        else {
+            f: str(getattr(balances, f, ""))
+            for f in ("available", "held", "earnings", "pending_payouts", "paid_out")
+        },
+        "tasks_done": sum(tasks_done_by_node(nodes_of(user)).values()),
+    }
+
+
+@provider_required
+def earnings(request: HttpRequest) -> HttpResponse:
+    form = PayoutForm(request.POST or None, initial={"idempotency_key": secrets.token_hex(16)})
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            money.request_payout(
+                user=request.user,
+                amount=data["amount"],
+                wallet_address=data["wallet_address"],
+                key=data["idempotency_key"],
+            )
+        except (LookupError, *money.money_errors()) as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, f"Payout of {data['amount']} requested.")
+            return redirect("web:earnings")
+    context = {
+        "figures": _earnings(request.user),
+        "form": form,
+        "payouts": money.payouts_for(request.user),
+        "payouts_available": money.payouts_available(),
+    }
+    return render(request, "web/earnings.html", context)
+
+
+@provider_required
+@require_GET
+def earnings_live(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(_earnings(request.user))
+
+
+@role_required("buyer", "provider")
+def api_keys(request: HttpRequest) -> HttpResponse:
+    """Keys for the SDK, the gpuflex command and gpuflex-node login; shown once, at creation."""
+    plaintext = None
+    if request.method == "POST":
+        if "revoke" in request.POST:
+            key = user_keys(request.user).filter(pk=request.POST["revoke"]).first()
+            if key is not None:
+                revoke_key(key)
+                messages.success(request, f"Key {key.prefix}… revoked.")
+            return redirect("web:keys")
+        _, plaintext = issue_user_key(request.user, request.POST.get("name", "")[:100])
+    keys = user_keys(request.user)
+    return render(request, "web/keys.html", {"keys": keys, "plaintext": plaintext})

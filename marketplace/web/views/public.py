@@ -1,0 +1,69 @@
+"""Pages anyone may open: the market, sign up, log in and out, the benchmark comparison."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.views import LoginView, LogoutView
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+
+from marketplace.accounts.services import create_user
+from marketplace.jobs.selectors import jobs_by_status
+from marketplace.nodes.selectors import market_capacity
+from marketplace.web import compare
+from marketplace.web.access import home_for
+from marketplace.web.forms import LoginForm, SignupForm
+
+
+def market(request: HttpRequest) -> HttpResponse:
+    capacity = market_capacity()
+    jobs = jobs_by_status()
+    prices = [Decimal(g["min_price_per_gpu_hour"]) for g in capacity["gpus"]]
+    context = {
+        "capacity": capacity,
+        "jobs_running": jobs.get("running", 0),
+        "jobs_completed": jobs.get("completed", 0),
+        "memory_gb": round(sum(g["memory_gb"] for g in capacity["gpus"]), 1),
+        "cheapest": min(prices, default=None),
+    }
+    return render(request, "web/market.html", context)
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    # ?role=provider preselects the provider choice (the market's "Rent out your GPU")
+    form = SignupForm(request.POST or None, initial={"role": request.GET.get("role", "buyer")})
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        with transaction.atomic():
+            user = create_user(data["username"], data["role"], data["email"])
+            # create_user leaves API-key-only accounts without a password; the web needs one
+            user.set_password(data["password"])
+            user.save(update_fields=["password"])
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        messages.success(request, f"Welcome to GPUFlex, {user.username}.")
+        return redirect(home_for(user))
+    return render(request, "web/signup.html", {"form": form})
+
+
+class WebLoginView(LoginView):
+    template_name = "web/login.html"
+    authentication_form = LoginForm
+    redirect_authenticated_user = True
+
+    def get_default_redirect_url(self) -> str:
+        return reverse(home_for(self.request.user))
+
+
+class WebLogoutView(LogoutView):
+    next_page = "web:market"
+
+
+def comparison(request: HttpRequest) -> HttpResponse:
+    results = compare.load_results()
+    context = {"results": results, "data": compare.chart_data(results) if results else None}
+    return render(request, "web/compare.html", context)

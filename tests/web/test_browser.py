@@ -1,0 +1,279 @@
+"""The web marketplace in a real browser (Debian's chromium through Playwright) against a live
+server with two real desktop agents training the job.
+
+One story, in the order a person would live it: a provider signs up, makes an API key and
+starts two nodes with it; a buyer signs up, gets credit, submits a job and watches its charts
+grow round by round without reloading, then downloads the model; the provider watches the
+earnings appear; another buyer cannot open the job; an operator checks the network and the
+books. No page may log a console error. With GPUFLEX_WEB_SCREENSHOTS=<folder> it also saves
+laptop and phone screenshots of every main page there (`make web-screenshots`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from desktop.agent import Agent
+from desktop.benchmark import BenchmarkResult
+from desktop.client import Backoff
+from desktop.config import Credentials, Paths, Settings
+from desktop.hardware import detect
+from marketplace.accounts.models import User
+from marketplace.jobs.models import Job
+from marketplace.ledger.services import grant_credit
+from tests.marketplace.helpers import SMALL_SPEC
+from tests.web.conftest import PASSWORD
+from trainer.hashing import state_hash
+from trainer.updates import decode_state
+
+CHROMIUM = Path("/usr/lib/chromium/chromium")
+LAPTOP = {"width": 1366, "height": 850}
+PHONE = {"width": 390, "height": 844}
+ROUNDS = 3
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed"),
+]
+
+
+@pytest.fixture
+def browser(monkeypatch) -> Iterator:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # plain synchronous code all the same
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+class Console:
+    """Every console error and uncaught page error of the pages it watches."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.allowed: list[str] = []  # substrings of errors a step expects (a 404 page)
+
+    def watch(self, page) -> None:
+        def on_console(msg) -> None:
+            if msg.type == "error":
+                self.record(f"{page.url}: console: {msg.text}")
+
+        page.on("console", on_console)
+        page.on("pageerror", lambda exc: self.record(f"{page.url}: page error: {exc}"))
+
+    def record(self, text: str) -> None:
+        if not any(a in text for a in self.allowed):
+            self.errors.append(text)
+
+
+class Shots:
+    """Laptop and phone screenshots of the current page, when a folder is given."""
+
+    def __init__(self, browser, folder: str | None) -> None:
+        self.browser = browser
+        self.folder = Path(folder) if folder else None
+        if self.folder:
+            self.folder.mkdir(parents=True, exist_ok=True)
+
+    def take(self, page, name: str, console: Console) -> None:
+        if self.folder is None:
+            return
+        page.screenshot(path=str(self.folder / f"{name}-laptop.png"), full_page=True)
+        phone = self.browser.new_context(
+            viewport=PHONE, device_scale_factor=2, storage_state=page.context.storage_state()
+        )
+        tab = phone.new_page()
+        console.watch(tab)
+        tab.goto(page.url)
+        tab.wait_for_load_state("networkidle")
+        tab.wait_for_timeout(300)  # charts draw on the next frame
+        tab.screenshot(path=str(self.folder / f"{name}-phone.png"), full_page=True)
+        phone.close()
+
+
+def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _agent(tmp: Path, name: str, url: str, key: str, monkeypatch) -> Agent:
+    """A real contributor agent (sandboxed task processes) with a fixed quick benchmark."""
+    monkeypatch.setenv("GPUFLEX_KEYRING", "file")
+    for folder in ("CONFIG", "DATA", "CACHE"):
+        monkeypatch.setenv(f"GPUFLEX_NODE_{folder}_DIR", str(tmp / name / folder.lower()))
+    paths = Paths.default()
+    Credentials(paths).set_provider_key(key)
+    # A fast GPU at a high price: a few CPU-seconds of work must still earn a visible sum.
+    settings = Settings(server_url=url, node_name=name, kind="platform", task_wall_s=300,
+                        task_memory_mb=4096, first_run_done=True,
+                        price_per_gpu_hour="20.00")  # fmt: skip
+    hw = detect()
+    bench = BenchmarkResult(
+        fingerprint=hw.fingerprint(), device="cpu", device_name=hw.cpu_name, quick=True,
+        matmul_tflops={"fp32": 80.0}, memory_gbps=5.0, h2d_gbps=None, d2h_gbps=None,
+        train_samples_per_s={"mlp": 20000.0},
+    )  # fmt: skip
+    backoff = Backoff(base_s=0.1, cap_s=1.0, attempts=8)
+    return Agent(settings, paths, bench=bench, backoff=backoff, claim_wait_s=1,
+                 idle_sleep_s=0.2)  # type: ignore[arg-type]  # fmt: skip
+
+
+def _signup(page, base: str, name: str, role: str) -> None:
+    page.goto(f"{base}/signup/")
+    page.fill("#id_username", name)
+    page.fill("#id_email", f"{name}@example.com")
+    page.check(f"input[name=role][value={role}]")
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_load_state("networkidle")
+
+
+def _login(page, base: str, name: str) -> None:
+    page.goto(f"{base}/login/")
+    page.fill("#id_username", name)
+    page.fill("#id_password", PASSWORD)
+    page.click("form button[type=submit]")
+    page.wait_for_load_state("networkidle")
+
+
+def test_marketplace_in_a_browser(live_server, browser, tmp_path, monkeypatch) -> None:
+    base = live_server.url
+    console = Console()
+    shots = Shots(browser, os.environ.get("GPUFLEX_WEB_SCREENSHOTS"))
+
+    def new_page():
+        page = browser.new_context(viewport=LAPTOP, accept_downloads=True).new_page()
+        console.watch(page)
+        return page
+
+    # -- a provider signs up, makes a key and starts two nodes with it
+    prov = new_page()
+    _signup(prov, base, "gpu-owner", "provider")
+    assert prov.url == f"{base}/nodes/"
+    prov.goto(f"{base}/keys/")
+    prov.fill("#key-name", "workstation")
+    prov.click("text=Create key")
+    key = prov.inner_text("[data-testid=new-key]").strip()
+    assert key.startswith("gfx_u_")
+    agents = [_agent(tmp_path, f"rig-{i}", base, key, monkeypatch) for i in range(2)]
+    for agent in agents:
+        agent.start()
+    try:
+        prov.goto(f"{base}/earnings/")
+        prov.wait_for_load_state("networkidle")
+        _wait(lambda: User.objects.get(username="gpu-owner").nodes.count() == 2, 60, "nodes")
+
+        # -- anyone sees the market with the two nodes online
+        market = new_page()
+        market.goto(f"{base}/")
+        assert market.inner_text("#m-nodes") == "2"
+        shots.take(market, "market", console)
+
+        # -- a buyer signs up, gets credit, and submits a job with a live estimate
+        buyer = new_page()
+        _signup(buyer, base, "ada", "buyer")
+        assert buyer.url == f"{base}/jobs/"
+        ada = User.objects.get(username="ada")
+        operator = User.objects.create_user("ops", password=PASSWORD, role="operator")
+        grant_credit(user=ada, amount=Decimal("50"), memo="welcome credit", operator=operator)
+        buyer.goto(f"{base}/jobs/new/")
+        # more local steps than SMALL_SPEC: the same few seconds, a curve worth a screenshot
+        spec = SMALL_SPEC | {"rounds": {"max_rounds": ROUNDS},
+                             "local": {"steps": 40, "batch_size": 32},
+                             "sharding": {"method": "stratified", "num_shards": 2}}  # fmt: skip
+        buyer.fill("#id_spec", "name: [broken")
+        buyer.wait_for_selector("#problems li")  # YAML problems shown inline as one types
+        assert buyer.is_hidden("#estimate-figures")
+        buyer.fill("#id_spec", yaml.safe_dump(spec, sort_keys=False))
+        buyer.select_option("#id_tier", "platform")
+        buyer.fill("#id_budget", "5")
+        buyer.fill("#id_max_price_per_gpu_hour", "50")
+        buyer.wait_for_selector("#estimate-figures:not([hidden])")
+        assert buyer.inner_text("#est-nodes") == "2"
+        assert buyer.locator("#problems li").count() == 0
+        shots.take(buyer, "job-new", console)
+        buyer.click("#submit-btn")
+        buyer.wait_for_url(re.compile(r".*/jobs/[0-9a-f-]{36}/$"))
+        job_url = buyer.url
+        job = Job.objects.get(buyer=ada)
+
+        # -- the chart grows round by round without a reload
+        buyer.evaluate("window.__sameDocument = true")
+        seen = []
+        for n in range(1, ROUNDS + 1):
+            buyer.wait_for_selector(f"#chart-acc[data-points='{n}']", timeout=60_000)
+            seen.append(n)
+        assert seen == list(range(1, ROUNDS + 1))
+        buyer.wait_for_selector("#job-status.completed", timeout=30_000)
+        assert buyer.evaluate("window.__sameDocument") is True  # never reloaded
+        assert buyer.locator("#node-rows tr").count() == 2
+        assert buyer.locator("#timeline .r.done").count() == ROUNDS
+        assert buyer.locator("#topology svg line").count() == 2
+        assert float(buyer.inner_text("#stat-cost")) > 0
+
+        # -- and downloads the model
+        with buyer.expect_download() as download:
+            buyer.click("#download-model")
+        data = Path(download.value.path()).read_bytes()
+        job.refresh_from_db()
+        assert state_hash(decode_state(data)[0]) == job.model_hash
+        buyer.reload()
+        assert buyer.inner_text("[data-testid=provenance-status]") == "chain verified"
+        buyer.wait_for_timeout(500)
+        shots.take(buyer, "job", console)
+        buyer.goto(f"{base}/jobs/")
+        shots.take(buyer, "jobs", console)
+
+        # -- the provider sees the earnings appear on the page left open
+        prov.wait_for_function(
+            "Number(document.getElementById('e-earnings').textContent) > 0", timeout=15_000
+        )
+        prov.wait_for_function(
+            f"Number(document.getElementById('e-tasks').textContent) >= {2 * ROUNDS}",
+            timeout=15_000,
+        )
+        shots.take(prov, "earnings", console)
+        prov.goto(f"{base}/nodes/")
+        shots.take(prov, "nodes", console)
+    finally:
+        for agent in agents:
+            agent.stop()
+
+    # -- another buyer cannot open the job page
+    other = new_page()
+    _signup(other, base, "mallory", "buyer")
+    console.allowed.append("404")  # the browser logs the 404 answer itself
+    response = other.goto(job_url)
+    assert response is not None and response.status == 404
+    assert "ada" not in other.content() and job.name not in other.content()
+    console.allowed.remove("404")
+
+    # -- an operator checks the network and the books; the comparison page charts the bench
+    ops = new_page()
+    _login(ops, base, "ops")
+    ops.goto(f"{base}/operator/")
+    assert ops.locator("[data-testid=heatmap] td").count() == 4
+    shots.take(ops, "operator", console)
+    ops.goto(f"{base}/compare/")
+    ops.wait_for_selector("[data-testid=compare-chart] canvas")
+    shots.take(ops, "compare", console)
+    anon = new_page()
+    anon.goto(f"{base}/signup/")
+    shots.take(anon, "signup", console)
+
+    assert console.errors == []
