@@ -6,7 +6,7 @@ PY       := $(VENV)/bin/python
 TORCH    := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv dev demo test lint format bench clean contracts gas system-deps package screenshots web-screenshots
+.PHONY: help venv dev demo sim-demo test lint format bench clean contracts gas system-deps package screenshots web-screenshots
 
 help:
 	@echo "make demo   - run the main job and print its results"
@@ -32,7 +32,13 @@ system-deps:
 venv: $(PY)
 dev: $(VENV)/.dev-installed
 
+# The whole system on this machine: marketplace, worker, five agents, a buyer's job (README).
 demo: dev
+	scripts/ensure-debian-packages.sh bubblewrap
+	$(VENV)/bin/gpuflex demo
+
+# The network simulator alone: FedAvg on 8 simulated wan nodes, then the three-way comparison.
+sim-demo: dev
 	$(VENV)/bin/gpuflex-sim run examples/digits-mlp.yaml --nodes 8 --network wan
 	$(VENV)/bin/gpuflex-sim compare examples/digits-mlp.yaml --nodes 8 --network wan --target 0.95
 
@@ -45,7 +51,7 @@ format: dev
 	$(VENV)/bin/ruff check --fix .
 
 test: lint system-deps
-	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # The desktop bundle (tray app and gpuflex-node) for this platform; then starts it.
 package: dev

@@ -170,6 +170,8 @@ class Agent:
         self.claim_wait_s = claim_wait_s
         self.idle_sleep_s = idle_sleep_s
         self.policy_check_s = policy_check_s  # how often a running task re-checks the policy
+        # > 1 simulates a slower GPU (demos and tests on one machine): see _record_trained
+        self.compute_scale = max(float(self._settings.extra.get("compute_scale", 1.0)), 1.0)
 
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -345,6 +347,10 @@ class Agent:
             self._info("benchmarking this machine (cached after the first run)…")
             self._bench, cached = benchmark(hw, self.paths.cache, quick=True)
             self._info("benchmark " + ("loaded from cache" if cached else "done"))
+        if self.compute_scale != 1.0:
+            # advertise what the simulated GPU would measure, so pay and sizing stay honest
+            self._bench = self._bench.scaled(1.0 / self.compute_scale)
+            self._info(f"simulating a GPU {self.compute_scale:g}x slower than this machine")
         if self._sandbox is None:
             self._sandbox = Sandbox(
                 Limits(memory_mb=s.task_memory_mb, cpu_s=s.task_cpu_s, wall_s=s.task_wall_s),
@@ -689,6 +695,11 @@ class Agent:
         except (OSError, ValueError, UpdateRejected) as exc:
             self._finish_failed(rec, "crashed", f"the task produced an unusable update: {exc}")
             return
+        if self.compute_scale > 1.0:
+            # a simulated slower GPU takes longer for the same (bit-identical) result
+            extra = (self.compute_scale - 1.0) * metrics.get("compute_s", 0.0)
+            self._stop.wait(extra)
+            metrics["compute_s"] = metrics.get("compute_s", 0.0) * self.compute_scale
         self.journal.record(
             rec.id, "trained", update_sha256=hashlib.sha256(data).hexdigest(), metrics=metrics
         )

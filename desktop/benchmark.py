@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,22 @@ class BenchmarkResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BenchmarkResult:
         return cls(**data)
+
+    def scaled(self, factor: float) -> BenchmarkResult:
+        """The figures of a device `factor` times as fast (a simulated GPU for demos)."""
+
+        def f(v: float | None) -> float | None:
+            return None if v is None else v * factor
+
+        return replace(
+            self,
+            matmul_tflops={k: f(v) for k, v in self.matmul_tflops.items()},
+            memory_gbps=self.memory_gbps * factor,
+            h2d_gbps=f(self.h2d_gbps),
+            d2h_gbps=f(self.d2h_gbps),
+            train_samples_per_s={k: v * factor for k, v in self.train_samples_per_s.items()},
+            device_name=f"{self.device_name} (simulated x{factor:.2g})",
+        )
 
     def advertised(self) -> dict[str, Any]:
         """The figures a node registers with (the API's `benchmark` object)."""

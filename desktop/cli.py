@@ -88,6 +88,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(exc, file=sys.stderr)
             return 2
         settings.network_profile = args.network_profile
+    if args.compute_scale is not None:
+        if not args.compute_scale >= 1.0:
+            print("--compute-scale must be at least 1 (1: this machine's speed)", file=sys.stderr)
+            return 2
+        settings.extra["compute_scale"] = args.compute_scale
     agent = Agent(settings, claim_wait_s=args.claim_wait)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -172,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--network-profile",
         help="simulate a network: the trainer simulator's profiles (lan, wan, flaky, hetero)",
+    )
+    s.add_argument(
+        "--compute-scale",
+        type=float,
+        help="simulate a GPU this many times slower than this machine (demos and tests)",
     )
     s.add_argument("--claim-wait", type=int, default=20, help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_run)

@@ -117,6 +117,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from marketplace.demo.run import main as demo
+
+    return demo(args)
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     with build_client(args) as client:
         rows = client.jobs()
@@ -173,6 +179,16 @@ def parser() -> argparse.ArgumentParser:
     j.set_defaults(func=cmd_submit)
 
     sub.add_parser("jobs", help="list your jobs").set_defaults(func=cmd_jobs)
+
+    e = sub.add_parser("demo", help="run the marketplace, five agents and a job on this machine")
+    e.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
+    e.add_argument("--serve", action="store_true", help="keep the web UI and API up afterwards")
+    e.add_argument("--data-dir", default=".gpuflex-demo", help="the demo's folder (recreated)")
+    e.add_argument("--port", type=int, default=0, help="web server port (default: a free one)")
+    e.add_argument("--target", type=float, default=0.95, help="test accuracy to train to")
+    e.add_argument("--budget", default="1.00", help="the buyer's budget for the job")
+    e.add_argument("--timeout", type=float, default=900.0, help=argparse.SUPPRESS)
+    e.set_defaults(func=cmd_demo)
 
     d = sub.add_parser("download", help="download a job's model and provenance record")
     d.add_argument("job")

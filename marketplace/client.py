@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
+TERMINAL = frozenset({"completed", "failed", "cancelled", "stopped"})
 
 
 class GPUFlexError(Exception):

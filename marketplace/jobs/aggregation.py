@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace.faults import failpoint
 from marketplace.jobs import files
 from marketplace.jobs.datasets import job_dataset
 from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, TaskResult
@@ -198,6 +199,7 @@ def run_aggregation(round_id: int) -> None:
         return
     job = rnd.job
     outcome = _compute(job, rnd)
+    failpoint("aggregation.before_commit")  # the checkpoint is written, the database not yet
     with transaction.atomic():
         rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
         if rnd.status != RoundStatus.AGGREGATING:

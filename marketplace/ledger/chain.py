@@ -15,7 +15,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max, Sum
+from django.db.models import Max
 
 from contracts import ChainClient, ChainError, Deployment, JobDebit, SettlementBatch, to_bytes32
 from contracts import Payout as ChainPayout
@@ -30,8 +30,9 @@ from marketplace.ledger.models import (
     TxKind,
     WalletAddress,
 )
-from marketplace.ledger.money import ZERO, from_units, q, to_units
+from marketplace.ledger.money import from_units, q, to_units
 from marketplace.ledger.posting import balance, post
+from marketplace.ledger.sums import exact_sum, exact_sums_by
 
 log = logging.getLogger(__name__)
 _client: ChainClient | None = None
@@ -136,23 +137,17 @@ def _debitable_units() -> list[tuple[str, int]]:
     upc = units_per_credit()
     debited = _debited_units()
     out = []
-    rows = (
-        ChainDeposit.objects.filter(transaction__isnull=False)
-        .values("user_id", "funding_id")
-        .annotate(units=Sum("units"))
-        .order_by("user_id")
-    )
-    for r in rows:
-        spent = -(
-            Entry.objects.filter(
-                transaction__kind=TxKind.CHARGE, account__job__buyer_id=r["user_id"]
-            ).aggregate(s=Sum("amount"))["s"]
-            or ZERO
+    credited = ChainDeposit.objects.filter(transaction__isnull=False)
+    owners = dict(credited.values_list("funding_id", "user_id").distinct())
+    for fid, units in sorted(exact_sums_by(credited, "funding_id", "units").items()):
+        charges = Entry.objects.filter(
+            transaction__kind=TxKind.CHARGE, account__job__buyer_id=owners[fid]
         )
-        spendable = min(int(r["units"]), to_units(q(spent), upc))
-        left = spendable - debited.get(r["funding_id"], 0)
+        spent = -exact_sum(charges)
+        spendable = min(int(units), to_units(q(spent), upc))
+        left = spendable - debited.get(str(fid), 0)
         if left > 0:
-            out.append((r["funding_id"], left))
+            out.append((str(fid), left))
     return out
 
 
@@ -257,8 +252,8 @@ def claim_proof(payout: Payout) -> dict[str, object]:
 def reconcile_chain(client: ChainClient) -> list[str]:
     problems = []
     deposited: dict[str, int] = {}
-    for r in ChainDeposit.objects.values("funding_id").annotate(u=Sum("units")):
-        deposited[r["funding_id"]] = int(r["u"])
+    for fid, units in exact_sums_by(ChainDeposit.objects.all(), "funding_id", "units").items():
+        deposited[str(fid)] = int(units)
     debited: dict[str, int] = {}
     for record in SettlementRecord.objects.filter(posted=True, failed=""):
         batch = SettlementBatch.from_json(record.batch_json)
@@ -288,11 +283,9 @@ def reconcile_chain(client: ChainClient) -> list[str]:
         "batch_id", flat=True
     )
     problems += [f"Batch {b} is stored but not on chain yet: run settle_payouts." for b in pending]
-    credited = ChainDeposit.objects.filter(transaction__isnull=False).aggregate(s=Sum("amount"))[
-        "s"
-    ]
-    batched = Payout.objects.filter(status=PayoutStatus.BATCHED).aggregate(s=Sum("amount"))["s"]
-    expected = q(batched or ZERO) - q(credited or ZERO)
+    credited = exact_sum(ChainDeposit.objects.filter(transaction__isnull=False))
+    batched = exact_sum(Payout.objects.filter(status=PayoutStatus.BATCHED))
+    expected = q(batched) - q(credited)
     world = balance(accounts.external_chain())
     if world != expected:
         problems.append(

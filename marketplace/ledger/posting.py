@@ -14,16 +14,15 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
 
 from marketplace.ledger.errors import IdempotencyConflict, InsufficientFunds, Unbalanced
 from marketplace.ledger.models import Account, Entry, Transaction
 from marketplace.ledger.money import ZERO, q
+from marketplace.ledger.sums import exact_sum
 
 
 def balance(account: Account) -> Decimal:
-    total = Entry.objects.filter(account=account).aggregate(s=Sum("amount"))["s"]
-    return q(total or ZERO)
+    return q(exact_sum(Entry.objects.filter(account=account)))
 
 
 def post(

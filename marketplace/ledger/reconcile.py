@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from django.db.models import Q, Sum
+from django.db.models import Q
 from django.utils import timezone
 
 from marketplace.jobs.models import Job, JobStatus
@@ -24,6 +24,7 @@ from marketplace.ledger.models import (
     TxKind,
 )
 from marketplace.ledger.money import ZERO, q
+from marketplace.ledger.sums import exact_sum, exact_sums_by
 
 
 @dataclass
@@ -48,19 +49,14 @@ class Report:
 
 
 def _balances() -> dict[int, Decimal]:
-    rows = Entry.objects.values("account_id").annotate(s=Sum("amount"))
-    return {r["account_id"]: q(r["s"]) for r in rows}
+    return {k: q(v) for k, v in exact_sums_by(Entry.objects.all(), "account_id").items()}
 
 
 def check_zero_sum() -> list[str]:
-    total = Entry.objects.aggregate(s=Sum("amount"))["s"] or ZERO
+    total = exact_sum(Entry.objects.all())
     problems = [f"All entries sum to {total}, not 0."] if total != 0 else []
-    bad = (
-        Entry.objects.values("transaction_id", "transaction__key")
-        .annotate(s=Sum("amount"))
-        .exclude(s=0)
-    )
-    problems += [f"Transaction {r['transaction__key']} sums to {r['s']}." for r in bad]
+    sums = exact_sums_by(Entry.objects.all(), "transaction__key")
+    problems += [f"Transaction {key} sums to {s}." for key, s in sorted(sums.items()) if s != 0]
     empty = Transaction.objects.filter(entries__isnull=True).values_list("key", flat=True)
     problems += [f"Transaction {k} has no entries." for k in empty]
     return problems
@@ -77,12 +73,8 @@ def check_non_negative(bal: dict[int, Decimal]) -> list[str]:
 def check_escrow(bal: dict[int, Decimal]) -> list[str]:
     """Open jobs' escrow equals their hold less their charges; ended jobs hold nothing."""
     problems = []
-    charged = {
-        r["account__job_id"]: q(-r["s"])
-        for r in Entry.objects.filter(transaction__kind=TxKind.CHARGE, account__job__isnull=False)
-        .values("account__job_id")
-        .annotate(s=Sum("amount"))
-    }
+    charges = Entry.objects.filter(transaction__kind=TxKind.CHARGE, account__job__isnull=False)
+    charged = {k: q(-v) for k, v in exact_sums_by(charges, "account__job_id").items()}
     for account in Account.objects.filter(job__isnull=False).select_related("job"):
         job, held = account.job, bal.get(account.pk, ZERO)
         if job.is_active:
@@ -118,13 +110,13 @@ def check_payouts(bal: dict[int, Decimal]) -> list[str]:
         a.code: bal.get(a.pk, ZERO)
         for a in Account.objects.filter(code__startswith="platform:payouts")
     }
-    requested = Payout.objects.filter(status=PayoutStatus.REQUESTED).aggregate(s=Sum("amount"))["s"]
+    requested = exact_sum(Payout.objects.filter(status=PayoutStatus.REQUESTED))
     pending = by_code.get("platform:payouts", ZERO)
     if q(requested or ZERO) != pending:
         problems.append(
             f"Requested payouts add up to {q(requested or ZERO)}; pending holds {pending}."
         )
-    paid = Payout.objects.filter(status=PayoutStatus.PAID).aggregate(s=Sum("amount"))["s"]
+    paid = exact_sum(Payout.objects.filter(status=PayoutStatus.PAID))
     out = sum((bal.get(a.pk, ZERO) for a in Account.objects.filter(code="world:payouts")), ZERO)
     if q(paid or ZERO) != out:
         problems.append(f"Payouts marked paid add up to {q(paid or ZERO)}; {out} left the ledger.")

@@ -16,6 +16,7 @@ from marketplace.ledger import accounts
 from marketplace.ledger.models import Entry, Payout, PayoutStatus, Transaction, TxKind
 from marketplace.ledger.money import ZERO, q
 from marketplace.ledger.posting import balance
+from marketplace.ledger.sums import exact_sum
 from marketplace.nodes.models import Node
 
 
@@ -80,13 +81,11 @@ class Balances:
 
 
 def balances(user: User) -> Balances:
-    held = Entry.objects.filter(account__job__buyer=user).aggregate(s=Sum("amount"))["s"]
-    pending = Payout.objects.filter(user=user, status=PayoutStatus.REQUESTED).aggregate(
-        s=Sum("amount")
-    )["s"]
-    paid = Payout.objects.filter(
-        user=user, status__in=[PayoutStatus.PAID, PayoutStatus.BATCHED]
-    ).aggregate(s=Sum("amount"))["s"]
+    held = exact_sum(Entry.objects.filter(account__job__buyer=user))
+    pending = exact_sum(Payout.objects.filter(user=user, status=PayoutStatus.REQUESTED))
+    paid = exact_sum(
+        Payout.objects.filter(user=user, status__in=[PayoutStatus.PAID, PayoutStatus.BATCHED])
+    )
     return Balances(
         available=balance(accounts.buyer_credit(user)),
         held=q(held or ZERO),

@@ -90,3 +90,15 @@ def test_gpu_benchmark_against_published_peak(hardware: HardwareReport) -> None:
     assert r.matmul_tflops["fp16"] and r.matmul_tflops["fp16"] > r.matmul_tflops["fp32"]
     if r.peak_source:
         assert 0 < r.peak_ratio["fp32"] < 1.5
+
+
+def test_a_simulated_slower_gpu_advertises_scaled_figures(
+    quick_result: bm.BenchmarkResult,
+) -> None:
+    slow = quick_result.scaled(0.25)
+    fp32 = quick_result.matmul_tflops["fp32"]
+    assert fp32 is not None and slow.matmul_tflops["fp32"] == pytest.approx(fp32 / 4)
+    assert slow.memory_gbps == pytest.approx(quick_result.memory_gbps / 4)
+    for model, sps in quick_result.train_samples_per_s.items():
+        assert slow.train_samples_per_s[model] == pytest.approx(sps / 4)
+    assert "simulated" in slow.device_name and slow.fingerprint == quick_result.fingerprint

@@ -45,3 +45,8 @@ def test_status_with_a_registered_node(market, isolated_dirs: Paths, capsys) -> 
 def test_run_rejects_an_unknown_network_profile(capsys) -> None:
     assert main(["run", "--network-profile", "moon"]) == 2
     assert "unknown network profile" in capsys.readouterr().err
+
+
+def test_run_rejects_a_compute_scale_below_one(capsys) -> None:
+    assert main(["run", "--compute-scale", "0.5"]) == 2
+    assert "at least 1" in capsys.readouterr().err

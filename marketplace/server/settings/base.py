@@ -188,6 +188,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = DATA_DIR / "broker"
     for _folder in ("queue", "processed", "control"):  # kombu expects them to exist
         (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+    # kombu's filesystem transport, publishing atomically (see broker.py)
+    CELERY_BROKER_TRANSPORT = "marketplace.server.broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_broker_dir / "queue"),
         "data_folder_out": str(_broker_dir / "queue"),

@@ -1,0 +1,201 @@
+"""Starting, killing and restarting GPUFlex's processes on one machine: the web server, the
+Celery worker and contributor agents. Used by `gpuflex demo` and by the fault tests.
+
+Nothing here imports Django: every process gets its settings through the environment, so
+the same cluster runs on SQLite with the filesystem broker or on PostgreSQL with Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+# Short timeouts so that a dead node's work comes back within seconds, not minutes.
+FAST_TIMEOUTS = {
+    "GPUFLEX_HEARTBEAT_INTERVAL_S": "2",
+    "GPUFLEX_NODE_TIMEOUT_S": "8",
+    "GPUFLEX_LEASE_TIMEOUT_S": "60",
+    "GPUFLEX_ROUND_DEADLINE_S": "60",
+    "GPUFLEX_TICK_S": "1",
+    "GPUFLEX_STUCK_AGGREGATION_S": "10",
+}
+
+
+SERVICE_VARS = (
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "CELERY_TASK_ALWAYS_EAGER",
+    "REDIS_URL",
+    "GPUFLEX_DATA_DIR",
+)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    name: str
+    kind: str = "volunteer"  # volunteer | platform
+    profile: str = "lan"  # a trainer.sim.network profile the agent's transport simulates
+    compute_scale: float = 1.0  # > 1: a GPU that many times slower than this machine
+    price: str = "0.40"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    root: Path
+    port: int = field(default_factory=free_port)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # False: ignore DATABASE_URL & co. in this process's environment (the embedded default
+    # unless extra_env names services); the fault tests run inside a configured test process
+    inherit_services: bool = True
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("CELERY_TASK_ALWAYS_EAGER", None)  # a real worker runs the tasks here
+        if not self.inherit_services:
+            for key in SERVICE_VARS:
+                env.pop(key, None)
+        env.update(FAST_TIMEOUTS)
+        env.update(
+            {
+                "GPUFLEX_DATA_DIR": str(self.root / "server"),
+                "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
+                "PYTHONUNBUFFERED": "1",
+                # one thread per process: five agents, a worker and a server share the cores
+                "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1",
+            }
+        )
+        env.update(self.extra_env)
+        return env
+
+    def _start(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        logs = self.root / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with (logs / f"{name}.log").open("ab") as log:
+            # its own session: a kill reaches the process and every child it started
+            self.procs[name] = subprocess.Popen(
+                cmd, env=env or self.env(), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root,
+            )  # fmt: skip
+
+    def start_web(self, threads: int = 24) -> None:
+        self._start("web", [sys.executable, "-m", "marketplace.cli", "serve", "--no-migrate",
+                            "--bind", f"127.0.0.1:{self.port}", "--workers", "1",
+                            "--threads", str(threads)])  # fmt: skip
+        self.wait_http()
+
+    def start_worker(self, **env: str) -> None:
+        self._start("worker", [sys.executable, "-m", "marketplace.cli", "worker",
+                               "--concurrency", "1", "--loglevel", "WARNING"],
+                    self.env() | env)  # fmt: skip
+
+    def agent_dirs(self, name: str) -> dict[str, str]:
+        base = self.root / "agents" / name
+        return {
+            "GPUFLEX_NODE_CONFIG_DIR": str(base / "config"),
+            "GPUFLEX_NODE_DATA_DIR": str(base / "data"),
+            "GPUFLEX_NODE_CACHE_DIR": str(self.root / "agents" / "benchmark-cache"),
+            "GPUFLEX_KEYRING": "file",
+        }
+
+    def configure_agent(self, plan: NodePlan, provider_key: str) -> None:
+        """Write the agent's settings and credentials where its process will look."""
+        from desktop.config import Credentials, Paths, Settings, save_settings
+
+        dirs = self.agent_dirs(plan.name)
+        paths = Paths(
+            config=Path(dirs["GPUFLEX_NODE_CONFIG_DIR"]),
+            data=Path(dirs["GPUFLEX_NODE_DATA_DIR"]),
+            cache=Path(dirs["GPUFLEX_NODE_CACHE_DIR"]),
+        )
+        settings = Settings(
+            server_url=self.url, node_name=plan.name, kind=plan.kind,
+            price_per_gpu_hour=plan.price, idle_minutes=0, task_wall_s=300,
+            task_memory_mb=2048, first_run_done=True,
+        )  # fmt: skip
+        save_settings(settings, paths)
+        old = os.environ.get("GPUFLEX_KEYRING")
+        os.environ["GPUFLEX_KEYRING"] = "file"
+        try:
+            Credentials(paths).set_provider_key(provider_key)
+        finally:
+            if old is None:
+                os.environ.pop("GPUFLEX_KEYRING", None)
+            else:
+                os.environ["GPUFLEX_KEYRING"] = old
+
+    def start_agent(self, plan: NodePlan) -> None:
+        cmd = [sys.executable, "-m", "desktop.cli", "run", "--server", self.url,
+               "--network-profile", plan.profile, "--claim-wait", "5"]  # fmt: skip
+        if plan.compute_scale != 1.0:
+            cmd += ["--compute-scale", str(plan.compute_scale)]
+        self._start(f"agent-{plan.name}", cmd, self.env() | self.agent_dirs(plan.name))
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def alive(self, name: str) -> bool:
+        proc = self.procs.get(name)
+        return proc is not None and proc.poll() is None
+
+    def wait_http(self, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not self.alive("web"):
+                raise RuntimeError(f"the web server exited; see {self.root / 'logs' / 'web.log'}")
+            try:
+                httpx.get(f"{self.url}/api/v1/schema/", timeout=2.0)
+                return
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise TimeoutError(f"the web server did not answer within {timeout:.0f} s")
+
+    def close(self) -> None:
+        """Agents first (gracefully: they finish their journal), then the server side."""
+        agents = [n for n in self.procs if n.startswith("agent-")]
+        for name in agents:
+            proc = self.procs[name]
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for name in agents:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.procs[name].wait(timeout=15)
+        for name in list(self.procs):
+            self.kill(name, signal.SIGTERM)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,43 @@
+"""Following the demo's job: a progress bar toward the target and a line per round."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from marketplace.client import TERMINAL, Client
+
+
+def follow(client: Client, job: dict[str, Any], timeout_s: float, out: Any) -> dict[str, Any]:
+    target = float(job["spec"]["rounds"]["target"]["value"])
+    bar = tqdm(total=round(target * 1000), desc="accuracy", unit="‰", file=out,
+               bar_format="{desc} {bar} {n}/{total}‰ [{elapsed}]")  # fmt: skip
+    seen = 0
+    end = time.monotonic() + timeout_s
+    try:
+        while True:
+            job = client.job(job["id"])
+            if job["rounds_done"] > seen:
+                for r in client.rounds(job["id"]):
+                    if r["status"] != "done" or r["number"] <= seen:
+                        continue
+                    m = r["metrics"]
+                    tqdm.write(
+                        f"round {r['number']:>2}: accuracy {m['accuracy']:.3f}  loss "
+                        f"{m['loss']:.3f}  {m['participants']} updates"
+                        + (f", {m['rejected']} rejected" if m.get("rejected") else ""),
+                        file=out,
+                    )
+                    bar.n = min(round(m["accuracy"] * 1000), bar.total)
+                    bar.refresh()
+                seen = job["rounds_done"]
+            if job["status"] in TERMINAL:
+                return job
+            if time.monotonic() > end:
+                tqdm.write(f"giving up after {timeout_s:.0f} s; cancelling the job", file=out)
+                return client.cancel(job["id"])
+            time.sleep(0.5)
+    finally:
+        bar.close()

@@ -1,0 +1,158 @@
+"""`gpuflex demo`: start the marketplace, five agents and a buyer's job; report the outcome.
+
+The marketplace runs on whatever DATABASE_URL / CELERY_BROKER_URL say (by default SQLite and
+the filesystem broker under the demo's folder). Every part is a separate process, talking
+over HTTP and the broker exactly as on separate machines; each agent simulates its network
+(and, for some, a slower GPU) in its own transport.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from marketplace.demo.cluster import Cluster, NodePlan
+
+# Prices are per reference GPU-hour, and the demo takes this machine as the reference GPU.
+NODES = (
+    NodePlan("platform-lan", kind="platform", profile="lan", price="3.00"),
+    NodePlan("volunteer-wan-a", profile="wan", price="2.00"),
+    NodePlan("volunteer-wan-b", profile="wan", compute_scale=2.0, price="1.60"),
+    NodePlan("volunteer-wan-c", profile="wan", compute_scale=3.0, price="1.20"),
+    NodePlan("volunteer-flaky", profile="flaky", price="1.80"),
+)
+SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo-digits.yaml"
+MARKER = ".gpuflex-demo"
+
+
+@dataclass
+class Options:
+    data_dir: Path
+    port: int = 0
+    target: float = 0.95
+    budget: str = "1.00"
+    timeout_s: float = 900.0
+    serve: bool = False
+    quiet: bool = False  # progress to stderr only (for --json)
+    spec: Path = SPEC
+    nodes: tuple[NodePlan, ...] = NODES
+
+
+def _fresh(root: Path) -> None:
+    """Start from nothing, but only ever delete a folder an earlier demo made."""
+    if root.exists() and any(root.iterdir()):
+        if not (root / MARKER).exists():
+            raise SystemExit(f"{root} exists and is not a demo folder; choose --data-dir")
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).write_text("made by gpuflex demo; deleted by the next run\n")
+
+
+def _setup_django(cluster: Cluster) -> None:
+    os.environ.update(cluster.env())
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", "--noinput", verbosity=0)
+
+
+def _benchmark(cluster: Cluster) -> float:
+    """Benchmark this machine once for all agents (instead of five at once on two cores);
+    its fp32 throughput is the demo's reference GPU."""
+    from desktop.benchmark import benchmark
+    from desktop.hardware import detect
+
+    cache = Path(cluster.agent_dirs("any")["GPUFLEX_NODE_CACHE_DIR"])
+    result, _ = benchmark(detect(), cache, quick=True)
+    return float(result.matmul_tflops.get("fp32") or 1.0)
+
+
+def run(opts: Options) -> dict[str, Any]:
+    from marketplace.client import Client
+    from marketplace.demo.accounts import create_people
+    from marketplace.demo.progress import follow
+    from marketplace.demo.summary import summarize
+
+    out = sys.stderr if opts.quiet else sys.stdout
+    started = time.monotonic()
+    # a TERM (a supervisor, a test's timeout) still stops the processes the demo started
+    signal.signal(signal.SIGTERM, _interrupt)
+    root = opts.data_dir.resolve()
+    _fresh(root)
+    cluster = Cluster(root, **({"port": opts.port} if opts.port else {}))
+    try:
+        print(f"GPUFlex demo in {root} (logs in {root / 'logs'})", file=out)
+        reference = _benchmark(cluster)
+        cluster.extra_env["GPUFLEX_REFERENCE_FP32_TFLOPS"] = f"{reference:.6g}"
+        _setup_django(cluster)
+        people = create_people()
+        cluster.start_web()
+        cluster.start_worker()
+        for plan in opts.nodes:
+            cluster.configure_agent(plan, people["provider"].key)
+            cluster.start_agent(plan)
+        print(f"marketplace at {cluster.url}; {len(opts.nodes)} agents started", file=out)
+        spec = yaml.safe_load(opts.spec.read_text(encoding="utf-8"))
+        spec["rounds"]["target"]["value"] = opts.target
+        with Client(cluster.url, people["buyer"].key) as client:
+            job = client.submit(spec, budget=opts.budget, tier="hybrid",
+                                max_price_per_gpu_hour="5.00")  # fmt: skip
+            print(f"buyer submitted job {job['id']} with a budget of {opts.budget}", file=out)
+            job = follow(client, job, opts.timeout_s, out)
+            model_path, _ = client.download(job["id"], root / "model")
+        summary = summarize(job["id"], {p.name: asdict(p) for p in opts.nodes})
+        summary |= {"wall_s": round(time.monotonic() - started, 1), "model_path": str(model_path),
+                    "url": cluster.url}  # fmt: skip
+        if opts.serve:
+            _serve(cluster, people, summary, out)
+        return summary
+    finally:
+        cluster.close()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _serve(cluster: Cluster, people: dict[str, Any], summary: dict[str, Any], out: Any) -> None:
+    from marketplace.demo.accounts import PASSWORD
+    from marketplace.demo.summary import print_summary
+
+    print_summary(summary, lambda line: print(line, file=out))
+    print(f"\nthe marketplace stays up at {cluster.url}/ (API: {cluster.url}/api/v1/docs/)",
+          file=out)  # fmt: skip
+    for login in people.values():
+        print(f"  log in as {login.username:9} password {PASSWORD}  ({login.role}; API key "
+              f"{login.key})", file=out)  # fmt: skip
+    print("Ctrl-C stops it.", file=out, flush=True)
+    try:
+        while True:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+
+
+def main(args: Any) -> int:
+    from marketplace.demo.summary import print_summary
+
+    opts = Options(
+        data_dir=Path(args.data_dir), port=args.port, target=args.target, budget=args.budget,
+        timeout_s=args.timeout, serve=args.serve, quiet=args.json,
+    )  # fmt: skip
+    summary = run(opts)
+    if args.json:
+        print(json.dumps(summary))
+    elif not args.serve:
+        print_summary(summary)
+    ok = summary["status"] == "completed" and summary["reached_target"]
+    return 0 if ok and summary["ledger_balanced"] and summary["provenance_verified"] else 1

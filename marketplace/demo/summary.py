@@ -1,0 +1,123 @@
+"""What the demo shows at the end, read from the marketplace's database and files: accuracy
+per round, per-node work and earnings, the buyer's bill, the ledger and the provenance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Count, Q, Sum
+
+
+def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
+    from marketplace.jobs import files
+    from marketplace.jobs.aggregation import artifact_store, provenance_name
+    from marketplace.jobs.models import Job, Round, Task, TaskResult
+    from marketplace.ledger.reconcile import reconcile
+    from marketplace.ledger.selectors import job_costs, node_earnings
+    from marketplace.nodes.models import Node
+    from trainer.provenance import ProvenanceChain, verify_with_artifacts
+    from trainer.spec import parse_spec
+
+    job = Job.objects.get(pk=job_id)
+    rounds = list(Round.objects.filter(job=job, status="done").order_by("number"))
+    costs = job_costs(job)
+    nodes = []
+    for node in Node.objects.annotate(
+        uploaded=Count("results", filter=Q(results__task__round__job=job)),
+        verified=Count("results", filter=Q(results__task__round__job=job, results__credited=True)),
+        rejected=Count("results", filter=Q(results__task__round__job=job, results__accepted=False)),
+        samples=Sum("results__num_samples", filter=Q(results__task__round__job=job)),
+        compute=Sum("results__compute_s", filter=Q(results__task__round__job=job)),
+    ).order_by("pk"):
+        plan = plans.get(node.name, {})
+        nodes.append(
+            {
+                "name": node.name,
+                "kind": node.kind,
+                "network_profile": plan.get("profile", ""),
+                "compute_scale": plan.get("compute_scale", 1.0),
+                "price_per_gpu_hour": str(node.price_per_gpu_hour),
+                "tasks": node.uploaded,
+                "verified": node.verified,
+                "rejected": node.rejected,
+                "lost_leases": node.lost_leases,
+                "samples": int(node.samples or 0),
+                "compute_s": round(float(node.compute or 0.0), 2),
+                "earnings": node_earnings(node)["total"],
+            }
+        )
+    verified = False
+    if rounds:
+        chain = ProvenanceChain.from_json(files.get(provenance_name(job)).decode())
+        report = verify_with_artifacts(
+            chain, artifact_store(), parse_spec(job.spec).aggregation, expected_head=None
+        )
+        verified = bool(report.ok and chain.records[-1].output_model_hash == job.model_hash)
+    ledger = reconcile(with_chain=False)
+    results = TaskResult.objects.filter(task__round__job=job)
+    # an update counted twice would be two aggregated results for one shard in one round
+    doubles = (
+        results.filter(aggregated=True, task__shard__isnull=False)
+        .values("task__round", "task__shard")
+        .annotate(n=Count("pk"))
+        .filter(n__gt=1)
+        .count()
+    )
+    return {
+        "job_id": str(job.pk),
+        "status": job.status,
+        "reached_target": job.reached_target,
+        "final_accuracy": rounds[-1].metrics["accuracy"] if rounds else None,
+        "rounds": len(rounds),
+        "accuracy_per_round": [round(r.metrics["accuracy"], 4) for r in rounds],
+        "round_seconds": [
+            round((r.closed_at - r.opened_at).total_seconds(), 2) if r.closed_at else None
+            for r in rounds
+        ],
+        "nodes": nodes,
+        "verified_contributions": sum(n["verified"] for n in nodes),
+        "buyer_budget": str(costs.budget),
+        "buyer_cost": str(costs.spent),
+        "buyer_refund": str(costs.refunded),
+        "redundancy_cost": str(costs.redundancy_cost),
+        "provider_earnings_total": str(costs.provider_share),
+        "platform_fee": str(costs.platform_fee),
+        "quality_bonus": str(costs.bonus),
+        "charges": costs.charges,
+        "updates_counted_twice": doubles,
+        "tasks_still_leased": Task.objects.filter(round__job=job, status="leased").count(),
+        "ledger_balanced": ledger.ok,
+        "ledger_problems": ledger.problems,
+        "provenance_verified": verified,
+        "model_hash": job.model_hash,
+    }
+
+
+def print_summary(s: dict[str, Any], write: Any = print) -> None:
+    write("")
+    write(f"job {s['job_id']}: {s['status']} after {s['rounds']} rounds in {s['wall_s']:.1f} s")
+    acc = ", ".join(f"{a:.3f}" for a in s["accuracy_per_round"])
+    write(f"accuracy per round: {acc}")
+    write("")
+    write(f"{'node':18} {'kind':9} {'network':7} {'speed':>5} {'tasks':>5} {'verified':>8} "
+          f"{'rejected':>8} {'lost':>4} {'samples':>8} {'GPU s':>7} {'earned':>10}")  # fmt: skip
+    for n in s["nodes"]:
+        write(
+            f"{n['name']:18} {n['kind']:9} {n['network_profile']:7} "
+            f"{1 / n['compute_scale']:>5.2g} {n['tasks']:>5} {n['verified']:>8} "
+            f"{n['rejected']:>8} {n['lost_leases']:>4} {n['samples']:>8} "
+            f"{n['compute_s']:>7.1f} {n['earnings']:>10}"
+        )
+    write("")
+    write(f"verified contributions: {s['verified_contributions']}")
+    write(
+        f"buyer: budget {s['buyer_budget']}, cost {s['buyer_cost']} (of which redundancy "
+        f"{s['redundancy_cost']}, quality bonus {s['quality_bonus']}), refund {s['buyer_refund']}"
+    )
+    write(
+        f"providers earned {s['provider_earnings_total']}, platform fee {s['platform_fee']}; "
+        f"ledger {'balanced' if s['ledger_balanced'] else 'NOT balanced: '}"
+        + "; ".join(s["ledger_problems"])
+    )
+    write(f"provenance chain: {'verified' if s['provenance_verified'] else 'NOT verified'}")
+    write(f"model: {s['model_path']} (sha256 of weights {s['model_hash'][:16]}…)")

@@ -1,0 +1,121 @@
+"""A marketplace, its worker and real agents as separate processes, for the fault tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from marketplace.client import TERMINAL, Client
+from marketplace.demo.cluster import Cluster, NodePlan
+
+# Small and quick: three shards, a handful of rounds, no replicas (platform tier and nodes).
+SPEC: dict[str, Any] = {
+    "name": "fault-test",
+    "seed": 0,
+    "dataset": {"kind": "digits", "test_fraction": 0.2},
+    "model": {"arch": "mlp", "hidden": [64]},
+    "optimizer": {"name": "sgd", "lr": 0.2},
+    "local": {"steps": 40, "batch_size": 32},
+    "rounds": {"max_rounds": 5, "deadline_s": 60},
+    "sharding": {"method": "stratified", "num_shards": 3},
+}
+NODES = tuple(NodePlan(f"p{i}", kind="platform", profile="lan", price="20.00") for i in range(3))
+
+
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:
+    """Guards against hanging only; nothing here asserts how fast."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def manage(cluster: Cluster, *args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "marketplace.manage", *args],
+        env=cluster.env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+class System:
+    """Set up accounts, start everything, submit the job; `report()` reads the outcome."""
+
+    def __init__(self, root: Path, nodes: tuple[NodePlan, ...] = NODES, **env: str) -> None:
+        # every CPU node counts as the fastest GPU, so each task costs whole micro-credits
+        env = {"GPUFLEX_REFERENCE_FP32_TFLOPS": "0.0001"} | env
+        self.cluster = Cluster(root, extra_env=env, inherit_services=False)
+        self.nodes = nodes
+        manage(self.cluster, "migrate", "--noinput", "-v", "0")
+        self.buyer_key = manage(self.cluster, "create_account", "buyer").strip()
+        self.provider_key = manage(self.cluster, "create_account", "prov", "--role", "provider")
+        self.provider_key = self.provider_key.strip()
+        manage(self.cluster, "grant_credit", "buyer", "50")
+
+    def start(self) -> None:
+        self.cluster.start_web()
+        self.cluster.start_worker()
+        for plan in self.nodes:
+            self.cluster.configure_agent(plan, self.provider_key)
+            self.cluster.start_agent(plan)
+
+    def client(self) -> Client:
+        return Client(self.cluster.url, self.buyer_key, timeout=30)
+
+    def submit(self, spec: dict[str, Any] | None = None) -> str:
+        with self.client() as c:
+            job = c.submit(spec or SPEC, budget="20", tier="platform",
+                           max_price_per_gpu_hour="50")  # fmt: skip
+        return str(job["id"])
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        with self.client() as c:
+            return c.job(job_id)
+
+    def rounds(self, job_id: str) -> list[dict[str, Any]]:
+        with self.client() as c:
+            return c.rounds(job_id)
+
+    def wait_done(self, job_id: str, timeout: float = 300) -> dict[str, Any]:
+        def finished() -> dict[str, Any] | None:
+            try:
+                job = self.job(job_id)
+            except Exception:  # the server may be restarting
+                return None
+            return job if job["status"] in TERMINAL else None
+
+        return wait_for(finished, timeout, f"job {job_id} to finish", every=1.0)
+
+    def report(self, job_id: str) -> dict[str, Any]:
+        return json.loads(manage(self.cluster, "job_report", job_id).strip().splitlines()[-1])
+
+    def agent_status(self, name: str) -> dict[str, Any]:
+        path = Path(self.cluster.agent_dirs(name)["GPUFLEX_NODE_DATA_DIR"]) / "status.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+def log_tail(cluster: Cluster, name: str, lines: int = 40) -> str:
+    path = cluster.root / "logs" / f"{name}.log"
+    return (
+        "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+    )
+
+
+def env_without(key: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != key}

@@ -1,0 +1,65 @@
+"""The `gpuflex demo` scenario against PostgreSQL and Redis: five agent processes, a worker
+and a web server train the digits job to 0.95 and settle its money."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("system")]
+
+
+def _up(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def services():
+    if not (_up(5432) and _up(6379)):
+        pytest.skip("needs PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379")
+    import psycopg
+    import redis
+
+    name = f"gpuflex_demo_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    broker = "redis://127.0.0.1:6379/7"
+    redis.Redis.from_url(broker).flushdb()
+    yield {"DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{name}",
+           "CELERY_BROKER_URL": broker, "REDIS_URL": "redis://127.0.0.1:6379/8"}  # fmt: skip
+    redis.Redis.from_url(broker).flushdb()
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_demo_on_postgres_and_redis(services, tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CELERY_TASK_ALWAYS_EAGER"} | services
+    out = subprocess.run(
+        [sys.executable, "-m", "marketplace.cli", "demo", "--json",
+         "--data-dir", str(tmp_path / "demo")],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.stdout.strip(), out.stderr[-3000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 0, (summary, out.stderr[-3000:])
+    assert summary["status"] == "completed" and summary["final_accuracy"] >= 0.95
+    assert summary["ledger_balanced"] and summary["provenance_verified"]
+    assert summary["updates_counted_twice"] == 0 and summary["tasks_still_leased"] == 0
+    assert len(summary["nodes"]) == 5 and summary["verified_contributions"] > 0
+    budget, cost, refund = (
+        float(summary[k]) for k in ("buyer_budget", "buyer_cost", "buyer_refund")
+    )
+    assert abs(budget - cost - refund) < 1e-9
+    fee, earned = float(summary["platform_fee"]), float(summary["provider_earnings_total"])
+    assert abs(cost - fee - earned) < 1e-9 and cost > 0
+    assert os.path.getsize(summary["model_path"]) > 0
