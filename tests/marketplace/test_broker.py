@@ -12,7 +12,8 @@ from marketplace.server.broker import Transport
 
 def test_messages_appear_whole_under_their_final_name(tmp_path) -> None:
     folder = str(tmp_path)
-    options = {"data_folder_in": folder, "data_folder_out": folder, "store_processed": False}
+    options = {"data_folder_in": folder, "data_folder_out": folder, "store_processed": False,
+               "control_folder": str(tmp_path / "control")}  # fmt: skip
     seen_partial: list[str] = []
     stop = threading.Event()
 
