@@ -4,8 +4,10 @@ Linux: bubblewrap (`bwrap`) with every namespace unshared (so no network), the P
 environment and project bound read-only, a private /tmp, a minimal /dev plus only the GPU
 device nodes the task needs, and the task folder as the one writable place. Everywhere:
 rlimits (CPU seconds, data segment, file size, no core dumps) set in the child before exec,
-a wall-clock limit and a resident-memory watchdog in the agent. Where bwrap is missing or
-unusable the task still gets the limits, and the agent logs a warning that it is not isolated.
+a wall-clock limit and a resident-memory watchdog in the agent; on Windows a job object
+(desktop/winjob.py) enforces CPU time, committed memory and a process count instead of
+rlimits. Where bwrap is missing or unusable the task still gets the limits, and the agent logs
+a warning that it is not isolated.
 """
 
 from __future__ import annotations
@@ -250,6 +252,14 @@ class Sandbox:
             full = argv
             env = {**_child_env(folder), **self.env}
             env["PATH"] = os.environ.get("PATH", env["PATH"])
+        job = None
+        if sys.platform == "win32":
+            from desktop.winjob import JobObject
+
+            try:
+                job = JobObject(self.limits, cap_memory=cap_data)
+            except OSError as exc:
+                return SandboxResult("sandbox", None, f"could not create a job object: {exc}")
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -262,7 +272,12 @@ class Sandbox:
                 start_new_session=True,  # its own process group, killed as one
                 preexec_fn=_limit_child(self.limits, cap_data) if os.name == "posix" else None,
             )
+            if job is not None:
+                # the runner is still importing Python: nothing has escaped the job yet
+                job.assign(int(proc._handle))  # type: ignore[attr-defined]
         except OSError as exc:
+            if job is not None:
+                job.close()
             return SandboxResult("sandbox", None, f"could not start the task process: {exc}")
 
         events: list[dict[str, Any]] = []
@@ -305,11 +320,15 @@ class Sandbox:
             elif should_stop is not None and (why := should_stop()):
                 killed = ("cancelled", why)
             if killed:
+                if job is not None:
+                    job.terminate()
                 _kill_group(proc)
                 break
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=0.1)
         proc.wait()
+        if job is not None:
+            job.close()  # kills anything the task left behind
         self._running = None
         for t in readers:
             t.join(timeout=5)
