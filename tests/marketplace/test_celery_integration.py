@@ -76,17 +76,21 @@ def worker(tmp_path: Path) -> Iterator[subprocess.Popen]:
         "--schedule", str(tmp_path / "beat-schedule"),
     ]  # fmt: skip
     conf = app.conf
-    saved = (conf.task_always_eager, conf.broker_url, conf.task_default_queue)
+    # the embedded filesystem broker is a transport class; Redis is picked by the URL
+    saved = (conf.task_always_eager, conf.broker_url, conf.broker_transport,
+             conf.task_default_queue)  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(
             cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:  # everything after Popen inside try: the worker must never outlive the test
         conf.task_always_eager, conf.broker_url, conf.task_default_queue = False, REDIS_URL, queue
+        conf.broker_transport = None
         _reset_broker_connections()
         yield proc
     finally:
-        conf.task_always_eager, conf.broker_url, conf.task_default_queue = saved
+        (conf.task_always_eager, conf.broker_url, conf.broker_transport,
+         conf.task_default_queue) = saved  # fmt: skip
         _reset_broker_connections()
         os.killpg(proc.pid, signal.SIGTERM)
         try:
