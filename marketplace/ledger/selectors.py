@@ -119,22 +119,32 @@ def earnings_series(user: User, days: int = 30) -> list[tuple[dt.date, Decimal]]
     ]
 
 
-def earnings_by_node(user: User) -> list[dict[str, object]]:
+def _earnings_by(user: User, what: str) -> list[dict[str, object]]:
+    """The user's earnings grouped by the charges' node or job, largest first."""
     rows = (
         _earning_entries(user)
-        .values("transaction__node_id", "transaction__node__name")
+        .values(f"transaction__{what}_id", f"transaction__{what}__name")
         .annotate(amount=Sum("amount"), tasks=Count("id"))
         .order_by("-amount")
     )
     return [
         {
-            "node_id": r["transaction__node_id"],
-            "node_name": r["transaction__node__name"],
+            f"{what}_id": r[f"transaction__{what}_id"],
+            f"{what}_name": r[f"transaction__{what}__name"],
             "amount": q(r["amount"]),
             "tasks": r["tasks"],
         }
         for r in rows
     ]
+
+
+def earnings_by_node(user: User) -> list[dict[str, object]]:
+    return _earnings_by(user, "node")
+
+
+def earnings_by_job(user: User) -> list[dict[str, object]]:
+    """As earnings_by_node; the job id as a string (a UUID)."""
+    return [r | {"job_id": str(r["job_id"])} for r in _earnings_by(user, "job")]
 
 
 def node_earnings(node: Node) -> dict[str, str]:
@@ -149,24 +159,6 @@ def node_earnings(node: Node) -> dict[str, str]:
         s=Sum("amount")
     )["s"]
     return {"today": str(q(today or ZERO)), "total": str(q(total or ZERO))}
-
-
-def earnings_by_job(user: User) -> list[dict[str, object]]:
-    rows = (
-        _earning_entries(user)
-        .values("transaction__job_id", "transaction__job__name")
-        .annotate(amount=Sum("amount"), tasks=Count("id"))
-        .order_by("-amount")
-    )
-    return [
-        {
-            "job_id": str(r["transaction__job_id"]),
-            "job_name": r["transaction__job__name"],
-            "amount": q(r["amount"]),
-            "tasks": r["tasks"],
-        }
-        for r in rows
-    ]
 
 
 def payouts_for(user: User) -> QuerySet[Payout]:
