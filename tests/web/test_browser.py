@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.db import connections
 
 from desktop.agent import Agent
 from desktop.benchmark import BenchmarkResult
@@ -156,10 +157,27 @@ def test_marketplace_in_a_browser(live_server, browser, tmp_path, monkeypatch) -
     console = Console()
     shots = Shots(browser, os.environ.get("GPUFLEX_WEB_SCREENSHOTS"))
 
+    contexts = []
+
     def new_page():
-        page = browser.new_context(viewport=LAPTOP, accept_downloads=True).new_page()
+        context = browser.new_context(viewport=LAPTOP, accept_downloads=True)
+        contexts.append(context)
+        page = context.new_page()
         console.watch(page)
         return page
+
+    try:
+        _story(base, console, shots, new_page, tmp_path, monkeypatch)
+    finally:
+        # pages poll every second: close them before the live server and its database go
+        for context in contexts:
+            context.close()
+        # ORM calls made while Playwright's loop runs open their own connection (asgiref
+        # context); close it here, or the test database cannot be dropped afterwards
+        connections.close_all()
+
+
+def _story(base, console, shots, new_page, tmp_path, monkeypatch) -> None:
 
     # -- a provider signs up, makes a key and starts two nodes with it
     prov = new_page()
