@@ -31,6 +31,8 @@ class Offer:
 
     price_per_gpu_hour: Decimal
     samples_per_s: float | None
+    # the ledger's benchmark normalization for this node (1: the reference GPU)
+    speed: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,16 @@ def train_samples(spec_dict: dict) -> int | None:
 
 
 def estimate(
-    work: Work, offers: Sequence[Offer], *, max_price: Decimal, tier: str = "hybrid"
+    work: Work,
+    offers: Sequence[Offer],
+    *,
+    max_price: Decimal,
+    tier: str = "hybrid",
+    bonus_max: Decimal = Decimal(0),
 ) -> Estimate | None:
-    """None when no online node is at or under `max_price`: nothing would run."""
+    """None when no online node is at or under `max_price`: nothing would run. Priced as the
+    ledger charges (ledger/metering.py): seconds on a node x its speed factor x its price,
+    plus the largest quality bonus, so the estimate errs high."""
     eligible = sorted(
         (o for o in offers if o.price_per_gpu_hour <= max_price),
         key=lambda o: o.price_per_gpu_hour,
@@ -106,10 +115,19 @@ def estimate(
     waves = math.ceil(work.tasks_per_round / len(used))
     round_s = waves * samples_per_task / min(speeds) + ROUND_OVERHEAD_S
     replication = REPLICATION_FACTOR.get(tier, 1.0)
+    tasks = work.rounds * work.tasks_per_round * replication
     mean_speed = sum(speeds) / len(speeds)
-    gpu_s = work.rounds * work.tasks_per_round * replication * samples_per_task / mean_speed
-    mean_price = sum((o.price_per_gpu_hour for o in used), Decimal(0)) / len(used)
-    cost = (mean_price * Decimal(str(gpu_s)) / Decimal(3600)).quantize(CENT, ROUND_HALF_UP)
+    gpu_s = tasks * samples_per_task / mean_speed
+    # tasks spread evenly over the cohort: each node bills its own seconds at its own rate
+    per_task = sum(
+        (
+            o.price_per_gpu_hour * Decimal(repr(samples_per_task / s * o.speed))
+            for o, s in zip(used, speeds, strict=True)
+        ),
+        Decimal(0),
+    ) / len(used)
+    base = per_task * Decimal(repr(tasks)) / Decimal(3600)
+    cost = (base * (1 + bonus_max)).quantize(CENT, ROUND_HALF_UP)
     return Estimate(
         nodes=len(used),
         gpu_hours=gpu_s / 3600,

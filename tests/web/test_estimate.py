@@ -83,3 +83,18 @@ def test_comparison_data_from_the_bench_results(tmp_path) -> None:
     assert [m["key"] for m in first["methods"]] == ["naive_sync", "fedavg", "network_aware"]
     assert all(len(m["times"]) == len(m["accuracy"]) for m in first["methods"])
     assert first["speedup"] > 1
+
+
+def test_cost_is_priced_as_the_ledger_charges() -> None:
+    """seconds on the node x its speed factor x its price, plus the largest bonus."""
+    work = Work(rounds=1, tasks_per_round=1, steps_per_task=100, batch_size=36)  # 3600 samples
+    plain = estimate(work, [Offer(Decimal("1.80"), 1.0)], max_price=Decimal("2"), tier="platform")
+    assert plain is not None and plain.cost == Decimal("1.8000")  # one hour at 1.80
+    fast = estimate(
+        work, [Offer(Decimal("1.80"), 4.0, speed=4.0)], max_price=Decimal("2"), tier="platform"
+    )
+    assert fast is not None and fast.cost == plain.cost  # a 4x GPU: a quarter of the time
+    assert fast.seconds < plain.seconds
+    bonus = estimate(work, [Offer(Decimal("1.80"), 1.0)], max_price=Decimal("2"),
+                     tier="platform", bonus_max=Decimal("0.10"))  # fmt: skip
+    assert bonus is not None and bonus.cost == Decimal("1.9800")

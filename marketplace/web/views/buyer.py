@@ -18,6 +18,7 @@ from marketplace.jobs.models import Job
 from marketplace.jobs.selectors import jobs_of
 from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import parse_job_spec, submit_job
+from marketplace.ledger.metering import Rules, speed_factor
 from marketplace.nodes.selectors import online_nodes
 from marketplace.web import estimate, jobview, money
 from marketplace.web.access import buyer_required
@@ -44,14 +45,21 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
 def _market_estimate(spec_dict: dict, tier: str, max_price: Decimal) -> dict | None:
     arch = spec_dict.get("model", {}).get("arch", "mlp")
+    rules = Rules.from_settings()
     offers = [
-        estimate.Offer(n.price_per_gpu_hour, estimate.samples_per_s(n.benchmark or {}, arch))
+        estimate.Offer(
+            n.price_per_gpu_hour,
+            estimate.samples_per_s(n.benchmark or {}, arch),
+            speed_factor((n.benchmark or {}).get("fp32_tflops"), rules),
+        )
         for n in online_nodes().filter(price_per_gpu_hour__lte=max_price)
     ]
     work = estimate.work_of(
         spec_dict, estimate.train_samples(spec_dict), settings.GPUFLEX["DEFAULT_SHARDS"]
     )
-    result = estimate.estimate(work, offers, max_price=max_price, tier=tier)
+    result = estimate.estimate(
+        work, offers, max_price=max_price, tier=tier, bonus_max=rules.bonus_max
+    )
     return result.as_dict() if result else None
 
 
