@@ -1,7 +1,7 @@
 """The GPUFlex marketplace SDK: the public REST API over httpx, and nothing of Django.
 
 client = Client("https://gpuflex.example", api_key="gfx_u_…")
-job = client.submit("job.yaml", max_price_per_gpu_hour="0.50")
+job = client.submit("job.yaml", budget="5.00", max_price_per_gpu_hour="0.50")
 for state in client.follow(job["id"]):
     print(state["rounds_done"], state["last_metrics"])
 client.download(job["id"], "out/")
