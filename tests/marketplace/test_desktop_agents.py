@@ -10,16 +10,11 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from desktop.agent import Agent
-from desktop.benchmark import BenchmarkResult
-from desktop.client import Backoff
-from desktop.config import Credentials, Paths, Settings
-from desktop.hardware import detect
 from marketplace.jobs.models import Job, Task
+from tests.live_agents import live_agent
 from tests.marketplace.helpers import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,25 +28,6 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def _agent(tmp: Path, name: str, url: str, key: str, kind: str, monkeypatch) -> Agent:
-    monkeypatch.setenv("GPUFLEX_KEYRING", "file")
-    for folder in ("CONFIG", "DATA", "CACHE"):
-        monkeypatch.setenv(f"GPUFLEX_NODE_{folder}_DIR", str(tmp / name / folder.lower()))
-    paths = Paths.default()
-    Credentials(paths).set_provider_key(key)
-    settings = Settings(server_url=url, node_name=name, kind=kind, task_wall_s=300,
-                        task_memory_mb=4096, first_run_done=True)  # fmt: skip
-    hw = detect()
-    bench = BenchmarkResult(
-        fingerprint=hw.fingerprint(), device="cpu", device_name=hw.cpu_name, quick=True,
-        matmul_tflops={"fp32": 0.1}, memory_gbps=5.0, h2d_gbps=None, d2h_gbps=None,
-        train_samples_per_s={"mlp": 20000.0},
-    )  # fmt: skip
-    backoff = Backoff(base_s=0.1, cap_s=1.0, attempts=8)
-    return Agent(settings, paths, bench=bench, backoff=backoff, claim_wait_s=1,
-                 idle_sleep_s=0.2)  # type: ignore[arg-type]  # fmt: skip
 
 
 # Volunteers on a hybrid job: every task of a new node is replicated and verified.
@@ -72,7 +48,7 @@ def test_agents_train_a_job_to_completion(
     spec["compression"] = {"codec": codec, "topk_fraction": 0.2}
     job = submit(spec=spec, tier=tier)
     agents = [
-        _agent(tmp_path, f"agent-{i}", live_server.url, provider_key, kind, monkeypatch)
+        live_agent(tmp_path, f"agent-{i}", live_server.url, provider_key, monkeypatch, kind=kind)
         for i in range(2)
     ]
     for agent in agents:

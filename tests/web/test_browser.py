@@ -22,14 +22,10 @@ import pytest
 import yaml
 from django.db import connections
 
-from desktop.agent import Agent
-from desktop.benchmark import BenchmarkResult
-from desktop.client import Backoff
-from desktop.config import Credentials, Paths, Settings
-from desktop.hardware import detect
 from marketplace.accounts.models import User
 from marketplace.jobs.models import Job
 from marketplace.ledger.services import grant_credit
+from tests.live_agents import live_agent
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.web.conftest import PASSWORD
 from trainer.hashing import state_hash
@@ -112,28 +108,6 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _agent(tmp: Path, name: str, url: str, key: str, monkeypatch) -> Agent:
-    """A real contributor agent (sandboxed task processes) with a fixed quick benchmark."""
-    monkeypatch.setenv("GPUFLEX_KEYRING", "file")
-    for folder in ("CONFIG", "DATA", "CACHE"):
-        monkeypatch.setenv(f"GPUFLEX_NODE_{folder}_DIR", str(tmp / name / folder.lower()))
-    paths = Paths.default()
-    Credentials(paths).set_provider_key(key)
-    # A fast GPU at a high price: a few CPU-seconds of work must still earn a visible sum.
-    settings = Settings(server_url=url, node_name=name, kind="platform", task_wall_s=300,
-                        task_memory_mb=4096, first_run_done=True,
-                        price_per_gpu_hour="20.00")  # fmt: skip
-    hw = detect()
-    bench = BenchmarkResult(
-        fingerprint=hw.fingerprint(), device="cpu", device_name=hw.cpu_name, quick=True,
-        matmul_tflops={"fp32": 80.0}, memory_gbps=5.0, h2d_gbps=None, d2h_gbps=None,
-        train_samples_per_s={"mlp": 20000.0},
-    )  # fmt: skip
-    backoff = Backoff(base_s=0.1, cap_s=1.0, attempts=8)
-    return Agent(settings, paths, bench=bench, backoff=backoff, claim_wait_s=1,
-                 idle_sleep_s=0.2)  # type: ignore[arg-type]  # fmt: skip
-
-
 def _signup(page, base: str, name: str, role: str) -> None:
     page.goto(f"{base}/signup/")
     page.fill("#id_username", name)
@@ -188,7 +162,11 @@ def _story(base, console, shots, new_page, tmp_path, monkeypatch) -> None:
     prov.click("text=Create key")
     key = prov.inner_text("[data-testid=new-key]").strip()
     assert key.startswith("gfx_u_")
-    agents = [_agent(tmp_path, f"rig-{i}", base, key, monkeypatch) for i in range(2)]
+    # a fast GPU at a high price: a few CPU-seconds of work must still earn a visible sum
+    agents = [
+        live_agent(tmp_path, f"rig-{i}", base, key, monkeypatch, price="20.00", fp32_tflops=80.0)
+        for i in range(2)
+    ]
     for agent in agents:
         agent.start()
     try:
