@@ -9,9 +9,11 @@ PYTEST_ARGS ?=
 .PHONY: help venv dev demo sim-demo test lint format bench clean contracts gas system-deps package screenshots web-screenshots
 
 help:
-	@echo "make demo   - run the main job and print its results"
-	@echo "make test   - lint (ruff) and the whole test suite"
-	@echo "make bench  - benchmarks; JSON and a Markdown table under bench/results/"
+	@echo "make demo            - marketplace, worker and five agents train and pay a job here"
+	@echo "make sim-demo        - the network simulator: FedAvg and the three-way comparison"
+	@echo "make test            - lint (ruff) and the whole test suite"
+	@echo "make bench           - benchmarks; JSON and a Markdown table under bench/results/"
+	@echo "make web-screenshots - laptop and phone screenshots of the web pages into docs/"
 
 $(PY):
 	python3 -m venv $(VENV)
