@@ -239,6 +239,53 @@ def scheduling(
     }
 
 
+def charging(results: int = 2_000) -> dict[str, Any]:
+    """Charge `results` credited results through the ledger, as a round's settlement does
+    (metering, escrow lock and balance, one balanced transaction each). The baseline, in the
+    same process and database: saving each result's settlement fields, which the same loop
+    does anyway. Runs after `scheduling`, on its leased tasks."""
+    from django.utils import timezone
+
+    from marketplace.jobs.models import Job, Task, TaskResult
+    from marketplace.ledger.services import charge_result, grant_credit, hold_budget
+
+    job = Job.objects.get(name="bench")
+    job.budget = Decimal("1000000")
+    job.save(update_fields=["budget"])
+    grant_credit(user=job.buyer, amount="1000000", memo="bench", operator=None)
+    hold_budget(job)
+    tasks = list(Task.objects.filter(status="leased").select_related("node")[:results])
+    now = timezone.now()
+    Task.objects.filter(pk__in=[t.pk for t in tasks]).update(
+        leased_at=now - timezone.timedelta(seconds=30)
+    )
+    rows = TaskResult.objects.bulk_create(
+        TaskResult(task=t, node=t.node, update_file="u", update_hash="h", num_samples=32,
+                   compute_s=20.0, cosine=0.5, credited=True, aggregated=True)
+        for t in tasks
+    )  # fmt: skip
+    rows = list(
+        TaskResult.objects.filter(pk__in=[r.pk for r in rows]).select_related(
+            "task__round__job", "node"
+        )
+    )
+    started = time.perf_counter()
+    for r in rows:
+        r.save(update_fields=["accepted", "cosine", "rejection", "aggregated", "credited"])
+    save_s = time.perf_counter() - started
+    started = time.perf_counter()
+    for r in rows:
+        charge_result(r)
+    charge_s = time.perf_counter() - started
+    return {
+        "results": len(rows),
+        "charges_per_s": len(rows) / charge_s,
+        "charge_ms": charge_s / len(rows) * 1000,
+        "baseline_save_ms": save_s / len(rows) * 1000,
+        "ratio_to_baseline": charge_s / save_s if save_s else None,
+    }
+
+
 def _seed_scheduling(tasks: int, nodes: int) -> tuple[list[Any], Any]:
     from django.utils import timezone
 
@@ -284,6 +331,7 @@ def main() -> None:
         "heartbeat": heartbeat_throughput(database_url=database_url),
         "scheduling": scheduling(database_url=database_url),
     }
+    results["charging"] = charging()
     print(json.dumps(results, indent=1))
 
 

@@ -157,7 +157,7 @@ def marketplace_section() -> dict[str, Any]:
 
 
 def render_marketplace(m: dict[str, Any]) -> list[str]:
-    hb, sc = m["heartbeat"], m["scheduling"]
+    hb, sc, ch = m["heartbeat"], m["scheduling"], m.get("charging")
     return [
         f"## Marketplace ({hb['database']})",
         "",
@@ -171,6 +171,16 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
         f"| scheduling {sc['tasks']:,} tasks over {sc['nodes']:,} nodes | {sc['bulk_s']:.2f} s "
         f"({sc['speedup_vs_one_by_one']:.0f}× faster than one claim at a time, "
         f"{sc['one_claim_ms']:.1f} ms each) | < 2 s |",
+        *(
+            [
+                f"| ledger charges for {ch['results']:,} verified results | "
+                f"{ch['charges_per_s']:.0f}/s, {ch['charge_ms']:.1f} ms each "
+                f"({ch['ratio_to_baseline']:.1f}× saving the result itself, "
+                f"{ch['baseline_save_ms']:.1f} ms) | — |"
+            ]
+            if ch
+            else []
+        ),
         "",
     ]
 
