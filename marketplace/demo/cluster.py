@@ -33,7 +33,6 @@ FAST_TIMEOUTS = {
 SERVICE_VARS = (
     "DATABASE_URL",
     "CELERY_BROKER_URL",
-    "CELERY_TASK_ALWAYS_EAGER",
     "REDIS_URL",
     "GPUFLEX_DATA_DIR",
 )
@@ -134,15 +133,8 @@ class Cluster:
             task_memory_mb=2048, first_run_done=True,
         )  # fmt: skip
         save_settings(settings, paths)
-        old = os.environ.get("GPUFLEX_KEYRING")
-        os.environ["GPUFLEX_KEYRING"] = "file"
-        try:
-            Credentials(paths).set_provider_key(provider_key)
-        finally:
-            if old is None:
-                os.environ.pop("GPUFLEX_KEYRING", None)
-            else:
-                os.environ["GPUFLEX_KEYRING"] = old
+        # the agent process reads this file: GPUFLEX_KEYRING=file in its environment
+        Credentials(paths, use_keyring=False).set_provider_key(provider_key)
 
     def start_agent(self, plan: NodePlan) -> None:
         cmd = [sys.executable, "-m", "desktop.cli", "run", "--server", self.url,

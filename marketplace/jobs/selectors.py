@@ -19,13 +19,6 @@ def rounds_of(job: Job) -> QuerySet[Round]:
     return Round.objects.filter(job=job).order_by("number")
 
 
-def node_earnings(node: Node) -> dict[str, str]:
-    """What the ledger paid this node's owner for its work: today and in total."""
-    from marketplace.ledger.selectors import node_earnings as from_ledger
-
-    return from_ledger(node)
-
-
 def node_work(job: Job) -> list[dict]:
     """Per node, what it did for this job: results accepted, samples and compute seconds.
     The job page's per-node table and share-of-work column read it."""

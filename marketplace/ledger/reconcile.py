@@ -104,20 +104,22 @@ def check_charges() -> list[str]:
     return problems
 
 
+def _balance_of(code: str, bal: dict[int, Decimal]) -> Decimal:
+    """Without creating the account (a check must not write)."""
+    pk = Account.objects.filter(code=code).values_list("pk", flat=True).first()
+    return bal.get(pk, ZERO) if pk is not None else ZERO
+
+
 def check_payouts(bal: dict[int, Decimal]) -> list[str]:
     problems = []
-    by_code = {
-        a.code: bal.get(a.pk, ZERO)
-        for a in Account.objects.filter(code__startswith="platform:payouts")
-    }
     requested = exact_sum(Payout.objects.filter(status=PayoutStatus.REQUESTED))
-    pending = by_code.get("platform:payouts", ZERO)
+    pending = _balance_of("platform:payouts", bal)
     if q(requested or ZERO) != pending:
         problems.append(
             f"Requested payouts add up to {q(requested or ZERO)}; pending holds {pending}."
         )
     paid = exact_sum(Payout.objects.filter(status=PayoutStatus.PAID))
-    out = sum((bal.get(a.pk, ZERO) for a in Account.objects.filter(code="world:payouts")), ZERO)
+    out = _balance_of("world:payouts", bal)
     if q(paid or ZERO) != out:
         problems.append(f"Payouts marked paid add up to {q(paid or ZERO)}; {out} left the ledger.")
     return problems

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from decimal import Decimal
 from typing import Any
 
 import yaml
@@ -19,9 +18,9 @@ from marketplace.jobs.aggregation import provenance_name
 from marketplace.jobs.models import Job, Round
 from marketplace.jobs.selectors import leased_nodes, node_work, rounds_of
 from marketplace.jobs.sizing import measurement
+from marketplace.ledger.selectors import job_costs
 from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import network_of
-from marketplace.web import money
 from trainer.adapt import health
 from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
 from trainer.spec import JobSpec, SpecError, parse_spec
@@ -122,20 +121,12 @@ def topology(rows: list[dict[str, Any]], size: int = 320) -> dict[str, Any]:
     return {"size": size, "centre": centre, "nodes": nodes}
 
 
-def _dec(value: Decimal | None) -> str | None:
-    return None if value is None else str(value)
-
-
 def cost_summary(job: Job) -> dict[str, Any]:
-    costs = money.job_costs(job)
-    if costs is None:
-        return {"available": False, "budget": str(job.budget)}
+    costs = job_costs(job)
     fields = ("budget", "held", "spent", "provider_share", "platform_fee", "bonus",
               "redundancy_cost", "refunded")  # fmt: skip
-    summary = {f: _dec(getattr(costs, f, None)) for f in fields}
-    budget = getattr(costs, "budget", None) or job.budget
-    spent = getattr(costs, "spent", None) or Decimal(0)
-    summary["fraction"] = float(spent / budget) if budget else 0.0
+    summary = {f: str(getattr(costs, f)) for f in fields}
+    summary["fraction"] = float(costs.spent / costs.budget) if costs.budget else 0.0
     return {"available": True} | summary
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -115,7 +114,3 @@ def log_tail(cluster: Cluster, name: str, lines: int = 40) -> str:
     return (
         "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
     )
-
-
-def env_without(key: str) -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != key}

@@ -27,8 +27,8 @@ from marketplace.api.throttles import HeartbeatThrottle
 from marketplace.jobs import files
 from marketplace.jobs.errors import LocalDataset, TooLarge
 from marketplace.jobs.scheduling import claim_with_wait, task_payload
-from marketplace.jobs.selectors import node_earnings
 from marketplace.jobs.uploads import accept_update, fail_task, task_for_node
+from marketplace.ledger.selectors import node_earnings
 from marketplace.nodes.models import Node
 from marketplace.nodes.services import record_heartbeat, touch
 

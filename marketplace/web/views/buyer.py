@@ -19,8 +19,9 @@ from marketplace.jobs.selectors import jobs_of
 from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import parse_job_spec, submit_job
 from marketplace.ledger.metering import Rules, speed_factor
+from marketplace.ledger.selectors import balances
 from marketplace.nodes.selectors import online_nodes
-from marketplace.web import estimate, jobview, money
+from marketplace.web import estimate, jobview
 from marketplace.web.access import buyer_required
 from marketplace.web.forms import JobForm
 from marketplace.web.views.common import not_found, problem_lines, wants_json
@@ -39,7 +40,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     for job in jobs:
         done = [r for r in job.rounds.all() if r.metrics]
         job.accuracy = done[-1].metrics.get("accuracy") if done else None
-    context = {"jobs": jobs, "balances": money.balances(request.user)}
+    context = {"jobs": jobs, "balances": balances(request.user)}
     return render(request, "web/jobs.html", context)
 
 
@@ -109,10 +110,8 @@ def _submit(request: HttpRequest, form: JobForm) -> tuple[Job | None, list[dict]
         )
     except InvalidSpec as exc:
         return None, problem_lines(data["spec"], exc.extra.get("problems", [])), exc.detail
-    except MarketplaceError as exc:
+    except MarketplaceError as exc:  # the ledger's too, e.g. not enough credit for the budget
         return None, [], exc.detail
-    except money.money_errors() as exc:  # e.g. not enough credit for the budget
-        return None, [], str(exc)
     return job, [], ""
 
 
@@ -139,7 +138,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
         "form": form,
         "problems": problems,
         "error": error,
-        "balances": money.balances(request.user),
+        "balances": balances(request.user),
         "max_upload_mb": settings.GPUFLEX["MAX_DATASET_BYTES"] / 2**20,
     }
     return render(request, "web/job_new.html", context, status=400 if error else 200)

@@ -7,8 +7,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from marketplace.jobs.selectors import jobs_by_status, jobs_of
+from marketplace.ledger.reconcile import reconcile
 from marketplace.nodes.selectors import network_of, nodes_by_state, nodes_of, online_nodes
-from marketplace.web import money
 from marketplace.web.access import operator_required
 from marketplace.web.heatmap import latency_matrix
 
@@ -34,7 +34,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "heat_nodes": online,
         "nodes": [(n, network_of(n)) for n in nodes_of(request.user)[:200]],
         "jobs": jobs_of(request.user).select_related("buyer").order_by("-created_at")[:50],
-        "report": money.reconcile(),
+        "report": reconcile(),
         # the admin is mounted by the project's urls when django.contrib.admin is installed
         "admin_url": "/admin/" if apps.is_installed("django.contrib.admin") else None,
     }

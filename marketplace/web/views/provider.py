@@ -12,10 +12,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from marketplace.accounts.selectors import user_keys
 from marketplace.accounts.services import issue_user_key, revoke_key
-from marketplace.jobs.selectors import node_earnings, tasks_done_by_node
+from marketplace.jobs.selectors import tasks_done_by_node
+from marketplace.ledger import selectors as ledger
+from marketplace.ledger.errors import LedgerError
+from marketplace.ledger.services import request_payout
 from marketplace.nodes.selectors import network_of, nodes_of
 from marketplace.nodes.services import set_price
-from marketplace.web import money
 from marketplace.web.access import provider_required, role_required
 from marketplace.web.forms import PayoutForm, PriceForm
 from marketplace.web.views.common import not_found
@@ -34,7 +36,7 @@ def _node_rows(user: Any) -> list[dict[str, Any]]:
                 "device": bench.get("device") or node.gpu_model or "CPU",
                 "rtt_ms": network_of(node).get("rtt_ms"),
                 "tasks_done": done.get(node.pk, 0),
-                "earned": node_earnings(node)["total"],
+                "earned": ledger.node_earnings(node)["total"],
                 "form": PriceForm(
                     initial={"price_per_gpu_hour": node.price_per_gpu_hour},
                     prefix=f"n{node.pk}",
@@ -66,21 +68,10 @@ def node_price(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _earnings(user: Any) -> dict[str, Any]:
     """The earnings page's figures; the page polls them as JSON to update in place."""
-    series = money.earnings_series(user, days=30)
-    by_node = money.earnings_by_node(user)
-    balances = money.balances(user)
     return {
-        "available": series is not None,
-        "series": [[d.isoformat(), str(a)] for d, a in series or []],
-        "by_node": [
-            {k: str(v) if k == "amount" else v for k, v in row.items()} for row in by_node or []
-        ],
-        "balances": None
-        if balances is None
-        else {
-            f: str(getattr(balances, f, ""))
-            for f in ("available", "held", "earnings", "pending_payouts", "paid_out")
-        },
+        "series": [[d.isoformat(), str(a)] for d, a in ledger.earnings_series(user, days=30)],
+        "by_node": [r | {"amount": str(r["amount"])} for r in ledger.earnings_by_node(user)],
+        "balances": ledger.balances(user).to_dict(),
         "tasks_done": sum(tasks_done_by_node(nodes_of(user)).values()),
     }
 
@@ -91,22 +82,21 @@ def earnings(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            money.request_payout(
+            request_payout(
                 user=request.user,
                 amount=data["amount"],
                 wallet_address=data["wallet_address"],
-                key=data["idempotency_key"],
+                idempotency_key=data["idempotency_key"],
             )
-        except (LookupError, *money.money_errors()) as exc:
-            form.add_error(None, str(exc))
+        except LedgerError as exc:
+            form.add_error(None, exc.detail)
         else:
             messages.success(request, f"Payout of {data['amount']} requested.")
             return redirect("web:earnings")
     context = {
         "figures": _earnings(request.user),
         "form": form,
-        "payouts": money.payouts_for(request.user),
-        "payouts_available": money.payouts_available(),
+        "payouts": ledger.payouts_for(request.user),
     }
     return render(request, "web/earnings.html", context)
 
