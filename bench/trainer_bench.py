@@ -16,11 +16,13 @@ from typing import Any
 
 import torch
 
+from trainer.datasets import Dataset
 from trainer.local import loss_fn, make_optimizer, train_local
+from trainer.models import build_model
 from trainer.sim.federated import run_federated
 from trainer.sim.naive import run_naive_sync
 from trainer.sim.setup import prepare
-from trainer.spec import load_spec
+from trainer.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = ROOT / "examples" / "digits-mlp.yaml"
@@ -160,6 +162,123 @@ def local_training_overhead(steps: int = 400, repeats: int = 7) -> dict[str, Any
         "overhead_pct": 100 * (ratio - 1),
         "goal_pct": 5.0,
     }
+
+
+# The issue's models: a 25.6M-parameter byte transformer and a ResNet-18-sized CNN (11.2M).
+GPU_MODELS: dict[str, dict[str, Any]] = {
+    "transformer": {
+        "model": {"arch": "transformer", "d_model": 512, "n_layers": 8, "n_heads": 8},
+        "input": (256,),
+        "classes": 256,
+        "batch": 64,
+        "steps": 100,
+    },
+    "resnet18": {
+        "model": {"arch": "resnet", "channels": [64, 128, 256, 512], "blocks": 2},
+        "input": (3, 32, 32),
+        "classes": 10,
+        "batch": 256,
+        "steps": 60,
+    },
+}
+
+
+def _synthetic(ref: dict[str, Any], n: int) -> Dataset:
+    gen = torch.Generator().manual_seed(0)
+    if ref["classes"] == 256 and len(ref["input"]) == 1:  # bytes: predict the next one
+        x = torch.randint(0, 256, (n, *ref["input"]), generator=gen)
+        y, task = x.roll(-1, dims=1), "language_model"
+    else:
+        x = torch.randn((n, *ref["input"]), generator=gen)
+        y, task = torch.randint(0, ref["classes"], (n,), generator=gen), "classification"
+    return Dataset(
+        name="bench", task=task, x_train=x, y_train=y, x_test=x[:1], y_test=y[:1],
+        num_classes=ref["classes"], input_shape=ref["input"],
+    )  # fmt: skip
+
+
+def gpu_throughput(repeats: int = 5) -> dict[str, Any]:
+    """train_local against a tuned plain bf16 loop (autocast, fused AdamW, TF32, data on the
+    GPU, no per-step sync) on the same GPU, model and data: samples per second."""
+    if not torch.cuda.is_available():
+        print("  skipped: no CUDA device")
+        return {"skipped": "no CUDA device"}
+    device = torch.device("cuda")
+    rows = [_gpu_compare(name, ref, device, repeats) for name, ref in GPU_MODELS.items()]
+    return {"device": torch.cuda.get_device_name(device), "repeats": repeats, "models": rows}
+
+
+def _gpu_compare(name: str, ref: dict[str, Any], device: torch.device, repeats: int) -> dict:
+    batch, steps = ref["batch"], ref["steps"]
+    spec = parse_spec(
+        {
+            "name": f"bench-{name}",
+            "model": ref["model"],
+            "optimizer": {"name": "adamw", "lr": 1e-3},
+            "local": {"steps": steps, "batch_size": batch},
+        }
+    )
+    data = _synthetic(ref, 16 * batch)
+    model = build_model(spec.model, ref["input"], ref["classes"]).to(device)
+    state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # as a task's
+    x, y = data.x_train.to(device), data.y_train.to(device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+
+    def plain(steps: int) -> float:
+        model.load_state_dict(state)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=spec.optimizer.lr, fused=True)
+        order = torch.randint(0, len(x), (steps, batch), device=device)
+        sync()
+        started = time.perf_counter()
+        for i in range(steps):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = loss_fn(model(x[order[i]]), y[order[i]], data.task)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        sync()
+        return steps * batch / (time.perf_counter() - started)
+
+    def ours(steps: int) -> tuple[float, float, str]:
+        """Samples/s over the training loop (what compute_s covers, as the desktop benchmark
+        reports) and over the whole call (state load, data copy, the delta back to the host)."""
+        sync()
+        started = time.perf_counter()
+        result = train_local(model, state, data, spec, seed=0, steps=steps)
+        wall = time.perf_counter() - started
+        return steps * batch / result.compute_s, steps * batch / wall, result.precision
+
+    plain(5), ours(5)  # warm-up: kernels, allocator, autocast caches
+    base, loop, whole = [], [], []
+    for _ in range(repeats):  # interleaved, so drift in clocks and load hits both alike
+        base.append(plain(steps))
+        sps, wall_sps, precision = ours(steps)
+        loop.append(sps)
+        whole.append(wall_sps)
+    row = {
+        "model": name,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "batch": batch,
+        "steps": steps,
+        "precision": precision,
+        "plain_bf16_samples_per_s": statistics.median(base),
+        "train_local_samples_per_s": statistics.median(loop),
+        "train_local_whole_call_samples_per_s": statistics.median(whole),
+    }
+    row["ratio"] = row["train_local_samples_per_s"] / row["plain_bf16_samples_per_s"]
+    row["whole_call_ratio"] = (
+        row["train_local_whole_call_samples_per_s"] / row["plain_bf16_samples_per_s"]
+    )
+    row["goal_ratio"] = 0.9
+    print(
+        f"  gpu {name:11} plain {row['plain_bf16_samples_per_s']:8.0f}/s  train_local "
+        f"{row['train_local_samples_per_s']:8.0f}/s ({precision})  ratio {row['ratio']:.3f} "
+        f"(whole call {row['whole_call_ratio']:.3f})"
+    )
+    return row
 
 
 _AGG_CODE = """

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainer.spec import ModelSpec
@@ -76,33 +77,71 @@ class SmallCNN(nn.Module):
         return self.head(x.mean(dim=(2, 3)))
 
 
+def _run_blocks(blocks: nn.Sequential, x: torch.Tensor, checkpointing: bool) -> torch.Tensor:
+    """With checkpointing, each block keeps only its input and recomputes the rest in the
+    backward pass (non-reentrant: also replays dropout's RNG and autocast)."""
+    for block in blocks:
+        x = checkpoint(block, x, use_reentrant=False) if checkpointing else block(x)
+    return x
+
+
 class ResidualBlock(nn.Module):
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, out: int | None = None, stride: int = 1):
         super().__init__()
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
-        self.norm1 = nn.GroupNorm(_groups(channels), channels)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
-        self.norm2 = nn.GroupNorm(_groups(channels), channels)
+        out = out or channels
+        self.conv1 = nn.Conv2d(channels, out, 3, stride=stride, padding=1, bias=False)
+        self.norm1 = nn.GroupNorm(_groups(out), out)
+        self.conv2 = nn.Conv2d(out, out, 3, padding=1, bias=False)
+        self.norm2 = nn.GroupNorm(_groups(out), out)
+        self.shortcut = (
+            nn.Sequential(
+                nn.Conv2d(channels, out, 1, stride=stride, bias=False),
+                nn.GroupNorm(_groups(out), out),
+            )
+            if stride != 1 or out != channels
+            else nn.Identity()
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.relu(self.norm1(self.conv1(x)))
-        return F.relu(x + self.norm2(self.conv2(y)))
+        return F.relu(self.shortcut(x) + self.norm2(self.conv2(y)))
 
 
 class SmallResNet(nn.Module):
-    def __init__(self, image: tuple[int, int, int], width: int, blocks: int, num_classes: int):
+    """One stage of `blocks` residual blocks per entry of `channels`; every stage after the
+    first halves the resolution (while it is at least 4), as in ResNet-18's
+    channels [64, 128, 256, 512] with 2 blocks each."""
+
+    def __init__(
+        self,
+        image: tuple[int, int, int],
+        channels: list[int],
+        blocks: int,
+        num_classes: int,
+        checkpointing: bool = False,
+    ):
         super().__init__()
         self.image = image
+        self.checkpointing = checkpointing
+        width, side = channels[0], image[1]
         self.stem = nn.Sequential(
             nn.Conv2d(image[0], width, 3, padding=1, bias=False),
             nn.GroupNorm(_groups(width), width),
             nn.ReLU(),
         )
-        self.blocks = nn.Sequential(*(ResidualBlock(width) for _ in range(blocks)))
+        layers: list[nn.Module] = []
+        for stage, out in enumerate(channels):
+            stride = 2 if stage and side >= 4 else 1
+            side //= stride
+            for i in range(blocks):
+                layers.append(ResidualBlock(width, out, stride if i == 0 else 1))
+                width = out
+        self.blocks = nn.Sequential(*layers)
         self.head = nn.Linear(width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.blocks(self.stem(x.view(-1, *self.image)))
+        x = self.stem(x.view(-1, *self.image))
+        x = _run_blocks(self.blocks, x, self.checkpointing and self.training)
         return self.head(x.mean(dim=(2, 3)))
 
 
@@ -141,10 +180,12 @@ class ByteTransformer(nn.Module):
         )
         self.ln = nn.LayerNorm(spec.d_model)
         self.head = nn.Linear(spec.d_model, vocab, bias=False)
+        self.checkpointing = spec.checkpointing
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(x.shape[1], device=x.device)
-        h = self.blocks(self.tok(x) + self.pos(positions))
+        h = self.tok(x) + self.pos(positions)
+        h = _run_blocks(self.blocks, h, self.checkpointing and self.training)
         return self.head(self.ln(h))
 
 
@@ -158,7 +199,8 @@ def build_model(
     if spec.arch == "cnn":
         return SmallCNN(_image_shape(input_shape), list(spec.channels), num_classes)
     if spec.arch == "resnet":
-        return SmallResNet(_image_shape(input_shape), spec.channels[0], spec.blocks, num_classes)
+        image = _image_shape(input_shape)
+        return SmallResNet(image, list(spec.channels), spec.blocks, num_classes, spec.checkpointing)
     if len(input_shape) != 1:
         raise ModelSpecError(f"the transformer needs token sequences; got input {input_shape}")
     return ByteTransformer(input_shape[0], num_classes, spec)

@@ -81,3 +81,35 @@ def test_spec_round_trips_through_its_dict() -> None:
     spec = load_spec(EXAMPLES / "digits-mlp.yaml")
     assert parse_spec(spec.to_dict()) == spec
     assert spec.replace(seed=5).seed == 5
+
+
+def test_precision_accumulation_and_checkpointing_defaults() -> None:
+    spec = parse_spec({"name": "x"})
+    assert spec.local.precision == "auto" and spec.local.grad_accum_steps == 1
+    assert spec.model.checkpointing is False
+    spec = parse_spec(
+        {
+            "name": "x",
+            "local": {"steps": 5, "batch_size": 64, "precision": "bf16", "grad_accum_steps": 4},
+            "model": {"arch": "transformer", "checkpointing": True},
+        }
+    )
+    assert spec.local.precision == "bf16" and spec.local.grad_accum_steps == 4
+    assert spec.model.checkpointing
+
+
+def test_precision_accumulation_and_checkpointing_errors_name_the_field() -> None:
+    problems = _problems(
+        {
+            "name": "x",
+            "local": {"steps": 5, "precision": "fp8", "grad_accum_steps": 0},
+            "model": {"checkpointing": "sometimes"},
+        }
+    )
+    assert "'auto', 'fp32', 'bf16' or 'fp16'" in problems["local.precision"]
+    assert "greater than or equal to 1" in problems["local.grad_accum_steps"]
+    assert "model.checkpointing" in problems
+    too_many = _problems(
+        {"name": "x", "local": {"steps": 5, "batch_size": 8, "grad_accum_steps": 9}}
+    )
+    assert "grad_accum_steps (9) must not exceed batch_size (8)" in too_many["local"]
