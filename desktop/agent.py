@@ -67,7 +67,7 @@ class State(StrEnum):
 
     @property
     def api(self) -> str:
-        return {"working": "working", "paused": "paused", "waiting": "paused"}.get(
+        return {"working": "working", "paused": "paused", "waiting": "waiting"}.get(
             self.value, "idle"
         )
 
@@ -789,6 +789,8 @@ class Agent:
                 k: v for k, v in self.netprobe.figures().to_dict().items() if v is not None
             },
         }
+        if st.state in (State.PAUSED, State.WAITING) and st.reason:
+            body["reason"] = st.reason[:200]  # shown to buyers whose job waits on this node
         if st.task is not None:
             body["task_id"] = st.task.id
             body["progress"] = round(st.task.progress, 4)

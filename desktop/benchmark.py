@@ -315,13 +315,39 @@ def save_cached(cache_dir: Path, result: BenchmarkResult) -> None:
 
 
 def benchmark(
-    hw: HardwareReport, cache_dir: Path, quick: bool = False, force: bool = False
+    hw: HardwareReport,
+    cache_dir: Path,
+    quick: bool = False,
+    force: bool = False,
+    isolate: bool | None = None,
 ) -> tuple[BenchmarkResult, bool]:
-    """(result, from_cache): the cached figures when the fingerprint still matches."""
+    """(result, from_cache): the cached figures when the fingerprint still matches.
+
+    On a GPU the measuring runs in a child process (`isolate`, the default there): a CUDA
+    context, once made, lives as long as its process, and NVML would show the agent, the demo
+    or the tray app holding the GPU for good, in the owner's tools as in other agents' work
+    policies. The child's exit gives the GPU back."""
     if not force:
         cached = load_cached(cache_dir, hw, quick)
         if cached is not None:
             return cached, True
-    result = run_benchmark(hw, quick=quick)
+    if isolate is None:
+        isolate = hw.accelerator == "cuda"
+    result = run_benchmark_in_child(hw, quick) if isolate else run_benchmark(hw, quick=quick)
     save_cached(cache_dir, result)
     return result, False
+
+
+def run_benchmark_in_child(hw: HardwareReport, quick: bool = False) -> BenchmarkResult:
+    """run_benchmark in a fresh (spawned, not forked: CUDA does not survive a fork) process;
+    the figures come back as JSON."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        text = pool.submit(_benchmark_json, hw, quick).result()
+    return BenchmarkResult.from_dict(json.loads(text))
+
+
+def _benchmark_json(hw: HardwareReport, quick: bool) -> str:
+    return json.dumps(run_benchmark(hw, quick=quick).to_dict())

@@ -6,6 +6,7 @@ import argparse
 import getpass
 import json
 import logging
+import multiprocessing
 import signal
 import sys
 from typing import Any
@@ -198,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the benchmark's child process re-enters a frozen (PyInstaller) app through here
+    multiprocessing.freeze_support()
     args = build_parser().parse_args(argv)
     return int(args.fn(args) or 0)
 

@@ -18,6 +18,7 @@ import psutil
 import torch
 
 from desktop import __version__
+from desktop.own_processes import foreign
 
 
 @dataclass(frozen=True)
@@ -347,7 +348,7 @@ class GpuMetrics:
     utilization_pct: float | None
     temperature_c: float | None
     memory_used_mb: int | None
-    other_processes: list[tuple[int, int]] | None  # (pid, MB) not belonging to this agent
+    other_processes: list[tuple[int, int]] | None  # (pid, MB) of programs other than GPUFlex
 
 
 def gpu_metrics(
@@ -358,6 +359,5 @@ def gpu_metrics(
     if info is None:
         return GpuMetrics(None, None, None, None)
     procs = nv.processes(index)
-    mine = (own_pids or set()) | {os.getpid()}
-    others = None if procs is None else [(p, mb) for p, mb in procs if p not in mine]
+    others = None if procs is None else foreign(procs, own_pids)
     return GpuMetrics(info.utilization_pct, info.temperature_c, info.memory_used_mb, others)

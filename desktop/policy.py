@@ -95,14 +95,16 @@ def decide(policy: WorkPolicy, obs: Observations, working: bool = False) -> Deci
         if obs.gpu_temp_c >= limit:
             reasons.append(f"GPU at {obs.gpu_temp_c:.0f} °C (limit {policy.max_gpu_temp_c:.0f} °C)")
     if policy.pause_on_gpu_processes and obs.other_gpu_processes:
-        names = ", ".join(_proc_name(pid) for pid, _ in obs.other_gpu_processes[:3])
-        reasons.append(f"another program uses the GPU ({names})")
+        # names, not pids: the reason is also what buyers see, grouped across nodes
+        names = list(dict.fromkeys(_proc_name(pid) for pid, _ in obs.other_gpu_processes))
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        reasons.append(f"another program uses the GPU ({', '.join(names[:3])}{more})")
     return Decision(not reasons, reasons)
 
 
 def _proc_name(pid: int) -> str:
     try:
-        return f"{psutil.Process(pid).name()} [{pid}]"
+        return psutil.Process(pid).name()
     except psutil.Error:
         return f"pid {pid}"
 

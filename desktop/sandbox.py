@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TASK_PACKAGES = ("desktop", "trainer")  # what desktop.task_runner imports of the project
 
 EXIT_OOM = 3  # desktop.task_runner's code for MemoryError / CUDA OOM
 
@@ -107,11 +108,37 @@ def task_argv(folder: Path) -> list[str]:
     return [sys.executable, "-m", "desktop.task_runner", str(folder)]
 
 
-def _python_roots() -> list[Path]:
-    """Where the interpreter, the venv and the installed packages live (bound read-only)."""
+def _python_roots(folder: Path | None = None) -> list[Path]:
+    """Where the interpreter, the venv and the installed packages live (bound read-only).
+
+    Every entry of the agent's own `sys.path` is among them, not only the prefixes: packages
+    are also reached through `PYTHONPATH`, `.pth` files and a venv layered on another
+    environment (system-site-packages, conda, CUDA images with torch preinstalled), and a
+    task that cannot see them fails with "No module named 'torch'". Two entries are left
+    out: the working directory that `python -m` puts first (the owner's folder, not code), and
+    any folder that holds the task's own, which would show the task its neighbours."""
     roots = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix)}
     roots |= {Path(os.path.realpath(sys.executable)).parent.parent}
-    return sorted({r.resolve() for r in roots if r.exists()})
+    cwd = Path.cwd().resolve()
+    task = folder.resolve() if folder is not None else None
+    for entry in sys.path:
+        path = Path(entry).resolve() if entry and os.path.isabs(entry) else None
+        if path is None or path in (cwd, PROJECT_ROOT):  # the project: its code packages only
+            continue
+        if task is not None and (path == task or path in task.parents):
+            continue
+        roots.add(path)
+    found = {r.resolve() for r in roots if r.exists()}
+    # a folder inside another bound one needs no bind of its own
+    return sorted(r for r in found if not any(o != r and o in r.parents for o in found))
+
+
+def _pythonpath() -> str:
+    """The task's PYTHONPATH: the project, then what the agent's own PYTHONPATH named (the
+    task's interpreter rebuilds the rest of sys.path itself from the bound environment)."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    entries = [str(PROJECT_ROOT)] + [p for p in extra if os.path.isabs(p) and os.path.exists(p)]
+    return os.pathsep.join(dict.fromkeys(entries))
 
 
 def bwrap_argv(
@@ -132,7 +159,10 @@ def bwrap_argv(
     # a private /tmp, sized so that it cannot eat the host's memory
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(256 * 2**20), "--tmpfs", "/tmp"]
     args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
-    for root in [*_python_roots(), PROJECT_ROOT]:
+    # of the project, only the code a task runs: the project folder may also hold data (a
+    # demo's folder with every agent's tasks in it) that a task must not see
+    code = [PROJECT_ROOT / pkg for pkg in TASK_PACKAGES]
+    for root in [*_python_roots(folder), *code]:
         args += ["--ro-bind", str(root), str(root)]
     if gpu:
         for node in gpu_device_nodes():
@@ -158,7 +188,7 @@ def _child_env(folder: Path) -> dict[str, str]:
         "PATH": "/usr/bin:/bin",
         "HOME": str(folder),
         "TMPDIR": "/tmp",
-        "PYTHONPATH": str(PROJECT_ROOT),
+        "PYTHONPATH": _pythonpath(),
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONNOUSERSITE": "1",
         "LANG": "C.UTF-8",

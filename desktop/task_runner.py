@@ -96,7 +96,7 @@ def run(folder: Path) -> int:
                                              "detail": f"bad task input: {exc}"})  # fmt: skip
         return EXIT_BAD_INPUT
 
-    device = best_device(os.environ.get("GPUFLEX_DEVICE") or None)
+    device = best_device(os.environ.get("GPUFLEX_DEVICE") or None)  # "cuda:N", never bare
     if device.type == "cuda":
         fraction = float(os.environ.get("GPUFLEX_GPU_MEMORY_FRACTION", "0.9"))
         torch.cuda.set_per_process_memory_fraction(fraction, device)
@@ -118,7 +118,9 @@ def run(folder: Path) -> int:
     steps = int(task.get("steps") or 0) or None
 
     # train_local has no callback; a forward hook counts training steps for the progress bar
-    total = steps or 1
+    # (one forward per micro-batch: grad_accum_steps of them make a step)
+    accum = spec.local.grad_accum_steps
+    total = (steps or 1) * accum
     seen = {"n": 0, "t": 0.0}
 
     def on_forward(module: Any, args: Any, out: Any) -> None:
@@ -127,7 +129,7 @@ def run(folder: Path) -> int:
             now = time.monotonic()
             if now - seen["t"] > 0.25 or seen["n"] == total:
                 seen["t"] = now
-                _emit(progress=min(1.0, seen["n"] / total), step=seen["n"])
+                _emit(progress=min(1.0, seen["n"] / total), step=seen["n"] // accum)
 
     model.register_forward_hook(on_forward)
     _emit(progress=0.0, step=0, device=str(device))
@@ -135,7 +137,10 @@ def run(folder: Path) -> int:
         model, global_state, data, spec, seed=int(task.get("seed", 0)), steps=steps,
         batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
     )  # fmt: skip
-    metadata = {"task_id": str(task.get("id", ""))}
+    # the precision that ran travels with the update: verification compares replicas that
+    # ran in different precisions (a CPU's fp32, a GPU's bf16) by a rule measured for that
+    metadata = {"task_id": str(task.get("id", "")), "precision": result.precision,
+                "device": device.type}  # fmt: skip
     (folder / "update.tmp").write_bytes(encode_update(result.delta, codec, feedback, metadata))
     (folder / "update.tmp").replace(folder / "update.safetensors")
     if feedback.residual is not None:  # what top-k left out, carried to this job's next task
@@ -148,6 +153,7 @@ def run(folder: Path) -> int:
             "metrics": {"loss": result.loss, "steps": result.steps,
                         "samples": result.num_samples, "compute_s": result.compute_s},
             "device": str(device),
+            "precision": result.precision,
         },
     )  # fmt: skip
     _emit(progress=1.0, step=result.steps)

@@ -215,6 +215,10 @@ def test_work_policy_holds_the_agent_back(market, logged_in, isolated_dirs, fake
         wait_for(lambda: agent.status().state is State.WAITING, what="waiting")
         assert "another program uses the GPU" in agent.status().reason
         assert market.claims == 0
+        # the marketplace hears that the node waits, and why (buyers see it on their job)
+        wait_for(lambda: any(b["state"] == "waiting" for b in market.heartbeats), what="beat")
+        beat = next(b for b in market.heartbeats if b["state"] == "waiting")
+        assert beat["reason"] == agent.status().reason
         gaming[0] = False
         wait_for(lambda: market.claims > 0, what="claims once the game quits")
     finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,49 @@ def test_a_simulated_slower_gpu_advertises_scaled_figures(
     for model, sps in quick_result.train_samples_per_s.items():
         assert slow.train_samples_per_s[model] == pytest.approx(sps / 4)
     assert "simulated" in slow.device_name and slow.fingerprint == quick_result.fingerprint
+
+
+def test_an_isolated_benchmark_measures_in_a_child_process(
+    tmp_path: Path, hardware: HardwareReport, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spawned child measures (the parent never runs run_benchmark) and its figures come
+    back whole; on a GPU this is what releases the CUDA context."""
+    monkeypatch.setattr(bm, "run_benchmark", lambda *a, **k: pytest.fail("ran in the parent"))
+    cpu_only = dataclasses.replace(hardware, accelerator="cpu", gpus=[])
+    result, cached = bm.benchmark(cpu_only, tmp_path, quick=True, isolate=True)
+    assert not cached and result.fingerprint == cpu_only.fingerprint()
+    assert result.device == "cpu" and result.train_samples_per_s["mlp"] > 0
+    assert bm.load_cached(tmp_path, cpu_only, quick=True) == result
+
+
+def test_a_cuda_machine_benchmarks_in_a_child_by_default(
+    tmp_path: Path, hardware: HardwareReport, quick_result: bm.BenchmarkResult,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    used: list[str] = []
+    fake = dataclasses.replace(quick_result, fingerprint=hardware.fingerprint())
+    monkeypatch.setattr(bm, "run_benchmark_in_child", lambda hw, q: used.append("child") or fake)
+    monkeypatch.setattr(bm, "run_benchmark", lambda hw, **k: used.append("parent") or fake)
+    bm.benchmark(dataclasses.replace(hardware, accelerator="cuda"), tmp_path / "a", quick=True)
+    bm.benchmark(dataclasses.replace(hardware, accelerator="cpu"), tmp_path / "b", quick=True)
+    assert used == ["child", "parent"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_benchmarking_leaves_no_cuda_context_in_the_benchmarking_process(tmp_path: Path) -> None:
+    # a fresh process: this one may hold a context from other GPU tests
+    code = (
+        "import json, sys, torch\n"
+        "from pathlib import Path\n"
+        "from desktop.benchmark import benchmark\n"
+        "from desktop.hardware import detect\n"
+        "result, _ = benchmark(detect(), Path(sys.argv[1]), quick=True, force=True)\n"
+        "print(json.dumps([result.device, result.matmul_tflops['bf16'],"
+        " torch.cuda.is_initialized()]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, timeout=300, check=True).stdout  # fmt: skip
+    device, bf16, initialized = json.loads(out.splitlines()[-1])
+    assert device.startswith("cuda") and bf16 > 0
+    assert initialized is False

@@ -134,3 +134,31 @@ def test_gpu_tasks_get_only_gpu_device_nodes(
     assert binds == ["/dev/nvidia0", "/dev/nvidiactl"]
     assert "--unshare-all" in argv
     assert bwrap_argv(tmp_path, [PY, "-V"], gpu=False).count("--dev-bind") == 0
+
+
+@needs_bwrap
+def test_packages_on_any_sys_path_entry_are_seen_and_neighbours_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package reached through PYTHONPATH or a layered environment (not under sys.prefix)
+    imports inside the task, as torch must on CUDA images; the agent's working directory and
+    the folder holding every task stay out of sight."""
+    extra = tmp_path / "layered-site"
+    (extra / "layeredpkg").mkdir(parents=True)
+    (extra / "layeredpkg" / "__init__.py").write_text("VALUE = 42\n")
+    tasks = tmp_path / "tasks"
+    (tasks / "neighbour").mkdir(parents=True)
+    (tasks / "neighbour" / "secret.txt").write_text("another task's data")
+    monkeypatch.syspath_prepend(str(extra))
+    monkeypatch.syspath_prepend(str(tmp_path))  # an ancestor of the task folder
+    monkeypatch.setenv("PYTHONPATH", str(extra))
+    monkeypatch.chdir(tasks)
+    code = (
+        "import json, os, pathlib, layeredpkg\n"
+        f"seen = os.path.exists({str(tasks / 'neighbour' / 'secret.txt')!r})\n"
+        "pathlib.Path('out.json').write_text(json.dumps([layeredpkg.VALUE, seen]))\n"
+    )
+    folder = tasks / "mine"
+    result = run(folder, code)
+    assert result.status == "ok", (result.detail, result.stderr_tail)
+    assert json.loads((folder / "out.json").read_text()) == [42, False]
