@@ -196,8 +196,11 @@ def train_local(
         if precision in _DTYPES
         else contextlib.nullcontext()
     )
-    # fp16 overflows without loss scaling; bf16 has fp32's range and needs none
-    scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+    # fp16 overflows without loss scaling; bf16 has fp32's range and needs none. The scale
+    # starts at 2^10, not torch's 2^16: at 2^16 the first step overflows for ordinary losses
+    # and is skipped, and an honest fp16 replica then drifts from its fp32 and bf16 peers as
+    # far as a copied update does (bench/replica_divergence.py). Short tasks never grow it back.
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10) if precision == "fp16" else None
     lm = data.task == "language_model"
 
     started = time.perf_counter()

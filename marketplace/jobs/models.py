@@ -197,6 +197,14 @@ class Task(models.Model):
         ]
 
 
+class Precision(models.TextChoices):
+    """trainer.replicas.PRECISIONS: what local training ran in."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
 class TaskResult(models.Model):
     """An accepted upload and what verification made of it: the ledger charges
     credited results at price x compute_s."""
@@ -208,6 +216,11 @@ class TaskResult(models.Model):
     num_samples = models.PositiveIntegerField()
     metrics = models.JSONField(default=dict)
     compute_s = models.FloatField(default=0.0)
+    # the precision the node says it trained in (its upload's metadata): replicas are compared
+    # by trainer.replicas.agreement, which takes the claims into account
+    precision = models.CharField(max_length=8, choices=Precision.choices, default=Precision.FP32)
+    # the kind of device it says it trained on ("cpu", "cuda", "mps"; "" from older agents)
+    device = models.CharField(max_length=8, blank=True, default="")
     # False once statistics or a replica majority reject it
     accepted = models.BooleanField(default=True)
     # None: not replicated; True: agreed with a replica majority; False: in the minority

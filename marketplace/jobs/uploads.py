@@ -21,6 +21,7 @@ from marketplace.jobs.verification import verify_unit
 from marketplace.nodes.models import Node
 from trainer.compression import decode_any
 from trainer.hashing import bytes_hash
+from trainer.replicas import claimed_device, claimed_precision
 from trainer.updates import UpdateRejected, encode_state
 
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
@@ -83,6 +84,8 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     try:
         # any codec the task allowed; compressed updates get the same checks after decoding
         delta, meta = decode_any(body, reference, max_norm=spec["aggregation"]["max_update_norm"])
+        # kept on the result: the stored update is re-encoded without the payload's metadata
+        precision, device = claimed_precision(meta), claimed_device(meta)
     except UpdateRejected as exc:
         raise UpdateRejectedError(f"The update was rejected: {exc}.", reason=exc.reason) from None
     # Stored decoded, so verification and aggregation read plain deltas whatever the codec;
@@ -105,6 +108,8 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
             update_file=name,
             update_hash=digest,
             num_samples=num_samples,
+            precision=precision,
+            device=device,
             metrics=metrics,
             # billing input: what the node says, never more than the time it held the lease
             compute_s=min(max(metrics.get("compute_s", 0.0), 0.0), held_s, lease_s),

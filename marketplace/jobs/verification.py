@@ -3,11 +3,22 @@
 Two results that agree verify each other; a disagreement brings in a third replica
 (preferably on a platform-owned node, see scheduling), and the majority decides. The node
 in the minority gets no credit and loses reliability.
+
+Replicas may run on different devices and precisions (a CPU's fp32, a GPU's bf16), so they
+agree within a measured tolerance rather than bit for bit: trainer.replicas.agreement, whose
+docstring gives the measurement (bench/replica_divergence.py). Each result carries the
+precision its node claimed; settings.GPUFLEX["AGREEMENT_TOLERANCE"] is the tolerance for two
+replicas that claim the same precision (by default the cross-device one, since one claimed
+precision still runs differently on different devices; a fleet of one kind of device can
+lower it to trainer.replicas.SAME_DEVICE_TOLERANCE). Replicas that claim different
+precisions are never held to less than trainer.replicas.CROSS_DEVICE_TOLERANCE.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from itertools import combinations
 
 import torch
 from django.conf import settings
@@ -16,20 +27,27 @@ from marketplace.jobs import files
 from marketplace.jobs.models import Round, Task, TaskResult, TaskStatus
 from marketplace.jobs.scheduling import add_replica
 from marketplace.nodes.services import record_verification
-from trainer.aggregation import flatten_state
+from trainer.replicas import Agreement, agreement
 from trainer.updates import decode_state
 
 
-def _vector(result: TaskResult) -> torch.Tensor:
+def _state(result: TaskResult) -> dict[str, torch.Tensor]:
     state, _ = decode_state(files.get(result.update_file))
-    return flatten_state(state, dtype=torch.float64)
+    return state
 
 
-def agree(a: torch.Tensor, b: torch.Tensor, tolerance: float | None = None) -> bool:
-    """Relative L2 distance within tolerance (identical bits on the same kind of device)."""
-    tol = settings.GPUFLEX["AGREEMENT_TOLERANCE"] if tolerance is None else tolerance
-    scale = max(float(a.norm()), float(b.norm()), 1e-12)
-    return float((a - b).norm()) / scale <= tol
+def replicas_agree(
+    a: TaskResult, b: TaskResult, state_a: Mapping[str, torch.Tensor],
+    state_b: Mapping[str, torch.Tensor],
+) -> Agreement:  # fmt: skip
+    """The agreement rule for two stored results of one unit, with their claimed precisions."""
+    return agreement(
+        state_a,
+        state_b,
+        a.precision,
+        b.precision,
+        same_class_tolerance=settings.GPUFLEX["AGREEMENT_TOLERANCE"],
+    )
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -37,12 +55,16 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b) / denom if denom > 0 else 0.0
 
 
-def _settle(result: TaskResult, ok: bool, others: list[TaskResult]) -> None:
+def _settle(result: TaskResult, ok: bool, others: list[TaskResult], nearest: Agreement) -> None:
     result.verified = ok
     result.verified_against = [o.node_id for o in others]
     if not ok:
         result.accepted = False
-        result.rejection = "disagreed with the replica majority"
+        # the distance tells an operator a cheat (far) from a tolerance problem (just over)
+        result.rejection = (
+            f"disagreed with the replica majority (nearest replica at relative L2 "
+            f"{nearest.distance.relative_l2:.3g}, tolerance {nearest.tolerance:.3g})"
+        )
     result.save(update_fields=["verified", "verified_against", "accepted", "rejection"])
     record_verification(result.node_id, ok=int(ok), bad=int(not ok))
 
@@ -58,12 +80,17 @@ def verify_unit(rnd: Round, task: Task) -> None:
     results = [t.result for t in tasks if hasattr(t, "result") and t.result.verified is None]
     if len(results) < 2:
         return
-    vectors = {r.pk: _vector(r) for r in results}
-    for r in results:
-        peers = [o for o in results if o.pk != r.pk and agree(vectors[r.pk], vectors[o.pk])]
-        r._peers = peers  # type: ignore[attr-defined]
+    states = {r.pk: _state(r) for r in results}
+    verdicts: dict[tuple[int, int], Agreement] = {}
+    for a, b in combinations(results, 2):  # the rule is symmetric: each pair once
+        verdicts[a.pk, b.pk] = verdicts[b.pk, a.pk] = replicas_agree(
+            a, b, states[a.pk], states[b.pk]
+        )
+    peers = {
+        r.pk: [o for o in results if o.pk != r.pk and verdicts[r.pk, o.pk].agreed] for r in results
+    }
     majority = math.floor(len(results) / 2) + 1
-    winners = [r for r in results if len(r._peers) + 1 >= majority]  # type: ignore[attr-defined]
+    winners = [r for r in results if len(peers[r.pk]) + 1 >= majority]
     if not winners:
         if len(results) == 2:
             # one of the two is wrong and we cannot tell which: ask a third node
@@ -75,4 +102,6 @@ def verify_unit(rnd: Round, task: Task) -> None:
             r.save(update_fields=["accepted", "verified", "rejection"])
         return
     for r in results:
-        _settle(r, r in winners, [o for o in results if o.pk != r.pk])
+        others = [o for o in results if o.pk != r.pk]
+        nearest = min((verdicts[r.pk, o.pk] for o in others), key=lambda v: v.distance.relative_l2)
+        _settle(r, r in winners, others, nearest)

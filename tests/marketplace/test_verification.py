@@ -2,17 +2,121 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 import torch
 
+from marketplace.jobs import files
 from marketplace.jobs.aggregation import _statistical_filter
-from marketplace.jobs.models import Job, Task, TaskResult
-from marketplace.jobs.verification import agree
+from marketplace.jobs.models import Job, Precision, Task, TaskResult
+from marketplace.jobs.verification import replicas_agree
 from marketplace.nodes.models import Node
+from tests.marketplace.agents import Agent
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_job_flow import run_until_idle
+from trainer.compression import CodecConfig, encode_update
+from trainer.datasets import Dataset
+from trainer.local import train_local
+from trainer.models import build_model
+from trainer.replicas import PRECISIONS
+from trainer.spec import parse_spec
+from trainer.updates import decode_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+# one shard, so the second node's claim is the first task's replica; int8 as replicas travel
+REPLICATED_SPEC = SMALL_SPEC | {
+    "sharding": {"method": "random", "num_shards": 1},
+    "compression": {"codec": "int8"},
+    "rounds": {"max_rounds": 1},
+}
+
+
+def _train(agent: Agent, task: dict[str, Any], precision: str) -> dict[str, torch.Tensor]:
+    """The task runner's training (tests/marketplace/agents.py's Agent.train) in a chosen
+    precision: bf16 autocast on this CPU stands in for a GPU's bf16."""
+    state, meta = decode_state(agent.model(task["id"]).content)
+    tensors, _ = decode_state(agent.shard(task["id"]).content)
+    spec = parse_spec(task["spec"])
+    spec = spec.replace(local=spec.local.model_dump() | {"precision": precision})
+    input_shape = tuple(json.loads(meta["input_shape"]))
+    num_classes = int(meta["num_classes"])
+    model = build_model(spec.model, input_shape, num_classes, seed=spec.seed)
+    x, y = tensors["x"], tensors["y"]
+    data = Dataset("shard", meta["task"], x, y, x[:0], y[:0], num_classes, input_shape)
+    result = train_local(
+        model, state, data, spec, seed=task["seed"], steps=task["steps"],
+        batch_size=task["batch_size"],
+    )  # fmt: skip
+    assert result.precision == precision
+    return result.delta
+
+
+def _upload(
+    agent: Agent, task: dict[str, Any], delta: dict[str, torch.Tensor], claim: str | None
+) -> Any:
+    """Encoded with the task's codec; the claimed precision in the metadata, as
+    desktop/task_runner.py writes it (None: an older agent that sends no claim)."""
+    metadata = {"task_id": task["id"]} | ({"precision": claim} if claim else {})
+    payload = encode_update(delta, CodecConfig(task["codec"]), metadata=metadata)
+    return agent.upload(task["id"], payload, {"steps": task["steps"], "compute_s": 1.0})
+
+
+def test_honest_replicas_in_different_precisions_verify_each_other(make_agent, submit) -> None:
+    cpu, gpu = make_agent(), make_agent()
+    submit(tier="volunteer", spec=REPLICATED_SPEC)
+    first = cpu.claim()  # untrusted: a replica is made for another node
+    replica = gpu.claim()
+    assert replica["seed"] == first["seed"] and first["codec"] == replica["codec"] == "int8"
+
+    assert _upload(cpu, first, _train(cpu, first, "fp32"), claim=None).status_code == 201
+    assert _upload(gpu, replica, _train(gpu, replica, "bf16"), claim="bf16").status_code == 201
+
+    results = list(TaskResult.objects.order_by("task__replica"))
+    assert [r.precision for r in results] == ["fp32", "bf16"]  # no claim: fp32
+    assert all(r.verified is True and r.accepted and not r.rejection for r in results)
+    assert not Task.objects.filter(replica=2).exists(), "no dispute, so no third replica"
+    a, b = (decode_state(files.get(r.update_file))[0] for r in results)
+    assert any(not torch.equal(a[k], b[k]) for k in a), "the replicas ran different numerics"
+
+
+def test_a_cheat_claiming_another_precision_is_outvoted(make_agent, submit) -> None:
+    honest, cheater, verifier = make_agent(), make_agent(), make_agent(kind="platform")
+    submit(tier="volunteer", spec=REPLICATED_SPEC)
+    first = honest.claim()
+    replica = cheater.claim()
+    assert _upload(honest, first, _train(honest, first, "fp32"), "fp32").status_code == 201
+    # the cheater poisons real work (doubles it) and claims fp16, whose tolerance is loosest
+    work = _train(cheater, replica, "bf16")
+    doubled = {k: 2 * v for k, v in work.items()}
+    assert _upload(cheater, replica, doubled, "fp16").status_code == 201
+    third = verifier.claim()  # the dispute brings in a third replica, platform nodes first
+    assert third is not None and third["seed"] == first["seed"]
+    assert _upload(verifier, third, _train(verifier, third, "bf16"), "bf16").status_code == 201
+
+    cheat = TaskResult.objects.get(node_id=cheater.node_id)
+    assert cheat.precision == "fp16" and cheat.verified is False and not cheat.accepted
+    assert "relative L2" in cheat.rejection and not cheat.credited
+    others = TaskResult.objects.exclude(pk=cheat.pk)
+    assert sorted(r.precision for r in others) == ["bf16", "fp32"]
+    assert all(r.verified is True and r.accepted for r in others)
+    assert Node.objects.get(pk=cheater.node_id).verified_bad == 1
+
+
+def test_an_unknown_precision_claim_is_rejected(make_agent, submit) -> None:
+    agent = make_agent()
+    submit(tier="volunteer", spec=REPLICATED_SPEC)
+    task = agent.claim()
+    delta = _train(agent, task, "fp32")
+    response = _upload(agent, task, delta, "fp8")
+    assert response.status_code == 422, response.content
+    body = response.json()
+    assert body["error"] == "update_rejected" and body["reason"] == "metadata"
+    assert "precision" in body["detail"] and not TaskResult.objects.exists()
+    # the task is still the node's: the corrected upload is taken
+    assert _upload(agent, task, delta, "fp32").status_code == 201
 
 
 def test_cheating_node_is_caught_by_redundancy_and_earns_nothing(make_agent, submit) -> None:
@@ -69,11 +173,21 @@ def test_platform_node_takes_replicas_first(make_agent, submit) -> None:
     assert Task.objects.get(pk=task["id"]).replica == 1
 
 
-def test_agreement_tolerance() -> None:
-    a = torch.ones(100)
-    assert agree(a, a + 1e-6)
-    assert not agree(a, torch.zeros(100))
-    assert not agree(a, -a)
+def test_agreement_tolerance_setting_binds_replicas_claiming_one_precision(settings) -> None:
+    a = {"w": torch.ones(100)}
+    near = {"w": torch.ones(100) * 1.05}  # relative L2 0.048: honest across devices
+    fp32, bf16 = TaskResult(precision="fp32"), TaskResult(precision="bf16")
+    assert replicas_agree(fp32, fp32, a, near).agreed  # default: the cross-device tolerance
+    assert not replicas_agree(fp32, fp32, a, {"w": torch.zeros(100)}).agreed
+    assert not replicas_agree(fp32, bf16, a, {"w": -a["w"]}).agreed
+    settings.GPUFLEX = settings.GPUFLEX | {"AGREEMENT_TOLERANCE": 1e-3}  # one kind of device
+    assert replicas_agree(fp32, fp32, a, {"w": a["w"] + 1e-6}).agreed
+    assert not replicas_agree(fp32, fp32, a, near).agreed
+    assert replicas_agree(fp32, bf16, a, near).agreed  # differing claims: never that tight
+
+
+def test_stored_precisions_are_the_trainers() -> None:
+    assert tuple(Precision.values) == PRECISIONS
 
 
 def test_statistical_filter_drops_an_update_pointing_away() -> None:
