@@ -87,10 +87,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def _progress(client: Client, job: dict[str, Any], interval: float) -> dict[str, Any]:
     from tqdm import tqdm
 
+    from marketplace.demo.progress import say_node_states
+
     bar = tqdm(total=job["max_rounds"], desc=job["name"], unit="round")
     state = job
+    said = None
     try:
         for state in client.follow(job["id"], interval):
+            said = say_node_states(state, said, tqdm.write)
             bar.update(state["rounds_done"] - bar.n)
             metrics = state.get("last_metrics") or {}
             if "accuracy" in metrics:

@@ -15,10 +15,12 @@ def follow(client: Client, job: dict[str, Any], timeout_s: float, out: Any) -> d
     bar = tqdm(total=round(target * 1000), desc="accuracy", unit="‰", file=out,
                bar_format="{desc} {bar} {n}/{total}‰ [{elapsed}]")  # fmt: skip
     seen = 0
+    nodes_said = None
     end = time.monotonic() + timeout_s
     try:
         while True:
             job = client.job(job["id"])
+            nodes_said = say_node_states(job, nodes_said, lambda line: tqdm.write(line, file=out))
             if job["rounds_done"] > seen:
                 for r in client.rounds(job["id"]):
                     if r["status"] != "done" or r["number"] <= seen:
@@ -41,3 +43,15 @@ def follow(client: Client, job: dict[str, Any], timeout_s: float, out: Any) -> d
             time.sleep(0.5)
     finally:
         bar.close()
+
+
+def say_node_states(job: dict[str, Any], said: Any, write: Any) -> Any:
+    """A line whenever the nodes that could work on the job change who waits and why (not on
+    every working/idle flip between tasks); returns what was said, for the next call."""
+    states = job.get("node_states")
+    if not states:
+        return said
+    now = (states["nodes"], [(r["state"], r["reason"], r["nodes"]) for r in states["reasons"]])
+    if now != said and (states["reasons"] or said is not None or not states["nodes"]):
+        write(f"nodes: {states['summary']}")
+    return now

@@ -22,6 +22,10 @@ def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
     rounds = list(Round.objects.filter(job=job, status="done").order_by("number"))
     costs = job_costs(job)
     nodes = []
+    results = TaskResult.objects.filter(task__round__job=job)
+    ran_on: dict[int, set[tuple[str, str]]] = {}
+    for node_id, device, precision in results.values_list("node_id", "device", "precision"):
+        ran_on.setdefault(node_id, set()).add((device or "unknown", precision))
     for node in Node.objects.annotate(
         uploaded=Count("results", filter=Q(results__task__round__job=job)),
         verified=Count("results", filter=Q(results__task__round__job=job, results__credited=True)),
@@ -44,6 +48,9 @@ def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
                 "samples": int(node.samples or 0),
                 "compute_s": round(float(node.compute or 0.0), 2),
                 "earnings": node_earnings(node)["total"],
+                # where its tasks trained: "cuda" on a GPU machine, in bf16 where it has it
+                "devices": sorted({d for d, _ in ran_on.get(node.pk, ())}),
+                "ran_on": sorted(f"{d} {p}" for d, p in ran_on.get(node.pk, ())),
             }
         )
     verified = False
@@ -54,7 +61,6 @@ def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
         )
         verified = bool(report.ok and chain.records[-1].output_model_hash == job.model_hash)
     ledger = reconcile(with_chain=False)
-    results = TaskResult.objects.filter(task__round__job=job)
     # an update counted twice would be two aggregated results for one shard in one round
     doubles = (
         results.filter(aggregated=True, task__shard__isnull=False)
@@ -109,6 +115,8 @@ def print_summary(s: dict[str, Any], write: Any = print) -> None:
             f"{n['compute_s']:>7.1f} {n['earnings']:>10}"
         )
     write("")
+    ran = sorted({pair for n in s["nodes"] for pair in n["ran_on"]})
+    write(f"tasks trained on: {', '.join(ran) or 'nothing'}")
     write(f"verified contributions: {s['verified_contributions']}")
     write(
         f"buyer: budget {s['buyer_budget']}, cost {s['buyer_cost']} (of which redundancy "

@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from marketplace.jobs.models import JobStatus, RoundStatus, Task, TaskStatus, Tier
+from marketplace.jobs.models import Job, JobStatus, RoundStatus, Task, TaskStatus, Tier
 from marketplace.jobs.signals import bump_work_generation, work_generation
 from marketplace.jobs.sizing import plan_works, size_work
 from marketplace.nodes.models import Node, NodeKind
@@ -53,6 +53,17 @@ def eligible_tasks(node: Node) -> QuerySet[Task]:
         # volunteer-tier jobs still use platform nodes to verify volunteers' results
         return qs.filter(~Q(round__job__tier=Tier.VOLUNTEER) | Q(replica__gt=0))
     return qs.exclude(round__job__tier=Tier.PLATFORM)
+
+
+def nodes_that_may_work_on(job: Job) -> QuerySet[Node]:
+    """The node side of `eligible_tasks`' rule, seen from a job: the nodes whose price,
+    memory and kind let them take some task of it (online or not)."""
+    qs = Node.objects.filter(
+        price_per_gpu_hour__lte=job.max_price_per_gpu_hour, memory_gb__gte=job.min_memory_gb
+    )
+    if job.tier == Tier.PLATFORM:
+        return qs.filter(kind=NodeKind.PLATFORM)
+    return qs  # volunteer jobs: volunteers train, platform nodes verify
 
 
 def preference(node: Node) -> list[Q]:

@@ -6,7 +6,9 @@ from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 
 from marketplace.accounts.models import User
 from marketplace.jobs.models import Job, Round, Task, TaskResult
-from marketplace.nodes.models import Node
+from marketplace.jobs.scheduling import nodes_that_may_work_on
+from marketplace.nodes.models import Node, NodeState
+from marketplace.nodes.selectors import online_nodes
 
 
 def jobs_of(user: User) -> QuerySet[Job]:
@@ -60,3 +62,42 @@ def jobs_by_status() -> dict[str, int]:
     """How many jobs are in each status, for the market page and the operator's overview."""
     rows = Job.objects.order_by().values("status").annotate(n=Count("pk"))
     return {r["status"]: r["n"] for r in rows}
+
+
+_STATE_ORDER = (NodeState.WORKING, NodeState.IDLE, NodeState.WAITING, NodeState.PAUSED)
+
+
+def job_node_states(job: Job) -> dict:
+    """The online nodes that may work on this job, by state, with the reasons of those that
+    wait or are paused: what a buyer needs when the job does not move ("3 nodes waiting:
+    another program uses the GPU (game.exe)")."""
+    rows = (
+        online_nodes()
+        .filter(pk__in=nodes_that_may_work_on(job).values("pk"))
+        .values("state", "state_reason")
+        .annotate(n=Count("pk"))
+        .order_by("state", "state_reason")
+    )
+    counts = {str(state): 0 for state in _STATE_ORDER}
+    reasons: list[dict] = []
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + r["n"]
+        if r["state"] in (NodeState.WAITING, NodeState.PAUSED):
+            reason = r["state_reason"] or ("paused by its owner" if r["state"] == "paused" else "")
+            reasons.append({"state": r["state"], "reason": reason, "nodes": r["n"]})
+    reasons.sort(key=lambda x: (-x["nodes"], x["state"], x["reason"]))
+    total = sum(counts.values())
+    return {"nodes": total, "counts": counts, "reasons": reasons,
+            "summary": _node_summary(total, counts, reasons)}  # fmt: skip
+
+
+def _node_summary(total: int, counts: dict[str, int], reasons: list[dict]) -> str:
+    if total == 0:
+        return "no node online can take this job (price, memory or tier)"
+    parts = [f"{n} {state}" for state, n in counts.items() if n and state in ("working", "idle")]
+    for r in reasons:
+        noun = "node" if r["nodes"] == 1 else "nodes"
+        parts.append(
+            f"{r['nodes']} {noun} {r['state']}" + (f": {r['reason']}" if r["reason"] else "")
+        )
+    return "; ".join(parts)

@@ -16,7 +16,8 @@ class NodeKind(models.TextChoices):
 class NodeState(models.TextChoices):
     IDLE = "idle"
     WORKING = "working"
-    PAUSED = "paused"
+    PAUSED = "paused"  # by its owner
+    WAITING = "waiting"  # its work policy says not now; `state_reason` says why
     OFFLINE = "offline"
 
 
@@ -38,6 +39,9 @@ class Node(models.Model):
     memory_gb = models.FloatField(default=0.0)
 
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.IDLE)
+    # why a node is paused or waiting, in the agent's words ("another program uses the GPU
+    # (game.exe)"), so that a buyer whose job stalls can see why
+    state_reason = models.CharField(max_length=200, blank=True, default="")
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     metrics = models.JSONField(default=dict, blank=True)
     live_network = models.JSONField(default=dict, blank=True)

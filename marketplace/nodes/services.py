@@ -64,8 +64,10 @@ def record_heartbeat(
     network: dict[str, Any],
     task_id: str | None = None,
     progress: float | None = None,
+    reason: str = "",
 ) -> dict[str, Any]:
     """One UPDATE, no read: heartbeats are the hottest path on the server."""
+    reason = reason if state in (NodeState.PAUSED, NodeState.WAITING) else ""
     now = timezone.now()
     live = dict(metrics)
     if task_id is not None:
@@ -79,8 +81,9 @@ def record_heartbeat(
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit TO OFF")
         Node.objects.filter(pk=node.pk).update(
-            state=state, metrics=live, live_network=network, last_heartbeat_at=now
-        )
+            state=state, state_reason=reason, metrics=live, live_network=network,
+            last_heartbeat_at=now,
+        )  # fmt: skip
     conf = settings.GPUFLEX
     return {
         "server_time": now,

@@ -16,7 +16,7 @@ from django.urls import reverse
 from marketplace.jobs import files
 from marketplace.jobs.aggregation import provenance_name
 from marketplace.jobs.models import Job, Round
-from marketplace.jobs.selectors import leased_nodes, node_work, rounds_of
+from marketplace.jobs.selectors import job_node_states, leased_nodes, node_work, rounds_of
 from marketplace.jobs.sizing import measurement
 from marketplace.ledger.selectors import job_costs
 from marketplace.nodes.models import Node
@@ -99,6 +99,7 @@ def node_rows(job: Job) -> list[dict[str, Any]]:
                 "results": w.get("accepted", 0),
                 "share": round((w.get("samples") or 0) / total_samples, 4),
                 "state": "working" if node.pk in working else node.state,
+                "reason": "" if node.pk in working else node.state_reason,
             }
         )
     return rows
@@ -142,6 +143,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "model_url": reverse("web:job-model", args=[job.pk]),
         "rounds": round_rows(list(rounds_of(job))),
         "nodes": rows,
+        "node_states": job_node_states(job),
         "topology": topology(rows),
         "cost": cost_summary(job),
         "error": job.error,

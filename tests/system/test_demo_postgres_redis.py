@@ -11,6 +11,7 @@ import sys
 import uuid
 
 import pytest
+import torch
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.xdist_group("system")]
 
@@ -56,6 +57,9 @@ def test_demo_on_postgres_and_redis(services, tmp_path) -> None:
     assert summary["ledger_balanced"] and summary["provenance_verified"]
     assert summary["updates_counted_twice"] == 0 and summary["tasks_still_leased"] == 0
     assert len(summary["nodes"]) == 5 and summary["verified_contributions"] > 0
+    # every task recorded where it trained: here the CPU in fp32 (`auto`), on a GPU cuda
+    expected = "cuda bf16" if torch.cuda.is_available() else "cpu fp32"
+    assert {p for n in summary["nodes"] for p in n["ran_on"]} == {expected}
     budget, cost, refund = (
         float(summary[k]) for k in ("buyer_budget", "buyer_cost", "buyer_refund")
     )

@@ -20,7 +20,11 @@ class HeartbeatNetworkSerializer(serializers.Serializer):
 
 
 class HeartbeatSerializer(serializers.Serializer):
-    state = serializers.ChoiceField(choices=["idle", "working", "paused"])
+    state = serializers.ChoiceField(choices=["idle", "working", "paused", "waiting"])
+    reason = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=200,
+        help_text="why the node is paused or waiting (its work policy), in words",
+    )  # fmt: skip
     task_id = serializers.CharField(required=False, allow_null=True, max_length=64)
     progress = serializers.FloatField(required=False, allow_null=True, min_value=0, max_value=1)
     metrics = HeartbeatMetricsSerializer(required=False, default=dict)

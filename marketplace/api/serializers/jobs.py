@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from marketplace.jobs.models import Job, Round, Tier
+from marketplace.jobs.selectors import job_node_states
 from marketplace.ledger.selectors import job_costs
 
 
@@ -85,6 +87,35 @@ class JobSerializer(serializers.ModelSerializer):
     def get_last_metrics(self, job: Job) -> dict | None:
         done = [r for r in job.rounds.all() if r.status == "done"]
         return done[-1].metrics if done else None
+
+
+class NodeReasonSerializer(serializers.Serializer):
+    state = serializers.CharField()
+    reason = serializers.CharField()
+    nodes = serializers.IntegerField()
+
+
+class NodeStatesSerializer(serializers.Serializer):
+    nodes = serializers.IntegerField(help_text="online nodes that may take this job's tasks")
+    counts = serializers.DictField(child=serializers.IntegerField(), help_text="by state")
+    reasons = NodeReasonSerializer(many=True, help_text="why nodes wait or are paused")
+    summary = serializers.CharField(help_text='e.g. "3 nodes waiting: another program uses '
+                                    'the GPU (game.exe)"')  # fmt: skip
+
+
+class JobDetailSerializer(JobSerializer):
+    """One job, with the state of the nodes that could work on it (not in lists: a query per
+    job)."""
+
+    node_states = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "node_states"]
+        read_only_fields = fields
+
+    @extend_schema_field(NodeStatesSerializer)
+    def get_node_states(self, job: Job) -> dict:
+        return job_node_states(job)
 
 
 class RoundSerializer(serializers.ModelSerializer):

@@ -15,7 +15,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace.api.permissions import IsBuyer
-from marketplace.api.serializers.jobs import JobSerializer, JobSubmitSerializer, RoundSerializer
+from marketplace.api.serializers.jobs import (
+    JobDetailSerializer,
+    JobSerializer,
+    JobSubmitSerializer,
+    RoundSerializer,
+)
 from marketplace.jobs import files
 from marketplace.jobs.aggregation import provenance_name
 from marketplace.jobs.errors import Conflict
@@ -60,7 +65,7 @@ class JobListView(generics.ListAPIView):
 
 class JobDetailView(generics.RetrieveAPIView):
     permission_classes = [IsBuyer]
-    serializer_class = JobSerializer
+    serializer_class = JobDetailSerializer
 
     def get_queryset(self):
         return jobs_of(self.request.user)

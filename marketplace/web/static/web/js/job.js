@@ -69,10 +69,12 @@
         '<td class="num"><span class="badge ' + esc(n.band) + '">' + (n.rtt_ms == null ? "—" : esc(n.rtt_ms) + " ms") + "</span></td>" +
         '<td><div class="share"><div class="bar"><span style="width:' + (100 * n.share).toFixed(1) + '%"></span></div>' +
         (100 * n.share).toFixed(0) + "%</div></td>" +
-        '<td class="num">' + n.results + '</td><td><span class="badge ' + esc(n.state) + '">' + esc(n.state) + "</span></td></tr>";
+        '<td class="num">' + n.results + '</td><td><span class="badge ' + esc(n.state) + '" title="' + esc(n.reason || "") + '">' +
+        esc(n.state) + "</span>" + (n.reason ? '<div class="small muted">' + esc(n.reason) + "</div>" : "") + "</td></tr>";
     });
     el("node-rows").innerHTML = rows.length ? rows.join("") :
       '<tr><td colspan="7" class="empty">Waiting for nodes to pick up the first tasks…</td></tr>';
+    text("node-summary", d.node_states ? d.node_states.summary : "");
   }
 
   function drawTopology(d) {
