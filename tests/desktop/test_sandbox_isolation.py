@@ -76,10 +76,19 @@ def test_a_task_can_write_only_its_own_folder(tmp_path: Path) -> None:
     assert (folder / "inside.txt").read_text() == "ok"
     report = json.loads((folder / "report.json").read_text())
     # /tmp inside is a private, throw-away tmpfs: a write there never reaches the host's /tmp
-    assert {t: v for t, v in report.items() if t != str(outside)} == {
-        t: "DENIED" for t in targets[1:]
+    # (nor the project's folder, when the project itself lives under /tmp as a CI clone does:
+    # only its code packages are bound, read-only, into that tmpfs)
+    in_tmp = {str(outside)} | (
+        {str(project_file)} if project_file.is_relative_to("/tmp") else set()
+    )
+    assert {t: v for t, v in report.items() if t not in in_tmp} == {
+        t: "DENIED" for t in targets[1:] if t not in in_tmp
     }
     assert not outside.exists() and not project_file.exists()
+    code_file = Path(__file__).resolve().parents[2] / "desktop" / "sandbox-escape.txt"
+    result = run(folder, f"open({str(code_file)!r}, 'w').write('escaped')")
+    assert result.status == "crashed" and "Read-only file system" in result.stderr_tail
+    assert not code_file.exists()
 
 
 def test_over_memory_is_killed_and_reported(tmp_path: Path) -> None:
