@@ -19,6 +19,7 @@ import datetime as dt
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import threading
@@ -298,6 +299,15 @@ class Agent:
     def _info(self, message: str) -> None:
         self._add_log("info", message)
 
+    def _trace(self, task_id: str, phase: str, t: float | None = None) -> None:
+        """With GPUFLEX_TRACE=1, when each phase of a task ended, as JSON lines in the data
+        folder's trace.jsonl: the round-phase bench (bench/rounds_bench.py) reads them."""
+        if os.environ.get("GPUFLEX_TRACE") != "1":
+            return
+        line = json.dumps({"task": task_id, "phase": phase, "t": t or time.time()})
+        with contextlib.suppress(OSError), (self.paths.data / "trace.jsonl").open("a") as f:
+            f.write(line + "\n")
+
     def _warn(self, message: str) -> None:
         self._add_log("warning", message)
 
@@ -333,6 +343,8 @@ class Agent:
         finally:
             if self.client is not None:
                 self.client.close()
+            if self._sandbox is not None:
+                self._sandbox.close()  # the warm task worker goes with the agent
             self._write_status_file()
 
     def _setup(self) -> None:
@@ -357,6 +369,8 @@ class Agent:
                 gpu=hw.accelerator != "cpu",
                 warn=self._warn,
             )
+        self.paths.tasks.mkdir(parents=True, exist_ok=True)
+        self._sandbox.prewarm(self.paths.tasks)  # torch imported before the first task comes
         transport = self._transport
         if s.network_profile:
             node = int(hashlib.sha256((s.node_name or "node").encode()).hexdigest(), 16) % 8
@@ -464,6 +478,8 @@ class Agent:
                     self._set(state=State.IDLE, reason="", task=None)
                     task = self.client.claim(self.claim_wait_s)
                     if task is not None:
+                        self._trace(str(task.get("id", "")), "claimed")
+                    if task is not None:
                         self._accept(task)
                 outage = 0
             except Unavailable as exc:
@@ -526,6 +542,7 @@ class Agent:
             try:
                 if not self._download(rec):
                     return
+                self._trace(rec.id, "downloaded")
             except ApiError as exc:
                 if exc.status not in (403, 404, 410):
                     raise
@@ -631,6 +648,8 @@ class Agent:
 
         def on_event(event: dict[str, Any]) -> None:
             nonlocal drop_at
+            if isinstance(event.get("phase"), str) and isinstance(event.get("t"), float):
+                self._trace(rec.id, f"runner_{event['phase']}", event["t"])
             progress = event.get("progress")
             if isinstance(progress, int | float):
                 self._set(task=self._task_status(rec, "training", float(progress)))
@@ -644,11 +663,13 @@ class Agent:
             memory_mb=s.task_memory_mb, cpu_s=s.task_cpu_s, wall_s=s.task_wall_s
         )
         self._sandbox.env["GPUFLEX_GPU_MEMORY_FRACTION"] = str(s.gpu_memory_fraction)
+        self._trace(rec.id, "sandbox_called")
         try:
             result = self._sandbox.run_task(folder, self._should_stop(should_stop, policy_stop),
                                             on_event)  # fmt: skip
         finally:
             self._policy_working = False
+        self._trace(rec.id, "sandbox_returned")
         if result.status == "cancelled":
             # kept as "ready": trained again from scratch later (training is deterministic)
             self.journal.record(rec.id, "ready", attempts=rec.attempts - 1)
@@ -722,7 +743,9 @@ class Agent:
             return
         t0 = time.monotonic()
         try:
+            self._trace(rec.id, "upload_started")
             code = self.client.put_update(rec.id, data, rec.metrics)
+            self._trace(rec.id, "uploaded")
         except ApiError as exc:
             if isinstance(exc, Unavailable):
                 raise

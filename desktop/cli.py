@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_status)
 
     # what the sandbox runs inside a PyInstaller bundle (no `python -m` there)
+    s = sub.add_parser("_zygote")  # the warm task worker, in a frozen app (desktop/warm.py)
+    s.add_argument("folder")
+    s.set_defaults(fn=lambda args: __import__("desktop.task_zygote").task_zygote.main())
     s = sub.add_parser("_task")
     s.add_argument("folder")
     s.set_defaults(fn=cmd_task)

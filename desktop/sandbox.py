@@ -28,6 +28,8 @@ from typing import Any
 
 import psutil
 
+from desktop.warm import WARM_DIR, WarmWorker, recover
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TASK_PACKAGES = ("desktop", "trainer")  # what desktop.task_runner imports of the project
 
@@ -228,12 +230,19 @@ class Sandbox:
         use_bwrap: bool | None = None,
         gpu: bool = False,
         warn: Callable[[str], None] | None = None,
+        warm: bool | None = None,
     ) -> None:
         self.limits = limits or Limits()
         self.gpu = gpu
         self.env: dict[str, str] = {}  # extra variables for the task (e.g. the GPU memory cap)
         self._running: psutil.Process | None = None
         self.isolated = bwrap_usable() if use_bwrap is None else use_bwrap
+        # Python tasks run through a warm worker (desktop/warm.py) where fork exists: the
+        # sandbox and `import torch` are paid once per agent instead of once per task
+        if warm is None:
+            warm = os.name == "posix" and os.environ.get("GPUFLEX_WARM_TASKS", "1") != "0"
+        self.warm = warm
+        self._worker: WarmWorker | None = None
         if not self.isolated and warn is not None:
             warn(
                 "bubblewrap is not available: tasks run with resource limits only, without "
@@ -242,13 +251,26 @@ class Sandbox:
 
     def current_pids(self) -> set[int]:
         """Host pids of the running task's processes: its GPU use is ours, not a game's."""
+        pids = self._worker.pids() if self._worker is not None else set()
         proc = self._running
         if proc is None:
-            return set()
+            return pids
         try:
-            return {proc.pid, *(c.pid for c in proc.children(recursive=True))}
+            return pids | {proc.pid, *(c.pid for c in proc.children(recursive=True))}
         except psutil.Error:
-            return {proc.pid}
+            return pids | {proc.pid}
+
+    def close(self) -> None:
+        """Stop the warm worker, if one runs (the agent calls this when it stops)."""
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def run_task(
         self,
@@ -275,6 +297,9 @@ class Sandbox:
         # GPU drivers reserve huge private mappings; a data-segment cap would break CUDA, so
         # GPU tasks rely on the resident-memory watchdog (and the GPU's own memory cap)
         cap_data = not self.gpu
+        python = _as_python_args(argv)
+        if self.warm and python is not None:
+            return self._run_warm(folder, python, cap_data, should_stop, on_event)
         if self.isolated:
             full = bwrap_argv(folder, argv, self.gpu, self.env)
             env = None
@@ -370,6 +395,79 @@ class Sandbox:
             return SandboxResult(killed[0], proc.returncode, killed[1], **base)
         return SandboxResult(*_classify(proc.returncode, tail, self.limits), **base)
 
+    def _run_warm(
+        self,
+        folder: Path,
+        args: list[str],
+        cap_data: bool,
+        should_stop: Callable[[], str | None] | None,
+        on_event: Callable[[dict[str, Any]], None] | None,
+    ) -> SandboxResult:
+        worker = self._worker_for(folder.parent)
+        run_dir = worker.run_dir
+        started = time.monotonic()
+
+        def watch(child: psutil.Process | None) -> tuple[str, str] | None:
+            if time.monotonic() - started > self.limits.wall_s:
+                return ("timeout", f"ran past its time limit of {self.limits.wall_s:g} s")
+            if (rss := _tree_rss_mb(child)) > self.limits.memory_mb:
+                return (
+                    "oom",
+                    f"used {rss} MB, over its memory limit of {self.limits.memory_mb} MB",
+                )
+            if should_stop is not None and (why := should_stop()):
+                return ("cancelled", why)
+            return None
+
+        inside = run_dir / folder.name
+        command = {
+            "argv": args,
+            "env": {**_child_env(inside), **self.env},
+            "cpu_s": self.limits.cpu_s,
+            "data_mb": self.limits.memory_mb if cap_data else None,
+            "file_mb": self.limits.file_mb,
+        }
+        try:
+            out = worker.run(folder, command, watch, on_event)
+        except (OSError, RuntimeError) as exc:
+            self.close()
+            return SandboxResult("sandbox", None, f"could not start the warm task worker: {exc}")
+        base = {"duration_s": time.monotonic() - started, "isolated": self.isolated,
+                "stderr_tail": out.stderr_tail, "events": out.events}  # fmt: skip
+        if out.killed:
+            return SandboxResult(out.killed[0], out.code, out.killed[1], **base)
+        assert out.code is not None
+        return SandboxResult(*_classify(out.code, out.stderr_tail, self.limits), **base)
+
+    def prewarm(self, tasks_dir: Path) -> None:
+        """Start the warm worker for tasks under `tasks_dir` before the first task comes,
+        and bring back task folders a crash left in its folder."""
+        if self.warm:
+            recover(tasks_dir.resolve())
+            self._worker_for(tasks_dir.resolve()).prewarm()
+
+    def _worker_for(self, tasks_dir: Path) -> WarmWorker:
+        run_dir = tasks_dir / WARM_DIR
+        if self._worker is None or self._worker.run_dir != run_dir:
+            self.close()
+            self._worker = WarmWorker(run_dir, self._start_zygote)
+        return self._worker
+
+    def _start_zygote(self, argv: list[str], run_dir: Path) -> subprocess.Popen[bytes]:
+        """The warm worker's process, confined as a cold task is; the per-task CPU, memory and
+        file limits are set by the zygote in each task's child."""
+        if self.isolated:
+            full, env = bwrap_argv(run_dir, argv, self.gpu, self.env), None
+        else:
+            full, env = argv, {**_child_env(run_dir), **self.env}
+            env["PATH"] = os.environ.get("PATH", env["PATH"])
+        own = Limits(self.limits.memory_mb, 10**7, self.limits.wall_s, self.limits.file_mb)
+        return subprocess.Popen(
+            full, cwd=run_dir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=_limit_child(own, cap_data=False),
+        )  # fmt: skip
+
     def _read_result(self, folder: Path, result: SandboxResult) -> SandboxResult:
         """The runner's own verdict (result.json) refines the exit code's."""
         try:
@@ -386,6 +484,16 @@ class Sandbox:
         elif result.ok and not (folder / "update.safetensors").is_file():
             result.status, result.detail = "crashed", "the task wrote no update"
         return result
+
+
+def _as_python_args(argv: list[str]) -> list[str] | None:
+    """`python -m module …` / `python -c code …` (or a frozen app's `_task FOLDER`) as the
+    arguments a warm worker runs; None for anything else, which runs cold."""
+    if len(argv) >= 3 and argv[0] == sys.executable and argv[1] in ("-m", "-c"):
+        return argv[1:]
+    if len(argv) == 3 and argv[1] == "_task" and getattr(sys, "frozen", False):
+        return ["-m", "desktop.task_runner", argv[2]]
+    return None
 
 
 def _classify(code: int, stderr: str, limits: Limits) -> tuple[str, int, str]:

@@ -70,6 +70,7 @@ def _residual(path: Path) -> Any:
 
 
 def run(folder: Path) -> int:
+    _emit(phase="started", t=time.time())  # the bench splits sandbox start from imports
     import torch
 
     from trainer.compression import CodecConfig, ErrorFeedback, encode_update
@@ -95,6 +96,7 @@ def run(folder: Path) -> int:
         _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
                                              "detail": f"bad task input: {exc}"})  # fmt: skip
         return EXIT_BAD_INPUT
+    _emit(phase="imported", t=time.time())  # and inputs read
 
     device = best_device(os.environ.get("GPUFLEX_DEVICE") or None)  # "cuda:N", never bare
     if device.type == "cuda":
@@ -139,6 +141,7 @@ def run(folder: Path) -> int:
     )  # fmt: skip
     # the precision that ran travels with the update: verification compares replicas that
     # ran in different precisions (a CPU's fp32, a GPU's bf16) by a rule measured for that
+    _emit(phase="trained", t=time.time())
     metadata = {"task_id": str(task.get("id", "")), "precision": result.precision,
                 "device": device.type}  # fmt: skip
     (folder / "update.tmp").write_bytes(encode_update(result.delta, codec, feedback, metadata))
@@ -156,7 +159,7 @@ def run(folder: Path) -> int:
             "precision": result.precision,
         },
     )  # fmt: skip
-    _emit(progress=1.0, step=result.steps)
+    _emit(progress=1.0, step=result.steps, phase="encoded", t=time.time())
     return EXIT_OK
 
 

@@ -15,9 +15,17 @@ needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap missing 
 PY = sys.executable
 
 
+@pytest.fixture(autouse=True, params=["cold", "warm"])
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every guarantee holds for a task started cold and for one forked by the warm worker."""
+    monkeypatch.setenv("GPUFLEX_WARM_TASKS", "1" if request.param == "warm" else "0")
+    return request.param
+
+
 def run(folder: Path, code: str, **limits: float) -> object:
-    sandbox = Sandbox(Limits(**{"wall_s": 60, "memory_mb": 1024, **limits}))  # type: ignore[arg-type]
-    return sandbox.run(folder, [PY, "-c", code])
+    limits = {"wall_s": 60, "memory_mb": 1024, **limits}
+    with Sandbox(Limits(**limits)) as sandbox:  # type: ignore[arg-type]
+        return sandbox.run(folder, [PY, "-c", code])
 
 
 @needs_bwrap
@@ -108,25 +116,28 @@ def test_over_cpu_time_is_killed_and_reported(tmp_path: Path) -> None:
 
 
 def test_cancel_stops_the_task(tmp_path: Path) -> None:
-    sandbox = Sandbox(Limits(wall_s=60))
-    result = sandbox.run(
-        tmp_path / "task", [PY, "-c", "import time; time.sleep(60)"], should_stop=lambda: "paused"
-    )
+    with Sandbox(Limits(wall_s=60)) as sandbox:
+        result = sandbox.run(
+            tmp_path / "task",
+            [PY, "-c", "import time; time.sleep(60)"],
+            should_stop=lambda: "paused",
+        )
     assert result.status == "cancelled" and result.detail == "paused"
 
 
 def test_without_bwrap_limits_still_apply_and_a_warning_is_given(tmp_path: Path) -> None:
     warnings: list[str] = []
-    sandbox = Sandbox(Limits(wall_s=60, memory_mb=256), use_bwrap=False, warn=warnings.append)
-    assert warnings and "bubblewrap" in warnings[0]
-    result = sandbox.run(tmp_path / "task", [PY, "-c", "b = bytearray(3 * 2**30)"])
+    with Sandbox(Limits(wall_s=60, memory_mb=256), use_bwrap=False, warn=warnings.append) as sb:
+        assert warnings and "bubblewrap" in warnings[0]
+        result = sb.run(tmp_path / "task", [PY, "-c", "b = bytearray(3 * 2**30)"])
     assert result.status == "oom" and not result.isolated
 
 
 def test_progress_events_come_back(tmp_path: Path) -> None:
     seen: list[dict] = []
     code = "import json\nfor i in range(3): print(json.dumps({'progress': i / 2}), flush=True)"
-    result = Sandbox(Limits(wall_s=60)).run(tmp_path / "t", [PY, "-c", code], on_event=seen.append)
+    with Sandbox(Limits(wall_s=60)) as sandbox:
+        result = sandbox.run(tmp_path / "t", [PY, "-c", code], on_event=seen.append)
     assert result.ok and [e["progress"] for e in seen] == [0.0, 0.5, 1.0]
 
 
@@ -171,3 +182,33 @@ def test_packages_on_any_sys_path_entry_are_seen_and_neighbours_are_not(
     result = run(folder, code)
     assert result.status == "ok", (result.detail, result.stderr_tail)
     assert json.loads((folder / "out.json").read_text()) == [42, False]
+
+
+@needs_bwrap
+def test_warm_tasks_share_no_memory_no_folder_and_survive_a_kill(tmp_path: Path) -> None:
+    """One warm worker, three tasks in a row: a module global set by the first is not seen by
+    the second, the first's folder is out of sight, and a task killed for time leaves a
+    worker that runs the next one."""
+    tasks = tmp_path / "tasks"
+    leak = (
+        "import json, os, pathlib, desktop.task_runner as m\n"
+        "seen = getattr(m, 'LEAK', None)\n"
+        "m.LEAK = os.getcwd()\n"
+        "others = sorted(p.name for p in pathlib.Path('..').iterdir())\n"
+        "pathlib.Path('out.json').write_text(json.dumps([seen, others]))\n"
+    )
+    with Sandbox(Limits(wall_s=60, memory_mb=1024), warm=True) as sandbox:
+        assert sandbox.run(tasks / "a", [PY, "-c", leak]).ok
+        (tasks / "a" / "secret.txt").write_text("a's data")  # a stays on disk, beside b
+        assert sandbox.run(tasks / "b", [PY, "-c", leak]).ok
+        worker = sandbox._worker
+        sandbox.limits = Limits(wall_s=0.5, memory_mb=1024)
+        slow = sandbox.run(tasks / "c", [PY, "-c", "import time; time.sleep(60)"])
+        sandbox.limits = Limits(wall_s=60, memory_mb=1024)
+        assert sandbox.run(tasks / "d", [PY, "-c", leak]).ok
+        assert sandbox._worker is worker and worker.alive()  # the same zygote all along
+    assert slow.status == "timeout"
+    for name in ("a", "b", "d"):
+        seen, others = json.loads((tasks / name / "out.json").read_text())
+        assert seen is None and others == [name]
+    assert not (tasks / ".warm" / "a").exists() and (tasks / "a" / "secret.txt").exists()

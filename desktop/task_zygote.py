@@ -1,0 +1,120 @@
+"""The warm task worker that runs INSIDE the sandbox: Python and torch imported once, then one
+forked child per task.
+
+Starting a task cold (bubblewrap, a fresh interpreter, `import torch`) costs seconds; a task on
+a small model trains in a tenth of that. The zygote pays the start once. For each task the
+agent sends one JSON line on stdin:
+
+    {"folder": "/…/tasks/.warm/<id>", "argv": ["-m", "desktop.task_runner", FOLDER],
+     "env": {...}, "cpu_s": 3600, "data_mb": 8192 | null, "file_mb": 4096}
+
+The zygote forks; the child starts a new session, enters the task's folder, takes the task's
+rlimits and environment, and runs `argv` as `python ARGV` would (`-m module …` or `-c code`).
+Its stdout and stderr are the zygote's, so progress events reach the agent unchanged. The
+zygote waits for the child and answers one line, `{"zygote": "exited", "code": N}` (N as
+subprocess reports it: negative for a signal). Each child is a copy of a process that never ran
+a task, and exits when its task ends, so no task sees another's memory; the agent moves only
+the running task's folder into the one folder the sandbox lets the zygote write.
+
+The zygote never touches CUDA: a CUDA context does not survive fork, so each child makes its
+own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from typing import Any
+
+READY = {"zygote": "ready"}
+
+
+def _say(event: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def _child(cmd: dict[str, Any]) -> None:
+    """In the forked child: become the task, then never return to the zygote's loop."""
+    import resource
+
+    code = 1
+    try:
+        os.setsid()  # its own process group: the agent kills the task, not the zygote
+        null = os.open(os.devnull, os.O_RDONLY)  # the command pipe is the zygote's alone
+        os.dup2(null, 0)
+        os.chdir(cmd["folder"])
+        mb = 2**20
+        cpu = int(cmd["cpu_s"])
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(cmd["file_mb"]) * mb,) * 2)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if cmd.get("data_mb"):
+            resource.setrlimit(resource.RLIMIT_DATA, (int(cmd["data_mb"]) * mb,) * 2)
+        os.environ.update({str(k): str(v) for k, v in cmd.get("env", {}).items()})
+        argv = [str(a) for a in cmd["argv"]]
+        if argv[:1] == ["-m"]:
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        elif argv[:1] == ["-c"]:
+            sys.argv = ["-c", *argv[2:]]
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+        else:
+            raise ValueError(f"the zygote runs '-m module' or '-c code', not {argv[:1]}")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except MemoryError:
+        code = 3  # desktop.task_runner's EXIT_OOM
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _status(wait_status: int) -> int:
+    if os.WIFSIGNALED(wait_status):
+        return -os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+def main() -> int:
+    # what every task needs, imported once; the heavy part of a cold start. torch._dynamo is
+    # what an optimizer's first step imports lazily (1.5 s here); importing runs no torch op,
+    # so no thread pool exists yet to be broken by fork
+    import torch
+    import torch._dynamo  # noqa: F401
+
+    import desktop.task_runner  # noqa: F401
+    import trainer.compression
+    import trainer.local
+    import trainer.models  # noqa: F401
+
+    _say(READY)
+    for line in sys.stdin:
+        try:
+            cmd = json.loads(line)
+            if not isinstance(cmd, dict) or "folder" not in cmd or "argv" not in cmd:
+                raise ValueError("a command needs 'folder' and 'argv'")
+        except ValueError as exc:
+            _say({"zygote": "error", "detail": str(exc)[:300]})
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(cmd)
+        _, wait_status = os.waitpid(pid, 0)
+        _say({"zygote": "exited", "code": _status(wait_status)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
