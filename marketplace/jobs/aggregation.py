@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,7 +199,11 @@ def run_aggregation(round_id: int) -> None:
     if rnd is None or rnd.status != RoundStatus.AGGREGATING:
         return
     job = rnd.job
+    started = time.time()
     outcome = _compute(job, rnd)
+    # when and how long: the round-phase bench (bench/rounds_bench.py) splits a round's wall
+    # time into queue wait, aggregation and the next round's opening with these
+    outcome.metrics |= {"aggregation_started_at": started, "aggregation_s": time.time() - started}
     failpoint("aggregation.before_commit")  # the checkpoint is written, the database not yet
     with transaction.atomic():
         rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
