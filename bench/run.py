@@ -220,10 +220,14 @@ def rounds_section() -> dict[str, Any]:
     subprocess: each sets up Django on its own demo database."""
     out = {}
     for mode in ("cold", "warm"):
-        print(f"rounds: the digits job through the real marketplace, {mode} tasks")
-        done = subprocess.run([sys.executable, "-m", "bench.rounds_bench", "--mode", mode],
-                              capture_output=True, text=True, check=True)  # fmt: skip
-        out[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        for demo in (False, True):
+            what = "gpuflex demo's job" if demo else "the Flower-matched digits job"
+            print(f"rounds: {what} through the real marketplace, {mode} tasks")
+            cmd = [sys.executable, "-m", "bench.rounds_bench", "--mode", mode]
+            done = subprocess.run(cmd + ["--demo"] * demo, capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+            out[f"{mode}_demo" if demo else mode] = json.loads(done.stdout.strip().splitlines()[-1])
     return out
 
 
@@ -249,10 +253,13 @@ def render_rounds(r: dict[str, Any]) -> list[str]:
         *(f"| {p} | {share(cold, p)} | {share(warm, p)} |" for p in PHASES),
         f"| **round wall time** (median) | **{cold['median_round_s']:.2f} s** | "
         f"**{warm['median_round_s']:.2f} s** (goal ≤ 2 s) |",
-        f"| demo to 0.95 | {cold['time_to_target_s']:.0f} s, {cold['rounds']} rounds | "
-        f"{warm['time_to_target_s']:.0f} s, {warm['rounds']} rounds (goal ≤ 60 s) |",
         f"| peak memory, all processes | {cold['peak_memory_mb']:,} MB | "
         f"{warm['peak_memory_mb']:,} MB (goal ≤ 2,048 MB) |",
+        f"| `gpuflex demo` to 0.95 (its own job: adaptive, wan and flaky nodes) | "
+        f"{r['cold_demo']['wall_s']:.0f} s, {r['cold_demo']['rounds']} rounds, median round "
+        f"{r['cold_demo']['median_round_s']:.1f} s | {r['warm_demo']['wall_s']:.0f} s, "
+        f"{r['warm_demo']['rounds']} rounds, median round "
+        f"{r['warm_demo']['median_round_s']:.1f} s (goal ≤ 60 s) |",
         "",
     ]
 

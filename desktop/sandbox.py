@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from desktop.warm import WARM_DIR, WarmWorker, recover
+from desktop.warm import WARM_DIR, WarmWorker, parse_event, recover
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TASK_PACKAGES = ("desktop", "trainer")  # what desktop.task_runner imports of the project
@@ -341,11 +341,7 @@ class Sandbox:
         def read_stdout() -> None:
             assert proc.stdout is not None
             for raw in proc.stdout:
-                try:
-                    event = json.loads(raw[:4096])
-                except ValueError:
-                    continue
-                if isinstance(event, dict):
+                if (event := parse_event(raw)) is not None:
                     events.append(event)
                     del events[:-50]
                     if on_event is not None:

@@ -128,16 +128,10 @@ class WarmWorker:
         on_event: Callable[[dict[str, Any]], None] | None,
     ) -> Outcome:
         """Move `folder` in, run `command` in a forked child, move it back out."""
-        with self._lock:
+        with self._lock:  # after a prewarm still starting
             return self._run(folder, command, watch, on_event)
 
-    def _run(
-        self,
-        folder: Path,
-        command: dict[str, Any],
-        watch: Callable[[psutil.Process | None], tuple[str, str] | None],
-        on_event: Callable[[dict[str, Any]], None] | None,
-    ) -> Outcome:
+    def _run(self, folder: Path, command: dict[str, Any], watch: Any, on_event: Any) -> Outcome:
         if not self.alive():
             self.start()
         assert self._proc is not None and self._proc.stdin is not None
@@ -193,11 +187,8 @@ class WarmWorker:
     def _read_stdout(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
         for raw in proc.stdout:
-            try:
-                event = json.loads(raw[:4096])
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
+            event = parse_event(raw)
+            if event is None:
                 continue
             if "zygote" not in event:
                 if self._on_event is not None:
@@ -236,6 +227,16 @@ class WarmWorker:
         """What stderr got since `mark`, the last 2,000 characters of it."""
         n = min(self._err_total - mark, len(self._stderr))
         return bytes(self._stderr[-n:] if n > 0 else b"").decode("utf-8", "replace")[-2000:]
+
+
+def parse_event(raw: bytes) -> dict[str, Any] | None:
+    """One line a task printed, if it is a JSON object (progress, phase); anything else and
+    anything over 4 KiB is not an event."""
+    try:
+        event = json.loads(raw[:4096])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def _find_zygote(pid: int) -> psutil.Process | None:

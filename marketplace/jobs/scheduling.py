@@ -182,7 +182,7 @@ def claim_with_wait(node: Node, wait: float) -> Task | None:
         if remaining <= 0:
             return None
         time.sleep(min(delay, remaining))
-        delay = min(delay * 2, 1.0)
+        delay = min(delay * 2, 0.25)  # a counter read: a new round is seen within 0.25 s
         generation = work_generation()
         if generation != seen or time.monotonic() - last_db >= _FALLBACK_POLL_S:
             seen, last_db = generation, time.monotonic()

@@ -199,6 +199,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # broadcast (pidbox) exchanges; kombu's default is ./control in the working directory
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
+        # an empty queue is listed again after this long (kombu's default 1 s was most of
+        # the wait between a round's quorum and its aggregation)
+        "polling_interval": 0.1,
     }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("GPUFLEX_CELERY_QUEUE", "gpuflex")
 CELERY_TASK_ACKS_LATE = True
@@ -208,7 +211,14 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BEAT_SCHEDULE = {
-    "gpuflex-tick": {"task": "marketplace.jobs.tasks.tick", "schedule": GPUFLEX["TICK_S"]},
+    # a tick not started within its own period is dropped: the next one does its work, and a
+    # backlog of ticks would queue a round's aggregation behind them (the round-phase bench
+    # saw ten waiting with a 1 s tick on the embedded broker)
+    "gpuflex-tick": {
+        "task": "marketplace.jobs.tasks.tick",
+        "schedule": GPUFLEX["TICK_S"],
+        "options": {"expires": GPUFLEX["TICK_S"]},
+    },
 }
 if CHAIN["URL"]:
     CELERY_BEAT_SCHEDULE["gpuflex-settle-chain"] = {
