@@ -237,10 +237,12 @@ class Sandbox:
         self.env: dict[str, str] = {}  # extra variables for the task (e.g. the GPU memory cap)
         self._running: psutil.Process | None = None
         self.isolated = bwrap_usable() if use_bwrap is None else use_bwrap
-        # Python tasks run through a warm worker (desktop/warm.py) where fork exists: the
-        # sandbox and `import torch` are paid once per agent instead of once per task
+        # Python tasks run through a warm worker (desktop/warm.py) on Linux: the sandbox and
+        # `import torch` are paid once per agent instead of once per task. Not on macOS, where
+        # forking a process that loaded Apple's frameworks is unsafe, nor on Windows (no fork)
         if warm is None:
-            warm = os.name == "posix" and os.environ.get("GPUFLEX_WARM_TASKS", "1") != "0"
+            linux = sys.platform.startswith("linux")
+            warm = linux and os.environ.get("GPUFLEX_WARM_TASKS", "1") != "0"
         self.warm = warm
         self._worker: WarmWorker | None = None
         if not self.isolated and warn is not None:
