@@ -224,7 +224,7 @@ def _gpu_compare(name: str, ref: dict[str, Any], device: torch.device, repeats: 
     x, y = data.x_train.to(device), data.y_train.to(device)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    sync = torch.cuda.synchronize
 
     def plain(steps: int) -> float:
         model.load_state_dict(state)

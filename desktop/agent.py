@@ -479,7 +479,6 @@ class Agent:
                     task = self.client.claim(self.claim_wait_s)
                     if task is not None:
                         self._trace(str(task.get("id", "")), "claimed")
-                    if task is not None:
                         self._accept(task)
                 outage = 0
             except Unavailable as exc:

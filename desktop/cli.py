@@ -145,6 +145,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_zygote(args: argparse.Namespace) -> int:
+    from desktop.task_zygote import main as run_zygote
+
+    return run_zygote()
+
+
 def cmd_task(args: argparse.Namespace) -> int:
     from desktop.task_runner import main as run_task
 
@@ -194,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     # what the sandbox runs inside a PyInstaller bundle (no `python -m` there)
     s = sub.add_parser("_zygote")  # the warm task worker, in a frozen app (desktop/warm.py)
     s.add_argument("folder")
-    s.set_defaults(fn=lambda args: __import__("desktop.task_zygote").task_zygote.main())
+    s.set_defaults(fn=cmd_zygote)
     s = sub.add_parser("_task")
     s.add_argument("folder")
     s.set_defaults(fn=cmd_task)

@@ -362,16 +362,7 @@ class Sandbox:
         killed: tuple[str, str] | None = None
         ps = self._running = _ps(proc.pid)
         while proc.poll() is None:
-            elapsed = time.monotonic() - started
-            if elapsed > self.limits.wall_s:
-                killed = ("timeout", f"ran past its time limit of {self.limits.wall_s:g} s")
-            elif (rss := _tree_rss_mb(ps)) > self.limits.memory_mb:
-                killed = (
-                    "oom",
-                    f"used {rss} MB, over its memory limit of {self.limits.memory_mb} MB",
-                )
-            elif should_stop is not None and (why := should_stop()):
-                killed = ("cancelled", why)
+            killed = self._must_stop(started, ps, should_stop)
             if killed:
                 if job is not None:
                     job.terminate()
@@ -393,6 +384,22 @@ class Sandbox:
             return SandboxResult(killed[0], proc.returncode, killed[1], **base)
         return SandboxResult(*_classify(proc.returncode, tail, self.limits), **base)
 
+    def _must_stop(
+        self,
+        started: float,
+        task: psutil.Process | None,
+        should_stop: Callable[[], str | None] | None,
+    ) -> tuple[str, str] | None:
+        """(status, detail) when a running task must be killed: past its wall-clock or memory
+        limit, or cancelled; None while it may go on. Cold and warm tasks alike."""
+        if time.monotonic() - started > self.limits.wall_s:
+            return ("timeout", f"ran past its time limit of {self.limits.wall_s:g} s")
+        if (rss := _tree_rss_mb(task)) > self.limits.memory_mb:
+            return ("oom", f"used {rss} MB, over its memory limit of {self.limits.memory_mb} MB")
+        if should_stop is not None and (why := should_stop()):
+            return ("cancelled", why)
+        return None
+
     def _run_warm(
         self,
         folder: Path,
@@ -402,22 +409,12 @@ class Sandbox:
         on_event: Callable[[dict[str, Any]], None] | None,
     ) -> SandboxResult:
         worker = self._worker_for(folder.parent)
-        run_dir = worker.run_dir
         started = time.monotonic()
 
         def watch(child: psutil.Process | None) -> tuple[str, str] | None:
-            if time.monotonic() - started > self.limits.wall_s:
-                return ("timeout", f"ran past its time limit of {self.limits.wall_s:g} s")
-            if (rss := _tree_rss_mb(child)) > self.limits.memory_mb:
-                return (
-                    "oom",
-                    f"used {rss} MB, over its memory limit of {self.limits.memory_mb} MB",
-                )
-            if should_stop is not None and (why := should_stop()):
-                return ("cancelled", why)
-            return None
+            return self._must_stop(started, child, should_stop)
 
-        inside = run_dir / folder.name
+        inside = worker.run_dir / folder.name
         command = {
             "argv": args,
             "env": {**_child_env(inside), **self.env},

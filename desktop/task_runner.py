@@ -139,9 +139,9 @@ def run(folder: Path) -> int:
         model, global_state, data, spec, seed=int(task.get("seed", 0)), steps=steps,
         batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
     )  # fmt: skip
+    _emit(phase="trained", t=time.time())
     # the precision that ran travels with the update: verification compares replicas that
     # ran in different precisions (a CPU's fp32, a GPU's bf16) by a rule measured for that
-    _emit(phase="trained", t=time.time())
     metadata = {"task_id": str(task.get("id", "")), "precision": result.precision,
                 "device": device.type}  # fmt: skip
     (folder / "update.tmp").write_bytes(encode_update(result.delta, codec, feedback, metadata))

@@ -101,18 +101,14 @@ def planned_steps(spec: JobSpec, num_samples: int, batch_size: int | None = None
     return max(1, math.ceil(spec.local.epochs * num_samples / batch))  # type: ignore[operator]
 
 
-def loss_fn(logits: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
-    if task == "language_model":
-        return F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE_INDEX
-        )
-    return F.cross_entropy(logits, y)
-
-
-def _summed_loss(logits: torch.Tensor, y: torch.Tensor, task: str) -> torch.Tensor:
+def loss_fn(
+    logits: torch.Tensor, y: torch.Tensor, task: str, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy; for a language model over every token, padding (IGNORE_INDEX) left out.
+    `reduction="sum"` lets micro-batches add up to the whole batch's mean."""
     if task == "language_model":
         logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
-    return F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="sum")
+    return F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction=reduction)
 
 
 def _schedule(
@@ -220,7 +216,7 @@ def train_local(
                 if weight is None:
                     loss = loss_fn(logits, y, data.task)
                 else:
-                    loss = _summed_loss(logits, y, data.task) / weight
+                    loss = loss_fn(logits, y, data.task, reduction="sum") / weight
             if proximal_mu > 0 and i == 0:  # FedProx keeps local weights near the global model
                 prox = sum(((p - a) ** 2).sum() for p, a in zip(params, anchors, strict=True))
                 loss = loss + 0.5 * proximal_mu * prox

@@ -9,7 +9,6 @@ new round wakes waiting claims at once instead of at their next fallback poll.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 from django.conf import settings
@@ -28,8 +27,7 @@ def bump_work_generation() -> None:
     path = _signal_file()
     if path is not None:
         with contextlib.suppress(OSError):
-            path.touch()
-            os.utime(path)  # a new modification time, even within the same second
+            path.touch()  # a new modification time: what waiting claims compare
         return
     try:
         cache.incr(KEY)
