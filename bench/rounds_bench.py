@@ -48,19 +48,36 @@ PHASES = ("claim wait", "download", "sandbox start", "imports", "train", "encode
           "verification", "queue wait", "aggregation", "next open", "agent other")  # fmt: skip
 
 
-def _memory_sampler(root_pid: int, stop: threading.Event, peak: list[float]) -> None:
-    """The whole demo's resident memory, summed over its processes, every 0.5 s."""
+def _pss_bytes(p: psutil.Process) -> int:
+    """The process's proportional share of the memory it maps: pages shared with other
+    processes (a forked task and its warm worker, the libraries every Python maps) count once
+    over all of them, so the sum over processes is the memory the demo actually holds."""
+    try:
+        with open(f"/proc/{p.pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return p.memory_info().rss  # no smaps (not Linux): resident memory, shared pages and all
+
+
+def _memory_sampler(root_pid: int, stop: threading.Event, peak: dict[str, float]) -> None:
+    """The whole demo's memory, summed over its processes, every 0.5 s: PSS (the goal's
+    measure) and resident sizes (which count each shared page once per process)."""
     me = psutil.Process(root_pid)
     while not stop.wait(0.5):
-        total = 0
+        pss = rss = 0
         try:
             procs = [me, *me.children(recursive=True)]
         except psutil.Error:
             continue
         for p in procs:
             with contextlib.suppress(psutil.Error):
-                total += p.memory_info().rss
-        peak[0] = max(peak[0], total / 2**20)
+                rss += p.memory_info().rss
+                pss += _pss_bytes(p)
+        peak["pss"] = max(peak["pss"], pss / 2**20)
+        peak["rss"] = max(peak["rss"], rss / 2**20)
 
 
 def _traces(root: Path) -> dict[str, dict[str, float]]:
@@ -125,7 +142,7 @@ def run(mode: str, demo: bool = False) -> dict[str, Any]:
         spec.write_text(yaml.safe_dump(SPEC_FLOWER))
         if demo:
             spec, nodes = SPEC, NODES
-        stop, peak = threading.Event(), [0.0]
+        stop, peak = threading.Event(), {"pss": 0.0, "rss": 0.0}
         sampler = threading.Thread(target=_memory_sampler, args=(os.getpid(), stop, peak))
         sampler.start()
         try:
@@ -145,7 +162,8 @@ def run(mode: str, demo: bool = False) -> dict[str, Any]:
         "round_wall_s": [round(r["wall_s"], 2) for r in rows],
         "median_round_s": statistics.median(r["wall_s"] for r in rows) if rows else None,
         "median_phase_s": medians,
-        "peak_memory_mb": round(peak[0]),
+        "peak_memory_mb": round(peak["pss"]),  # PSS summed: the goal's "≤ 2 GB"
+        "peak_rss_sum_mb": round(peak["rss"]),
     }
 
 

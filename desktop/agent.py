@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from desktop import __version__
-from desktop.benchmark import BenchmarkResult, benchmark
+from desktop.bench_result import BenchmarkResult
 from desktop.client import (
     ApiError,
     Backoff,
@@ -44,11 +44,13 @@ from desktop.client import (
     Unavailable,
 )
 from desktop.config import Credentials, Paths, Settings, load_settings, save_settings
-from desktop.hardware import HardwareReport, detect, gpu_metrics
+from desktop.hardware import HardwareReport, gpu_metrics
 from desktop.journal import Journal, TaskRecord
 from desktop.netprobe import NetProbe, NetworkFigures
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
+from desktop.probe import probe
 from desktop.sandbox import Limits, Sandbox, SandboxResult
+from desktop.task_runner import CORRUPT_INPUT
 
 log = logging.getLogger("gpuflex.agent")
 
@@ -350,15 +352,18 @@ class Agent:
     def _setup(self) -> None:
         s = self._settings
         self._info(f"GPUFlex agent {__version__} starting; marketplace {s.server_url}")
-        if self._hardware is None:
-            self._hardware = detect()
+        if self._hardware is None or self._bench is None:
+            # in a child process: the agent itself never imports torch (see desktop.probe)
+            measure = self._bench is None
+            if measure:
+                self._info("benchmarking this machine (cached after the first run)…")
+            hw, bench, cached = probe(self.paths.cache, quick=True, measure=measure)
+            self._hardware, self._bench = self._hardware or hw, self._bench or bench
+            if measure:
+                self._info("benchmark " + ("loaded from cache" if cached else "done"))
         hw = self._hardware
         for note in hw.notes:
             self._info(note)
-        if self._bench is None:
-            self._info("benchmarking this machine (cached after the first run)…")
-            self._bench, cached = benchmark(hw, self.paths.cache, quick=True)
-            self._info("benchmark " + ("loaded from cache" if cached else "done"))
         if self.compute_scale != 1.0:
             # advertise what the simulated GPU would measure, so pay and sizing stay honest
             self._bench = self._bench.scaled(1.0 / self.compute_scale)
@@ -539,8 +544,7 @@ class Agent:
         if rec.state == "claimed":
             self._set(state=State.WORKING, task=self._task_status(rec, "downloading"))
             try:
-                if not self._download(rec):
-                    return
+                self._download(rec)
                 self._trace(rec.id, "downloaded")
             except ApiError as exc:
                 if exc.status not in (403, 404, 410):
@@ -549,13 +553,16 @@ class Agent:
                 self._warn(f"task {rec.id} is no longer ours ({exc.code}); dropping it")
                 self._done(rec, "lost", ok=False)
                 return
-            rec = self.journal.record(rec.id, "ready")
+            rec = self.journal.record(rec.id, "ready", downloads=rec.downloads + 1)
         if rec.state == "ready":
             if rec.attempts >= MAX_TRAIN_ATTEMPTS:
                 self._finish_failed(rec, "crashed", f"gave up after {rec.attempts} attempts")
                 return
             self._train(rec)
             rec = self.journal.get(rec.id) or rec
+            if rec.state == "claimed":  # the inputs came corrupt: fetch and train once more
+                self._process(rec)
+                return
         if rec.state == "trained":
             self._upload(rec)
 
@@ -571,51 +578,25 @@ class Agent:
             deadline = deadline.replace(tzinfo=dt.UTC)
         return dt.datetime.now(dt.UTC) > deadline
 
-    def _download(self, rec: TaskRecord) -> bool:
-        from trainer.hashing import state_hash
-        from trainer.updates import UpdateRejected, decode_state
-
+    def _download(self, rec: TaskRecord) -> None:
+        """Fetch the task's inputs; the sandboxed runner checks them against the task's hashes
+        (a mismatch comes back as `corrupt_input`, and `_train` fetches them once more)."""
         assert self.client is not None
         folder = self._folder(rec.id)
         folder.mkdir(parents=True, exist_ok=True)
-        for attempt in range(2):
-            model = self._timed_get(self.client.get_model, rec.id)
-            shard = self._timed_get(self.client.get_shard, rec.id)
-            try:
-                ok = self._hash_ok(rec.task.get("model_hash"), decode_state(model)[0], state_hash)
-                ok = ok and self._hash_ok(
-                    rec.task.get("shard_hash"),
-                    {k: v for k, v in decode_state(shard)[0].items() if k in ("x", "y")},
-                    state_hash,
-                )
-            except UpdateRejected as exc:
-                ok, why = False, str(exc)
-            else:
-                why = "content does not match the task's model_hash/shard_hash"
-            if ok:
-                break
-            self._warn(f"task {rec.id}: download {attempt + 1} is corrupt ({why})")
-        else:
-            self._finish_failed(rec, "crashed", f"inputs corrupt after two downloads: {why}")
-            return False
+        model = self._timed_get(self.client.get_model, rec.id)
+        shard = self._timed_get(self.client.get_shard, rec.id)
         (folder / "model.safetensors").write_bytes(model)
         (folder / "shard.safetensors").write_bytes(shard)
         (folder / "task.json").write_text(json.dumps(rec.task), encoding="utf-8")
         residual = self._residual_file(rec)
         if rec.task.get("codec") == "topk" and residual.exists():
             shutil.copyfile(residual, folder / "residual.safetensors")
-        return True
 
     def _residual_file(self, rec: TaskRecord) -> Path:
         """Top-k's error-feedback residual for the task's job, kept between its tasks."""
         job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(rec.task.get("job_id", "job")))[:128]
         return self.paths.tasks.parent / "feedback" / f"{job}.safetensors"
-
-    @staticmethod
-    def _hash_ok(expected: Any, state: dict[str, Any], fn: Callable[[Any], str]) -> bool:
-        if not expected or not isinstance(expected, str) or len(expected) != 64:
-            return True  # the task did not say; the sandbox still decodes it safely
-        return fn(state) == expected
 
     def _timed_get(self, get: Callable[[str], bytes], tid: str) -> bytes:
         t0 = time.monotonic()
@@ -674,6 +655,14 @@ class Agent:
             self.journal.record(rec.id, "ready", attempts=rec.attempts - 1)
             self._info(f"task {rec.id} interrupted: {result.detail}; it will run again later")
             return
+        if result.status == CORRUPT_INPUT:
+            if rec.downloads >= 2:
+                self._finish_failed(rec, "crashed", f"inputs corrupt after two downloads: "
+                                    f"{result.detail}")  # fmt: skip
+            else:
+                self._warn(f"task {rec.id}: download {rec.downloads} is corrupt ({result.detail})")
+                self.journal.record(rec.id, "claimed", attempts=rec.attempts - 1)
+            return
         if not result.ok:
             self._finish_failed(rec, result.status if result.status in FAIL_REASONS else "crashed",
                                 result.detail or "the task failed")  # fmt: skip
@@ -701,18 +690,12 @@ class Agent:
         return check
 
     def _record_trained(self, rec: TaskRecord, result: SandboxResult) -> None:
-        from trainer.compression import decode_any
-        from trainer.updates import UpdateRejected, decode_state
-
         folder = self._folder(rec.id)
-        try:
+        try:  # the runner has checked the update against the model (desktop.task_runner)
             data = (folder / "update.safetensors").read_bytes()
-            reference, _ = decode_state((folder / "model.safetensors").read_bytes())
-            max_norm = rec.task.get("spec", {}).get("aggregation", {}).get("max_update_norm")
-            decode_any(data, reference, max_norm)  # never upload what the server would reject
             outcome = json.loads((folder / "result.json").read_text(encoding="utf-8"))
             metrics = {k: float(v) for k, v in outcome.get("metrics", {}).items()}
-        except (OSError, ValueError, UpdateRejected) as exc:
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             self._finish_failed(rec, "crashed", f"the task produced an unusable update: {exc}")
             return
         if self.compute_scale > 1.0:

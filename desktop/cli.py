@@ -6,7 +6,6 @@ import argparse
 import getpass
 import json
 import logging
-import multiprocessing
 import signal
 import sys
 from typing import Any
@@ -151,6 +150,12 @@ def cmd_zygote(args: argparse.Namespace) -> int:
     return run_zygote()
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from desktop.probe import main as run_probe
+
+    return run_probe(args.rest)
+
+
 def cmd_task(args: argparse.Namespace) -> int:
     from desktop.task_runner import main as run_task
 
@@ -204,12 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("_task")
     s.add_argument("folder")
     s.set_defaults(fn=cmd_task)
+    s = sub.add_parser("_probe", add_help=False)  # hardware and benchmark (desktop/probe.py)
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_probe)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    # the benchmark's child process re-enters a frozen (PyInstaller) app through here
-    multiprocessing.freeze_support()
     args = build_parser().parse_args(argv)
     return int(args.fn(args) or 0)
 

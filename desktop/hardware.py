@@ -11,11 +11,10 @@ import json
 import os
 import platform
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import psutil
-import torch
 
 from desktop import __version__
 from desktop.own_processes import foreign
@@ -56,6 +55,11 @@ class HardwareReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HardwareReport:
+        gpus = [GpuInfo(**g) for g in data.get("gpus", [])]
+        return cls(**{**data, "gpus": gpus})
 
     def fingerprint(self) -> str:
         """Changes whenever a benchmark figure could: GPUs, drivers, torch, CPU, this app."""
@@ -140,7 +144,7 @@ class Nvml:
                 vendor="nvidia",
                 name=_text(nv.nvmlDeviceGetName(h)),
                 memory_total_mb=int(mem.total // 2**20),
-                backend="cuda" if torch.cuda.is_available() else "none",
+                backend="cuda",  # detect() says "none" where this torch build cannot use it
                 driver=_text(_try(nv.nvmlSystemGetDriverVersion, "")),
                 uuid=_text(_try(lambda: nv.nvmlDeviceGetUUID(h), "")),
                 compute_capability=f"{major}.{minor}" if major else "",
@@ -234,11 +238,15 @@ def _amd_gpus(notes: list[str]) -> list[GpuInfo]:
 
 
 def _rocm_torch() -> bool:
+    import torch
+
     return bool(getattr(torch.version, "hip", None)) and torch.cuda.is_available()
 
 
 def _torch_cuda_gpus(vendor: str, backend: str) -> list[GpuInfo]:
     """GPUs as torch sees them: NVIDIA without NVML, or AMD through a ROCm build."""
+    import torch
+
     gpus = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
@@ -256,6 +264,8 @@ def _torch_cuda_gpus(vendor: str, backend: str) -> list[GpuInfo]:
 
 
 def _mps_gpu() -> GpuInfo | None:
+    import torch
+
     mps = getattr(torch.backends, "mps", None)
     if mps is None or not mps.is_available():
         return None
@@ -288,13 +298,23 @@ def cpu_name() -> str:
 
 
 def detect(nv: Nvml | None = None) -> HardwareReport:
-    """Everything about this machine's compute, with a note for each probe that failed."""
+    """Everything about this machine's compute, with a note for each probe that failed.
+
+    Imports torch (some 230 MB resident for good): the agent calls it in a child process
+    (desktop.probe) so that only its sandboxed tasks hold torch."""
+    import torch
+
     nv = nv or nvml()
     notes: list[str] = []
     gpus: list[GpuInfo] = []
 
     count = nv.count()
-    gpus += [g for g in (nv.gpu(i) for i in range(count)) if g is not None]
+    cuda = torch.cuda.is_available()
+    gpus += [
+        g if cuda else replace(g, backend="none")
+        for g in (nv.gpu(i) for i in range(count))
+        if g is not None
+    ]
     if nv.error:
         notes.append(nv.error)
 

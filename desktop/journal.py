@@ -31,6 +31,7 @@ class TaskRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     outcome: str = ""  # for done: "uploaded" | "failed:<reason>" | "lost"
     attempts: int = 0  # training runs started, to give up on a task that keeps killing us
+    downloads: int = 0  # times its inputs were fetched: a corrupt download is fetched once more
     updated: float = 0.0
 
 
@@ -63,7 +64,7 @@ class Journal:
         if rec is None:
             rec = self.tasks[tid] = TaskRecord(id=tid, state=e["state"], task=e.get("task", {}))
         rec.state = e["state"]
-        for key in ("update_sha256", "metrics", "outcome", "attempts", "task"):
+        for key in ("update_sha256", "metrics", "outcome", "attempts", "downloads", "task"):
             if key in e:
                 setattr(rec, key, e[key])
         rec.updated = float(e.get("t", 0.0))
@@ -87,7 +88,8 @@ class Journal:
     def _entry(r: TaskRecord) -> dict[str, Any]:
         return {
             "id": r.id, "state": r.state, "task": r.task, "update_sha256": r.update_sha256,
-            "metrics": r.metrics, "outcome": r.outcome, "attempts": r.attempts, "t": r.updated,
+            "metrics": r.metrics, "outcome": r.outcome, "attempts": r.attempts,
+            "downloads": r.downloads, "t": r.updated,
         }  # fmt: skip
 
     def record(self, task_id: str, state: str, **fields: Any) -> TaskRecord:

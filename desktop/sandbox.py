@@ -28,6 +28,7 @@ from typing import Any
 
 import psutil
 
+from desktop.entry import entry_argv
 from desktop.warm import WARM_DIR, WarmWorker, parse_event, recover
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -101,13 +102,8 @@ def gpu_device_nodes() -> list[str]:
 
 
 def task_argv(folder: Path) -> list[str]:
-    """The task runner's command line: this Python, or in a PyInstaller bundle the bundled
-    gpuflex-node (a frozen executable has no `-m`), through its hidden `_task` command."""
-    if getattr(sys, "frozen", False):
-        exe = Path(sys.executable)
-        node = exe.with_name("gpuflex-node" + exe.suffix)
-        return [str(node if node.exists() else exe), "_task", str(folder)]
-    return [sys.executable, "-m", "desktop.task_runner", str(folder)]
+    """The task runner's command line (a frozen app's hidden `_task` command)."""
+    return entry_argv("desktop.task_runner", "_task", str(folder))
 
 
 def _python_roots(folder: Path | None = None) -> list[Path]:

@@ -25,7 +25,15 @@ EXIT_OOM = 3
 EXIT_BAD_INPUT = 4
 
 
+# result.json's reason when a download does not match the task's hash: the agent fetches it again
+CORRUPT_INPUT = "corrupt_input"
+
+
 class BadInput(ValueError):
+    pass
+
+
+class CorruptInput(ValueError):
     pass
 
 
@@ -69,30 +77,53 @@ def _residual(path: Path) -> Any:
     return decode_state(path.read_bytes())[0].get("residual")
 
 
+def _read_checked(path: Path, expected: Any, keys: tuple[str, ...] | None = None) -> Any:
+    """The tensors in `path`, checked against the task's content hash of those `keys` (all
+    when None); a task without a hash is still decoded safely."""
+    from trainer.hashing import state_hash
+    from trainer.updates import decode_state
+
+    state, _ = decode_state(path.read_bytes())
+    if keys is not None and not all(k in state for k in keys):
+        raise CorruptInput(f"{path.name} lacks the tensors {', '.join(keys)}")
+    hashed = state if keys is None else {k: state[k] for k in keys}
+    if isinstance(expected, str) and len(expected) == 64 and state_hash(hashed) != expected:
+        raise CorruptInput(f"{path.name} does not match the task's content hash")
+    return state
+
+
 def run(folder: Path) -> int:
     _emit(phase="started", t=time.time())  # the bench splits sandbox start from imports
     import torch
 
-    from trainer.compression import CodecConfig, ErrorFeedback, encode_update
+    from trainer.compression import CodecConfig, ErrorFeedback, decode_any, encode_update
     from trainer.datasets import Dataset
     from trainer.device import best_device
     from trainer.local import train_local
     from trainer.models import build_model
     from trainer.spec import SpecError, parse_spec
-    from trainer.updates import UpdateRejected, decode_state, encode_state
+    from trainer.updates import UpdateRejected, encode_state
 
     try:
         task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
         spec = parse_spec(task["spec"], "task spec")
-        global_state, _ = decode_state((folder / "model.safetensors").read_bytes())
-        shard, _ = decode_state((folder / "shard.safetensors").read_bytes())
         codec = CodecConfig(
             task.get("codec", "none"), spec.compression.block_size, spec.compression.topk_fraction
         )
         feedback = ErrorFeedback(_residual(folder / "residual.safetensors"))
-        if "x" not in shard or "y" not in shard:
-            raise BadInput("the shard has no 'x' and 'y' tensors")
     except (OSError, KeyError, ValueError, SpecError, UpdateRejected) as exc:
+        _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
+                                             "detail": f"bad task input: {exc}"})  # fmt: skip
+        return EXIT_BAD_INPUT
+    try:
+        # the downloads are checked here, in the sandbox, and not by the agent: untrusted bytes
+        # are parsed only where they can do no harm, and the agent never needs torch
+        global_state = _read_checked(folder / "model.safetensors", task.get("model_hash"))
+        shard = _read_checked(folder / "shard.safetensors", task.get("shard_hash"), ("x", "y"))
+    except (OSError, UpdateRejected, CorruptInput) as exc:
+        _write_json(folder / "result.json", {"status": "failed", "reason": CORRUPT_INPUT,
+                                             "detail": str(exc)})  # fmt: skip
+        return EXIT_BAD_INPUT
         _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
                                              "detail": f"bad task input: {exc}"})  # fmt: skip
         return EXIT_BAD_INPUT
@@ -144,7 +175,14 @@ def run(folder: Path) -> int:
     # ran in different precisions (a CPU's fp32, a GPU's bf16) by a rule measured for that
     metadata = {"task_id": str(task.get("id", "")), "precision": result.precision,
                 "device": device.type}  # fmt: skip
-    (folder / "update.tmp").write_bytes(encode_update(result.delta, codec, feedback, metadata))
+    update = encode_update(result.delta, codec, feedback, metadata)
+    try:  # never hand over what the server would reject
+        decode_any(update, global_state, spec.aggregation.max_update_norm)
+    except UpdateRejected as exc:
+        _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
+                    "detail": f"the task produced an unusable update: {exc}"})  # fmt: skip
+        return EXIT_CRASHED
+    (folder / "update.tmp").write_bytes(update)
     (folder / "update.tmp").replace(folder / "update.safetensors")
     if feedback.residual is not None:  # what top-k left out, carried to this job's next task
         residual = encode_state({"residual": feedback.residual})

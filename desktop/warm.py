@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,16 +24,14 @@ from typing import Any
 
 import psutil
 
+from desktop.entry import entry_argv
+
 WARM_DIR = ".warm"
 START_TIMEOUT_S = 120.0  # importing torch on a busy machine
 
 
 def zygote_argv(run_dir: Path) -> list[str]:
-    if getattr(sys, "frozen", False):
-        exe = Path(sys.executable)
-        node = exe.with_name("gpuflex-node" + exe.suffix)
-        return [str(node if node.exists() else exe), "_zygote", str(run_dir)]
-    return [sys.executable, "-m", "desktop.task_zygote", str(run_dir)]
+    return entry_argv("desktop.task_zygote", "_zygote", str(run_dir))
 
 
 @dataclass

@@ -74,10 +74,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     cmd = [
         _tool("celery"), "-A", "marketplace.server.celery", "worker",
-        "--concurrency", str(args.concurrency), "--loglevel", args.loglevel,
+        "--concurrency", str(args.concurrency), "--pool", args.pool,
+        "--loglevel", args.loglevel,
     ]  # fmt: skip
     if not args.no_beat:
-        cmd.append("-B")
+        cmd.append("--beat-thread")  # the tick's clock in this process (server/celery.py)
     return _exec(cmd, _server_env())
 
 
@@ -162,6 +163,12 @@ def parser() -> argparse.ArgumentParser:
 
     w = sub.add_parser("worker", help="run a Celery worker with the periodic tick (beat)")
     w.add_argument("--concurrency", type=int, default=1)
+    w.add_argument(
+        "--pool",
+        choices=("prefork", "solo", "threads"),
+        default="prefork",
+        help="solo: tasks run in the worker process itself (the least memory)",
+    )
     w.add_argument("--loglevel", default="INFO")
     w.add_argument("--no-beat", action="store_true")
     w.set_defaults(func=cmd_worker)

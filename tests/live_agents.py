@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from desktop.agent import Agent
-from desktop.benchmark import BenchmarkResult
+from desktop.bench_result import BenchmarkResult
 from desktop.client import Backoff
 from desktop.config import Credentials, Paths, Settings
 from desktop.hardware import detect

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import multiprocessing
 import sys
 
 from desktop import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
-    # the benchmark's child process re-enters a frozen (PyInstaller) app through here
-    multiprocessing.freeze_support()
     parser = argparse.ArgumentParser(prog="gpuflex-tray", description="GPUFlex tray app")
     parser.add_argument("--version", action="version", version=f"gpuflex-tray {__version__}")
     parser.add_argument("--show", action="store_true", help="open the status window at start")

@@ -15,11 +15,12 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
-from desktop.benchmark import BenchmarkResult, benchmark
+from desktop.bench_result import BenchmarkResult
 from desktop.gui.bridge import AgentBridge, Worker
 from desktop.gui.icons import app_icon
 from desktop.gui.style import STYLE
-from desktop.hardware import HardwareReport, detect
+from desktop.hardware import HardwareReport
+from desktop.probe import probe
 
 
 class MeasurePage(QWizardPage):
@@ -47,8 +48,8 @@ class MeasurePage(QWizardPage):
         paths = self.bridge.agent.paths
 
         def measure() -> tuple[HardwareReport, BenchmarkResult]:
-            hw = detect()
-            result, _ = benchmark(hw, paths.cache, quick=True)
+            hw, result, _ = probe(paths.cache, quick=True)
+            assert result is not None  # measured: probe's default
             return hw, result
 
         self._worker = Worker(measure, self)

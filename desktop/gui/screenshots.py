@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from desktop.agent import Agent, AgentStatus, LogEntry, State, TaskStatus
-from desktop.benchmark import BenchmarkResult
+from desktop.bench_result import BenchmarkResult
 from desktop.config import Credentials, Paths, Settings
 from desktop.hardware import GpuInfo, HardwareReport
 

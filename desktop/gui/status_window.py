@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.agent import AgentStatus, LogEntry
-from desktop.benchmark import BenchmarkResult
+from desktop.bench_result import BenchmarkResult
 from desktop.gui.bridge import AgentBridge
 from desktop.gui.icons import COLORS, LABELS, app_icon, state_pixmap
 from desktop.gui.style import STYLE

@@ -104,8 +104,9 @@ class Cluster:
         self.wait_http()
 
     def start_worker(self, **env: str) -> None:
-        self._start("worker", [sys.executable, "-m", "marketplace.cli", "worker",
-                               "--concurrency", "1", "--loglevel", "WARNING"],
+        # one process does the work (solo pool): a prefork pool of one would hold torch twice
+        self._start("worker", [sys.executable, "-m", "marketplace.cli", "worker", "--pool",
+                               "solo", "--loglevel", "WARNING"],
                     self.env() | env)  # fmt: skip
 
     def agent_dirs(self, name: str) -> dict[str, str]:
@@ -175,6 +176,11 @@ class Cluster:
 
     def close(self) -> None:
         """Agents first (gracefully: they finish their journal), then the server side."""
+        self.stop_agents()
+        for name in list(self.procs):
+            self.kill(name, signal.SIGTERM)
+
+    def stop_agents(self) -> None:
         agents = [n for n in self.procs if n.startswith("agent-")]
         for name in agents:
             proc = self.procs[name]
@@ -183,8 +189,7 @@ class Cluster:
         for name in agents:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.procs[name].wait(timeout=15)
-        for name in list(self.procs):
-            self.kill(name, signal.SIGTERM)
+            self.kill(name)  # gone already, or stuck: not left running either way
 
     def __enter__(self) -> Cluster:
         return self

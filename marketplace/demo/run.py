@@ -69,11 +69,11 @@ def _setup_django(cluster: Cluster) -> None:
 def _benchmark(cluster: Cluster) -> float:
     """Benchmark this machine once for all agents (instead of five at once on two cores);
     its fp32 throughput is the demo's reference GPU."""
-    from desktop.benchmark import benchmark
-    from desktop.hardware import detect
+    from desktop.probe import probe
 
     cache = Path(cluster.agent_dirs("any")["GPUFLEX_NODE_CACHE_DIR"])
-    result, _ = benchmark(detect(), cache, quick=True)
+    _, result, _ = probe(cache, quick=True)  # in a child: the demo itself holds no torch
+    assert result is not None
     return float(result.matmul_tflops.get("fp32") or 1.0)
 
 
@@ -110,6 +110,8 @@ def run(opts: Options) -> dict[str, Any]:
             print(f"buyer submitted job {job['id']} with a budget of {opts.budget}", file=out)
             job = follow(client, job, opts.timeout_s, out)
             model_path, _ = client.download(job["id"], root / "model")
+        if not opts.serve:
+            cluster.stop_agents()  # their work is done; the summary's replay needs the memory
         summary = summarize(job["id"], {p.name: asdict(p) for p in opts.nodes})
         summary |= {"wall_s": round(time.monotonic() - started, 1), "model_path": str(model_path),
                     "url": cluster.url}  # fmt: skip

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # fake_marketplace
 import pytest
 from fake_marketplace import PROVIDER_KEY, FakeMarketplace
 
-from desktop.benchmark import BenchmarkResult
+from desktop.bench_result import BenchmarkResult
 from desktop.config import Credentials, Paths, Settings
 from desktop.hardware import HardwareReport, detect
 

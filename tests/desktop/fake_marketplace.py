@@ -37,6 +37,8 @@ class FakeTask:
     leased_to: str | None = None
     accepted: bytes | None = None
     failed: list[dict[str, Any]] = field(default_factory=list)
+    corrupt_models: int = 0  # serve this many model downloads with a flipped data byte
+    model_gets: int = 0
 
 
 def digits_task(task_id: str, steps: int = 20, rows: int = 200, seed: int = 1) -> FakeTask:
@@ -121,13 +123,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, body: Any = None, raw: bytes | None = None) -> None:
         data = raw if raw is not None else (b"" if body is None else json.dumps(body).encode())
+        with self.market.lock:  # before the reply: a client that has it may count at once
+            self.market.requests.append((self.command, self.path, status))
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream" if raw else "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
-        with self.market.lock:
-            self.market.requests.append((self.command, self.path, status))
 
     def _error(self, status: int, code: str, detail: str, **extra: Any) -> None:
         self._reply(status, {"error": code, "detail": detail, **extra})
@@ -200,7 +202,13 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(404, "not_found", "no such task for this node")
             what = parts[3]
             if self.command == "GET" and what == "model":
-                return self._reply(200, raw=t.model)
+                with m.lock:
+                    t.model_gets += 1
+                    raw = t.model
+                    if t.corrupt_models > 0:  # the last byte is tensor data: the hash breaks
+                        t.corrupt_models -= 1
+                        raw = raw[:-1] + bytes([raw[-1] ^ 0xFF])
+                return self._reply(200, raw=raw)
             if self.command == "GET" and what == "shard":
                 return self._reply(200, raw=t.shard)
             if self.command == "PUT" and what == "update":

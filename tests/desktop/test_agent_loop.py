@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import torch
 from fake_marketplace import FakeTask, digits_task
 
 from desktop.agent import Agent, State
-from desktop.benchmark import BenchmarkResult, save_cached
+from desktop.bench_result import BenchmarkResult, save_cached
 from desktop.client import Backoff
 from desktop.config import Credentials, Paths, Settings, save_settings
 from desktop.journal import Journal
@@ -167,6 +168,14 @@ def _run_node(paths: Paths) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
+def _maps_torch(pid: int) -> bool:
+    """Whether the process has torch's library mapped (RSS counts it, whatever imported it)."""
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
 def test_kill_mid_task_and_restart_neither_loses_nor_duplicates(
     market, logged_in, isolated_dirs, fake_bench
 ):
@@ -184,6 +193,10 @@ def test_kill_mid_task_and_restart_neither_loses_nor_duplicates(
             ),
             what="training to start",
         )
+        if sys.platform == "linux":  # torch lives in the sandboxed task, not in the agent
+            assert not _maps_torch(node.pid), "the agent process imported torch"
+            kids = psutil.Process(node.pid).children(recursive=True)
+            assert any(_maps_torch(k.pid) for k in kids), "no task process holds torch"
         os.killpg(node.pid, signal.SIGKILL)
         node.wait()
         assert "t-5" not in market.accepted()
@@ -272,3 +285,25 @@ def test_a_journaled_task_whose_lease_is_gone_is_dropped(
     finally:
         agent.stop()
     assert Journal(isolated_dirs.journal, readonly=True).get("t-8").outcome == "lost"
+
+
+def test_a_corrupt_download_is_fetched_again_and_a_second_one_fails_the_task(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    """The sandboxed runner checks the inputs against the task's hashes (the agent parses no
+    tensor itself); a mismatch is fetched once more, then reported."""
+    once, twice = digits_task("t-9"), digits_task("t-10")
+    once.corrupt_models, twice.corrupt_models = 1, 2
+    market.add(once)
+    market.add(twice)
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: "t-9" in market.accepted() and twice.failed, what="both outcomes")
+    finally:
+        agent.stop()
+    assert once.model_gets == 2 and once.failed == []
+    assert twice.model_gets == 2 and twice.failed[0]["reason"] == "crashed", twice.failed
+    assert "inputs corrupt after two downloads" in twice.failed[0]["detail"]
+    assert "does not match the task's content hash" in twice.failed[0]["detail"]
+    assert any("download 1 is corrupt" in e.message for e in agent.logs(500))

@@ -14,6 +14,7 @@ import torch
 
 from desktop import benchmark as bm
 from desktop.hardware import HardwareReport
+from desktop.probe import ProbeFailed, probe
 
 
 @pytest.fixture(scope="module")
@@ -106,47 +107,41 @@ def test_a_simulated_slower_gpu_advertises_scaled_figures(
     assert "simulated" in slow.device_name and slow.fingerprint == quick_result.fingerprint
 
 
-def test_an_isolated_benchmark_measures_in_a_child_process(
-    tmp_path: Path, hardware: HardwareReport, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The spawned child measures (the parent never runs run_benchmark) and its figures come
-    back whole; on a GPU this is what releases the CUDA context."""
-    monkeypatch.setattr(bm, "run_benchmark", lambda *a, **k: pytest.fail("ran in the parent"))
-    cpu_only = dataclasses.replace(hardware, accelerator="cpu", gpus=[])
-    result, cached = bm.benchmark(cpu_only, tmp_path, quick=True, isolate=True)
-    assert not cached and result.fingerprint == cpu_only.fingerprint()
-    assert result.device == "cpu" and result.train_samples_per_s["mlp"] > 0
-    assert bm.load_cached(tmp_path, cpu_only, quick=True) == result
+def test_the_probe_measures_in_a_child_and_caches(tmp_path: Path, hardware: HardwareReport) -> None:
+    """What the agent, the tray app and the demo use: detect and benchmark in a child process
+    (their own process never imports torch); the figures come back whole and are cached."""
+    hw, result, cached = probe(tmp_path, quick=True)
+    assert hw == hardware and not cached
+    assert result is not None and result.fingerprint == hardware.fingerprint()
+    assert result.train_samples_per_s["mlp"] > 0
+    assert bm.load_cached(tmp_path, hardware, quick=True) == result
+    assert probe(tmp_path, quick=True)[1:] == (result, True)
+    assert probe(tmp_path / "none", measure=False) == (hardware, None, False)
+    assert not (tmp_path / "none").exists()
 
 
-def test_a_cuda_machine_benchmarks_in_a_child_by_default(
-    tmp_path: Path, hardware: HardwareReport, quick_result: bm.BenchmarkResult,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
-    used: list[str] = []
-    fake = dataclasses.replace(quick_result, fingerprint=hardware.fingerprint())
-    monkeypatch.setattr(bm, "run_benchmark_in_child", lambda hw, q: used.append("child") or fake)
-    monkeypatch.setattr(bm, "run_benchmark", lambda hw, **k: used.append("parent") or fake)
-    bm.benchmark(dataclasses.replace(hardware, accelerator="cuda"), tmp_path / "a", quick=True)
-    bm.benchmark(dataclasses.replace(hardware, accelerator="cpu"), tmp_path / "b", quick=True)
-    assert used == ["child", "parent"]
+def test_a_probe_that_fails_says_why(tmp_path: Path) -> None:
+    (tmp_path / "cache").write_text("a file where the cache folder should be")
+    with pytest.raises(ProbeFailed, match=r"measuring this machine failed: (.|\n)*cache"):
+        probe(tmp_path / "cache", quick=True)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_benchmarking_leaves_no_cuda_context_in_the_benchmarking_process(tmp_path: Path) -> None:
+def test_the_agents_probe_leaves_no_cuda_context_and_no_torch_in_its_process(
+    tmp_path: Path,
+) -> None:
     # a fresh process: this one may hold a context from other GPU tests
     code = (
-        "import json, sys, torch\n"
+        "import json, sys\n"
         "from pathlib import Path\n"
-        "from desktop.benchmark import benchmark\n"
-        "from desktop.hardware import detect\n"
-        "result, _ = benchmark(detect(), Path(sys.argv[1]), quick=True, force=True)\n"
+        "from desktop.probe import probe\n"
+        "_, result, _ = probe(Path(sys.argv[1]), quick=True)\n"
         "print(json.dumps([result.device, result.matmul_tflops['bf16'],"
-        " torch.cuda.is_initialized()]))\n"
+        " 'torch' in sys.modules]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
                          text=True, timeout=300, check=True).stdout  # fmt: skip
-    device, bf16, initialized = json.loads(out.splitlines()[-1])
+    device, bf16, has_torch = json.loads(out.splitlines()[-1])
     assert device.startswith("cuda") and bf16 > 0
-    assert initialized is False
+    assert has_torch is False  # so no CUDA context either: the child's exit took it

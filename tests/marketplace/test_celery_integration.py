@@ -71,8 +71,8 @@ def worker(tmp_path: Path) -> Iterator[subprocess.Popen]:
     }
     log = tmp_path / "worker.log"
     cmd = [
-        sys.executable, "-m", "celery", "-A", "marketplace.server.celery", "worker", "-B",
-        "--pool", "solo", "--loglevel", "INFO", "-Q", queue,
+        sys.executable, "-m", "celery", "-A", "marketplace.server.celery", "worker",
+        "--beat-thread", "--pool", "solo", "--loglevel", "INFO", "-Q", queue,
         "--schedule", str(tmp_path / "beat-schedule"),
     ]  # fmt: skip
     conf = app.conf

@@ -36,10 +36,11 @@ def test_serve_migrates_then_runs_gunicorn_threads(calls) -> None:
 def test_worker_runs_celery_with_beat(calls) -> None:
     assert cli.main(["worker"]) == 0
     ((cmd, _),) = calls
-    assert cmd[0].endswith("celery") and "marketplace.server.celery" in cmd and "-B" in cmd
+    assert cmd[0].endswith("celery") and "marketplace.server.celery" in cmd
+    assert "--beat-thread" in cmd and cmd[cmd.index("--pool") + 1] == "prefork"
     calls.clear()
-    cli.main(["worker", "--no-beat"])
-    assert "-B" not in calls[0][0]
+    cli.main(["worker", "--no-beat", "--pool", "solo"])
+    assert "--beat-thread" not in calls[0][0] and "solo" in calls[0][0]
 
 
 def test_manage_passes_through(db, capsys) -> None:

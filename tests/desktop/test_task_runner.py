@@ -1,0 +1,55 @@
+"""desktop.task_runner on its own (in-process): the checks it makes on both sides of training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fake_marketplace import FakeTask, digits_task
+
+from desktop import task_runner
+
+
+def _folder(tmp_path: Path, t: FakeTask) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "task.json").write_text(json.dumps(t.task))
+    (tmp_path / "model.safetensors").write_bytes(t.model)
+    (tmp_path / "shard.safetensors").write_bytes(t.shard)
+    return tmp_path
+
+
+def _result(folder: Path) -> dict:
+    return json.loads((folder / "result.json").read_text())
+
+
+def test_a_sound_task_trains_and_hands_over_its_update(tmp_path: Path) -> None:
+    folder = _folder(tmp_path, digits_task("t-1", steps=3))
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    assert _result(folder)["status"] == "ok" and (folder / "update.safetensors").is_file()
+
+
+def test_inputs_that_do_not_match_the_task_hashes_are_corrupt_input(tmp_path: Path) -> None:
+    t = digits_task("t-2", steps=3)
+    t.model = t.model[:-1] + bytes([t.model[-1] ^ 0xFF])
+    folder = _folder(tmp_path / "model", t)
+    assert task_runner.run(folder) == task_runner.EXIT_BAD_INPUT
+    assert _result(folder) == {"status": "failed", "reason": task_runner.CORRUPT_INPUT,
+                               "detail": "model.safetensors does not match the task's "
+                                         "content hash"}  # fmt: skip
+    t = digits_task("t-3", steps=3)
+    t.shard = t.shard[: len(t.shard) // 2]  # a cut-off download
+    folder = _folder(tmp_path / "shard", t)
+    assert task_runner.run(folder) == task_runner.EXIT_BAD_INPUT
+    assert _result(folder)["reason"] == task_runner.CORRUPT_INPUT
+    assert not (folder / "update.safetensors").exists()
+
+
+def test_an_update_the_server_would_reject_is_never_handed_over(tmp_path: Path) -> None:
+    t = digits_task("t-4", steps=3)
+    t.task["spec"]["aggregation"] = {"max_update_norm": 1e-9}
+    folder = _folder(tmp_path, t)
+    assert task_runner.run(folder) == task_runner.EXIT_CRASHED
+    result = _result(folder)
+    assert result["reason"] == "crashed" and "unusable update" in result["detail"], result
+    assert "norm" in result["detail"]
+    assert not (folder / "update.safetensors").exists()
