@@ -1,7 +1,8 @@
 """The job spec: one YAML or JSON document that says everything about a training job.
 
 Every part of GPUFlex (simulator, marketplace, contributor agent) reads jobs through
-`load_spec` / `parse_spec`, so a spec that validates here runs everywhere.
+`load_spec` / `parse_spec`. The marketplace cannot run every spec that validates here: it
+refuses the rest at submission, naming the field (docs/job-spec.md says which and why).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from django.conf import settings
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from marketplace.faults import failpoint
@@ -26,6 +26,7 @@ from marketplace.jobs.datasets import job_dataset
 from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, TaskResult
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
 from marketplace.jobs.rounds import open_round, unit_states
+from marketplace.jobs.services import fail_job
 from marketplace.jobs.verification import cosine
 from marketplace.ledger.services import budget_stop_reason, charge_result, release_escrow
 from marketplace.nodes.services import record_verification
@@ -39,6 +40,11 @@ from trainer.spec import parse_spec
 from trainer.updates import decode_state
 
 log = logging.getLogger(__name__)
+
+# Failures that say nothing about the round itself: storage or the database may be back on
+# the next attempt, and the worker may have more memory free. Any other exception while
+# aggregating is a property of the round's updates and the job's spec, so it fails the job.
+TRANSIENT = (OSError, OperationalError, InterfaceError, MemoryError)
 
 
 def checkpoint_name(job: Job) -> str:
@@ -200,7 +206,16 @@ def run_aggregation(round_id: int) -> None:
         return
     job = rnd.job
     started = time.time()
-    outcome = _compute(job, rnd)
+    try:
+        outcome = _compute(job, rnd)
+    except TRANSIENT:
+        raise  # Celery retries OSError; the tick re-enqueues the rest, a bounded number of times
+    except Exception as exc:
+        # the same updates and spec would fail the same way on every retry: end the job
+        log.exception("job %s round %s cannot be aggregated", job.pk, rnd.number)
+        detail = str(exc) or type(exc).__name__
+        fail_aggregation(round_id, f"Round {rnd.number} could not be aggregated: {detail}")
+        return
     # when and how long: the round-phase bench (bench/rounds_bench.py) splits a round's wall
     # time into queue wait, aggregation and the next round's opening with these
     outcome.metrics |= {"aggregation_started_at": started, "aggregation_s": time.time() - started}
@@ -234,6 +249,34 @@ def run_aggregation(round_id: int) -> None:
         else:
             release_escrow(job)
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
+
+
+def fail_aggregation(round_id: int, reason: str) -> None:
+    """Give up on a round that cannot be aggregated: its verified work is paid, the round is
+    cancelled (so nothing enqueues it again) and the job fails with `reason` as its error,
+    releasing the unspent escrow."""
+    error = f"{reason.rstrip('.')}. The job has ended; its unspent budget was returned."
+    with transaction.atomic():
+        rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
+        if rnd.status != RoundStatus.AGGREGATING:
+            return  # another attempt finished or failed it first
+        job = Job.objects.select_for_update().get(pk=rnd.job_id)
+        _pay_verified(rnd)
+        rnd.status = RoundStatus.CANCELLED
+        rnd.metrics = {"round": rnd.number, "error": error}
+        rnd.save(update_fields=["status", "metrics"])
+        fail_job(job, error)
+    log.warning("job %s failed at round %s: %s", job.pk, rnd.number, error)
+
+
+def _pay_verified(rnd: Round) -> None:
+    """Work that replicas confirmed is paid even though no model came of it: the nodes did
+    it right, the round failed for reasons of its own (as when a buyer cancels)."""
+    results = TaskResult.objects.filter(task__round=rnd, accepted=True, verified=True)
+    for result in results.select_related("task__round__job", "node"):
+        result.credited = True
+        result.save(update_fields=["credited"])
+        charge_result(result)
 
 
 def _settle_results(rnd: Round, outcome: Outcome) -> None:

@@ -2,8 +2,9 @@
 
 Everything the server promises after a crash hangs off this: leases of silent nodes and
 expired leases go back to the queue, rounds past their deadline close with what they
-have, aggregations whose worker died are enqueued again, and running jobs without a round
-in flight (a crash between checkpoint and next round) continue from their checkpoint.
+have, aggregations whose worker died are enqueued again (a bounded number of times: then
+the job fails), and running jobs without a round in flight (a crash between checkpoint and
+next round) continue from their checkpoint.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, Task, TaskStatus
@@ -27,6 +28,12 @@ from marketplace.jobs.rounds import (
 from marketplace.jobs.uploads import release_task
 from marketplace.ledger.services import release_escrow
 from marketplace.nodes.services import mark_offline
+from trainer.aggregation import min_updates
+from trainer.spec import parse_spec
+
+# Re-enqueued aggregations of one round before its job fails: a crashed worker or a passing
+# storage or database error gets several chances, a failure that repeats does not loop.
+MAX_AGGREGATION_RESTARTS = 5
 
 
 def reclaim_leases() -> int:
@@ -45,7 +52,8 @@ def reclaim_leases() -> int:
 
 
 def close_overdue_rounds() -> int:
-    """Rounds past their deadline aggregate what they have; with nothing at all, they wait."""
+    """Rounds past their deadline aggregate what they have; with fewer updates than the
+    strategy can aggregate (none, or too few for Krum), they wait for the work still out."""
     closed = 0
     overdue = Round.objects.filter(
         status=RoundStatus.OPEN, deadline__lt=timezone.now(), job__status=JobStatus.RUNNING
@@ -55,7 +63,8 @@ def close_overdue_rounds() -> int:
             rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
             if rnd.status != RoundStatus.OPEN:
                 continue
-            if any(s.result is not None for s in unit_states(rnd, at_deadline=True)):
+            usable = sum(s.result is not None for s in unit_states(rnd, at_deadline=True))
+            if usable >= min_updates(parse_spec(rnd.job.spec).aggregation):
                 start_aggregation(rnd)
                 closed += 1
             else:
@@ -65,18 +74,32 @@ def close_overdue_rounds() -> int:
 
 
 def restart_stuck_aggregations() -> int:
+    """Aggregations whose worker died or kept failing are enqueued again, up to
+    MAX_AGGREGATION_RESTARTS times; after that the job fails rather than loop forever."""
+    from marketplace.jobs.aggregation import fail_aggregation
     from marketplace.jobs.tasks import aggregate_round
 
     cutoff = timezone.now() - timedelta(seconds=settings.GPUFLEX["STUCK_AGGREGATION_S"])
     stuck = list(
         Round.objects.filter(
             status=RoundStatus.AGGREGATING, aggregating_since__lt=cutoff
-        ).values_list("pk", flat=True)
+        ).values_list("pk", "number", "aggregation_restarts")
     )
-    for round_id in stuck:
-        Round.objects.filter(pk=round_id).update(aggregating_since=timezone.now())
+    restarted = 0
+    for round_id, number, restarts in stuck:
+        if restarts >= MAX_AGGREGATION_RESTARTS:
+            fail_aggregation(
+                round_id,
+                f"Round {number} did not finish aggregating in {restarts + 1} attempts "
+                "(the worker crashed, or storage or the database kept failing)",
+            )
+            continue
+        Round.objects.filter(pk=round_id).update(
+            aggregating_since=timezone.now(), aggregation_restarts=F("aggregation_restarts") + 1
+        )
         transaction.on_commit(lambda rid=round_id: aggregate_round.delay(rid))
-    return len(stuck)
+        restarted += 1
+    return restarted
 
 
 def resume_orphaned_jobs() -> int:

@@ -105,6 +105,8 @@ class Round(models.Model):
     closed_at = models.DateTimeField(null=True, blank=True)
     # set on entering AGGREGATING; the tick re-enqueues an aggregation that has stalled
     aggregating_since = models.DateTimeField(null=True, blank=True)
+    # how often the tick re-enqueued this round's aggregation; past a limit the job fails
+    aggregation_restarts = models.PositiveSmallIntegerField(default=0)
     metrics = models.JSONField(default=dict, blank=True)
 
     class Meta:

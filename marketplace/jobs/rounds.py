@@ -113,10 +113,16 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
     return states
 
 
+def quorum_units(quorum: float, units: int) -> int:
+    """How many of a round's units must settle before it closes on quorum: the updates such a
+    round can count on, which submission checks the aggregation strategy against."""
+    return math.ceil(quorum * units - 1e-9)
+
+
 def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
     quorum = float(rnd.job.spec["rounds"].get("quorum", 1.0))
     settled = sum(1 for s in states if s.settled)
-    return settled >= math.ceil(quorum * len(states) - 1e-9)
+    return settled >= quorum_units(quorum, len(states))
 
 
 def start_aggregation(rnd: Round) -> None:

@@ -1,4 +1,4 @@
-"""Buyer actions on a job: pause, resume, cancel."""
+"""Ending and steering a job: the buyer's pause, resume and cancel, and failure."""
 
 from __future__ import annotations
 
@@ -45,9 +45,27 @@ def cancel_job(job: Job) -> Job:
     job = _locked(job)
     if not job.is_active:
         raise Conflict(f"The job is already {job.status}.")
-    job.status = JobStatus.CANCELLED
-    job.finished_at = timezone.now()
-    job.save(update_fields=["status", "finished_at", "updated_at"])
+    _end(job, JobStatus.CANCELLED)
+    return job
+
+
+def fail_job(job: Job, error: str) -> Job:
+    """End a job that cannot go on, saying why in `error`. The caller holds the job's lock
+    and has already settled and closed any round that was aggregating. A job the buyer has
+    cancelled keeps that status, but gets the escrow release that cancel_job left to the
+    aggregation."""
+    if job.is_active:
+        _end(job, JobStatus.FAILED, error)
+    else:
+        release_escrow(job)
+    return job
+
+
+def _end(job: Job, status: str, error: str = "") -> None:
+    """Stop an active job's outstanding work and, unless a round is still aggregating,
+    release its unspent escrow."""
+    job.status, job.error, job.finished_at = status, error or job.error, timezone.now()
+    job.save(update_fields=["status", "error", "finished_at", "updated_at"])
     Task.objects.filter(round__job=job, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]).update(
         status=TaskStatus.CANCELLED
     )
@@ -57,4 +75,3 @@ def cancel_job(job: Job) -> Job:
     if not Round.objects.filter(job=job, status=RoundStatus.AGGREGATING).exists():
         # else the aggregation still pays its verified work, then releases the rest
         release_escrow(job)
-    return job

@@ -23,9 +23,9 @@ from marketplace.accounts.models import User
 from marketplace.jobs import files
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.models import Job, Shard, Tier
-from marketplace.jobs.rounds import open_round
+from marketplace.jobs.rounds import open_round, quorum_units
 from marketplace.ledger.services import check_credit, hold_budget
-from trainer.aggregation import build_strategy
+from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
 from trainer.models import ModelSpecError, build_model, describe_model
 from trainer.sharding import ShardingError, plan_shards
@@ -35,6 +35,21 @@ from trainer.updates import encode_state
 UPLOAD_KINDS = {"csv": ".csv", "npz": ".npz", "parquet": ".parquet"}
 BUILTIN_KINDS = {"digits"}
 SHARDING_METHODS = {"random", "stratified"}
+# What the trainer accepts but the marketplace cannot run yet, and why (docs/job-spec.md).
+REFUSED_KINDS = {
+    "image_folder": "an image folder cannot be uploaded yet; the marketplace takes one csv, "
+    "npz or parquet file (pack the images into an npz)",
+    "text": "a text corpus cannot be uploaded yet; the marketplace takes one csv, npz or "
+    "parquet file",
+}
+REFUSED_SHARDING = {
+    "capability": "it sizes shards by node throughput, but the marketplace cuts shards at "
+    "submission, before any node is known; use 'stratified' with adaptation.enabled, which "
+    "sizes each node's work instead",
+    "length": "it needs sequence data (dataset kind 'text'), which the marketplace cannot take yet",
+    "prepartitioned": "it is for federated jobs, whose nodes hold their own data (name it "
+    "in federated_dataset)",
+}
 
 
 def _problems(problems: list[tuple[str, str]]) -> list[dict[str, str]]:
@@ -62,24 +77,32 @@ def parse_job_spec(raw: Any, federated: bool = False) -> JobSpec:
         spec = parse_spec(raw)
     except SpecError as exc:
         raise _spec_error(exc.problems) from None
-    problems = []
-    if spec.dataset.kind not in BUILTIN_KINDS | set(UPLOAD_KINDS):
-        problems.append(
-            ("dataset.kind", f"{spec.dataset.kind!r} is not supported by the marketplace yet")
-        )
-    if federated:
-        # silos hold their own data: the server cannot cut it, nor count it for epochs
-        if spec.sharding.method != "prepartitioned":
-            problems.append(("sharding.method", "a federated job uses 'prepartitioned' data"))
-        if spec.local.steps is None:
-            problems.append(("local.steps", "a federated job needs steps (silo sizes are unknown)"))
-    elif spec.sharding.method not in SHARDING_METHODS:
-        problems.append(
-            ("sharding.method", f"{spec.sharding.method!r} is not supported by the marketplace yet")
-        )
+    problems = _unsupported(spec, federated)
     if problems:
         raise _spec_error(problems)
     return spec
+
+
+def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
+    """Fields the trainer accepts but the marketplace cannot run, each with the reason."""
+    problems = []
+    kind = spec.dataset.kind
+    if kind not in BUILTIN_KINDS | set(UPLOAD_KINDS):
+        reason = REFUSED_KINDS.get(kind, "the marketplace cannot load it yet")
+        problems.append(("dataset.kind", f"{kind!r} is not supported by the marketplace: {reason}"))
+    method = spec.sharding.method
+    if federated:
+        # silos hold their own data: the server cannot cut it, nor count it for epochs
+        if method != "prepartitioned":
+            problems.append(("sharding.method", "a federated job uses 'prepartitioned' data"))
+        if spec.local.steps is None:
+            problems.append(("local.steps", "a federated job needs steps (silo sizes are unknown)"))
+    elif method not in SHARDING_METHODS:
+        reason = REFUSED_SHARDING.get(method, "the marketplace cannot cut shards this way")
+        problems.append(
+            ("sharding.method", f"{method!r} is not supported by the marketplace: {reason}")
+        )
+    return problems
 
 
 def _load(spec: JobSpec, upload: UploadedFile | None, tmp: Path) -> tuple[Dataset, Path | None]:
@@ -161,9 +184,21 @@ def _plan(spec: JobSpec, dataset: Dataset) -> list:
         settings.GPUFLEX["DEFAULT_SHARDS"], dataset.num_train
     )
     try:
-        return plan_shards(dataset, num_shards, method=spec.sharding.method, seed=spec.seed)
+        plans = plan_shards(dataset, num_shards, method=spec.sharding.method, seed=spec.seed)
     except ShardingError as exc:
         raise _spec_error([("sharding.num_shards", str(exc))]) from None
+    _check_round_size(spec, len(plans))
+    return plans
+
+
+def _check_round_size(spec: JobSpec, shards: int) -> None:
+    """Refuse a strategy that could not aggregate the updates a round closing on quorum
+    brings (one per shard: replicas only verify each other), rather than fail at round 1."""
+    quorum = spec.rounds.quorum
+    source = f"{shards} shards, closing at quorum {quorum:g}"
+    problems = round_size_problems(spec.aggregation, quorum_units(quorum, shards), source)
+    if problems:
+        raise _spec_error(problems)
 
 
 def _max_price(spec: JobSpec, given: Decimal) -> Decimal:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from trainer.aggregation.functions import (
     coordinate_median,
     flatten_state,
+    krum_min_updates,
     krum_scores,
     mean,
     multi_krum,
@@ -24,6 +25,8 @@ from trainer.aggregation.strategies import (
     Strategy,
     TrimmedMean,
     build_strategy,
+    min_updates,
+    round_size_problems,
 )
 
 __all__ = [
@@ -39,10 +42,13 @@ __all__ = [
     "build_strategy",
     "coordinate_median",
     "flatten_state",
+    "krum_min_updates",
     "krum_scores",
     "mean",
+    "min_updates",
     "multi_krum",
     "pairwise_sq_distances",
+    "round_size_problems",
     "trimmed_mean",
     "unflatten_state",
     "weighted_mean",

@@ -219,13 +219,18 @@ def pairwise_sq_distances(updates: Sequence[Mapping[str, Tensor]]) -> Tensor:
     return dist
 
 
+def krum_min_updates(f: int) -> int:
+    """The fewest updates Krum can score while tolerating f Byzantine ones: n > 2f + 2."""
+    return 2 * f + 3
+
+
 def _check_krum(n: int, f: int) -> None:
     if isinstance(f, bool) or not isinstance(f, int) or f < 0:
         raise ValueError(f"the number of Byzantine updates f must be an int >= 0, got {f!r}")
-    if n <= 2 * f + 2:
+    if n < krum_min_updates(f):
         raise ValueError(
             f"Krum needs n > 2f + 2 updates to tolerate f={f} Byzantine ones; got n={n} "
-            f"(need at least {2 * f + 3})"
+            f"(need at least {krum_min_updates(f)})"
         )
 
 

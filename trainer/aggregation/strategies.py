@@ -20,6 +20,7 @@ from torch import Tensor
 
 from trainer.aggregation.functions import (
     coordinate_median,
+    krum_min_updates,
     multi_krum,
     trimmed_mean,
     weighted_mean,
@@ -416,3 +417,53 @@ def build_strategy(spec: AggregationSpec) -> Strategy:
         case "krum":
             return MultiKrum(byzantine=spec.byzantine, select=spec.krum_select, server_lr=lr)
     raise ValueError(f"unknown aggregation strategy {spec.strategy!r}")
+
+
+def min_updates(spec: AggregationSpec) -> int:
+    """The fewest updates a round must bring for `spec`'s strategy to aggregate it.
+
+    Krum scores each update against its n - f - 2 nearest others (n > 2f + 2) and Multi-Krum
+    averages `krum_select` of them; every other strategy takes any n >= 1 (a trimmed mean cuts
+    floor(trim_fraction * n) < n / 2 values per side, so some always remain).
+    """
+    if spec.strategy != "krum":
+        return 1
+    return max(krum_min_updates(spec.byzantine), spec.krum_select or 1)
+
+
+def round_size_problems(
+    spec: AggregationSpec, updates: int, source: str = ""
+) -> list[tuple[str, str]]:
+    """(field path, reason) for each setting that keeps rounds of `updates` updates from
+    aggregating under `spec`; empty when they can (exactly when updates >= min_updates).
+
+    Coordinators call this before a job starts: the strategy itself would only fail at the
+    first aggregation. `source` says where the count comes from, for the reason.
+    """
+    if spec.strategy != "krum":
+        return []
+    where = f" ({source})" if source else ""
+    problems = []
+    f, need = spec.byzantine, krum_min_updates(spec.byzantine)
+    if updates < need:
+        fix = (
+            f"set byzantine to at most {(updates - 3) // 2} or give each round more updates"
+            if updates >= 3
+            else "Krum needs 3 whatever byzantine is, so give each round more updates"
+        )
+        problems.append(
+            (
+                "aggregation.byzantine",
+                f"krum with byzantine={f} needs at least {need} updates a round (n > 2f + 2), "
+                f"but a round here can count on {updates}{where}; {fix}",
+            )
+        )
+    if spec.krum_select is not None and spec.krum_select > updates:
+        problems.append(
+            (
+                "aggregation.krum_select",
+                f"krum cannot select {spec.krum_select} updates when a round here can count on "
+                f"{updates}{where}",
+            )
+        )
+    return problems
