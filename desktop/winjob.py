@@ -12,10 +12,18 @@ from __future__ import annotations
 import ctypes
 import sys
 from ctypes import wintypes
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from desktop.sandbox import Limits
+
+class Limits(Protocol):
+    """What a job object enforces of desktop.sandbox.Limits (which imports this module)."""
+
+    @property
+    def memory_mb(self) -> int: ...
+
+    @property
+    def cpu_s(self) -> int: ...
+
 
 JOB_OBJECT_LIMIT_JOB_TIME = 0x00000004
 JOB_OBJECT_LIMIT_ACTIVE_PROCESS = 0x00000008

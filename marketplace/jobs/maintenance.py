@@ -18,6 +18,7 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, Task, TaskStatus
+from marketplace.jobs.queue import enqueue_aggregation
 from marketplace.jobs.rounds import (
     open_round,
     reserve_silos,
@@ -77,7 +78,6 @@ def restart_stuck_aggregations() -> int:
     """Aggregations whose worker died or kept failing are enqueued again, up to
     MAX_AGGREGATION_RESTARTS times; after that the job fails rather than loop forever."""
     from marketplace.jobs.aggregation import fail_aggregation
-    from marketplace.jobs.tasks import aggregate_round
 
     cutoff = timezone.now() - timedelta(seconds=settings.GPUFLEX["STUCK_AGGREGATION_S"])
     stuck = list(
@@ -97,7 +97,7 @@ def restart_stuck_aggregations() -> int:
         Round.objects.filter(pk=round_id).update(
             aggregating_since=timezone.now(), aggregation_restarts=F("aggregation_restarts") + 1
         )
-        transaction.on_commit(lambda rid=round_id: aggregate_round.delay(rid))
+        enqueue_aggregation(round_id)
         restarted += 1
     return restarted
 

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from marketplace.jobs.models import Job, Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.jobs.models_io import State, store_model
+from marketplace.jobs.queue import enqueue_aggregation
 from marketplace.jobs.signals import bump_work_generation
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
@@ -128,8 +129,6 @@ def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
 def start_aggregation(rnd: Round) -> None:
     """OPEN -> AGGREGATING (caller holds the round's row lock); outstanding work is cancelled
     and the aggregation is enqueued once this transaction commits."""
-    from marketplace.jobs.tasks import aggregate_round  # tasks imports services
-
     now = timezone.now()
     rnd.status = RoundStatus.AGGREGATING
     rnd.closed_at = now
@@ -138,8 +137,7 @@ def start_aggregation(rnd: Round) -> None:
     Task.objects.filter(round=rnd, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]).update(
         status=TaskStatus.CANCELLED
     )
-    round_id = rnd.pk
-    transaction.on_commit(lambda: aggregate_round.delay(round_id))
+    enqueue_aggregation(rnd.pk)
 
 
 def maybe_close(rnd: Round) -> bool:

@@ -1,0 +1,19 @@
+"""Work for the Celery worker, enqueued by task name.
+
+The services that start work (a round closing, the tick) sit below the tasks module, which
+imports them; importing it back would close an import circle. The tasks are registered when
+Django starts (`JobsConfig.ready`), so the name finds the task object itself, and its
+`delay` keeps Celery's eager mode for tests.
+"""
+
+from __future__ import annotations
+
+from celery import current_app
+from django.db import transaction
+
+AGGREGATE_ROUND = "marketplace.jobs.tasks.aggregate_round"
+
+
+def enqueue_aggregation(round_id: int) -> None:
+    """Once the caller's transaction commits: a rolled-back close enqueues nothing."""
+    transaction.on_commit(lambda: current_app.tasks[AGGREGATE_ROUND].delay(round_id))
