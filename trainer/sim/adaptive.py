@@ -8,6 +8,10 @@ staleness weight (FedBuff: 1/sqrt(1 + staleness)), as the spec says; far nodes' 
 jobs are always folded in. With `adaptation.overlap` a node keeps training while its update
 uploads and the next model downloads, then merges: new weights = new global model + the
 progress made since its send (Streaming DiLoCo's overlapped communication).
+
+Fixed costs (`setup.costs`): every task pays `task_s` before its model download, so it delays
+when the model arrives (with overlap a node trains on through it, as through the download);
+every round pays `round_s` after it closes, before the next one opens.
 """
 
 from __future__ import annotations
@@ -128,23 +132,25 @@ class NetworkAwareRun:
         )
         self.global_state = new_state
         self.version += 1
-        self.clock = close
+        # verification, the aggregation queue, aggregation and opening the next round
+        opened = close + self.setup.costs.round_s
+        self.clock = opened
         bytes_down = 0
         delivered = {node.index for node, _ in received}
         for node in self.nodes:
             if node.job is None:  # delivered, dropped out or sat out: fetch the new model
                 codec = plan.nodes[node.node_id].download_codec
-                bytes_down += self.merge(node, codec, close, node.index in delivered)
-        wall = close - start
-        computing = sum(computing_in(n, start, close) for n in self.nodes)
-        transferring = sum(time_in(n.transferring, start, close) for n in self.nodes)
+                bytes_down += self.merge(node, codec, opened, node.index in delivered)
+        wall = opened - start
+        computing = sum(computing_in(n, start, opened) for n in self.nodes)
+        transferring = sum(time_in(n.transferring, start, opened) for n in self.nodes)
         return RoundLog(
             round=r,
             accuracy=ev.accuracy,
             correct=ev.correct,
             total=ev.total,
             loss=ev.loss,
-            sim_time_s=close,
+            sim_time_s=opened,
             round_s=wall,
             compute_s=computing,
             idle_s=max(0.0, len(self.nodes) * wall - computing - transferring),
@@ -240,7 +246,9 @@ class NetworkAwareRun:
             decoded, _ = decode_any(payload, self.global_state)
             node.copy = {k: node.copy[k] + decoded[k] for k in node.copy}
         node.version = self.version
-        node.merge_at = start + node.profile.transfer_s(len(payload), upload=False)
+        # the node's next task pays its fixed cost before the download
+        fetched = self.setup.costs.task_s + node.profile.transfer_s(len(payload), upload=False)
+        node.merge_at = start + fetched
         fresh_start = not (keep_progress and self.cfg.overlap)
         if fresh_start:
             node.computing_since = None

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from trainer.sim.adaptive import run_network_aware
 from trainer.sim.compare import METHODS, compare, summary
 from trainer.sim.federated import RunOptions, run_federated
 from trainer.sim.naive import run_naive_sync
-from trainer.sim.network import PROFILES, UnknownProfile
+from trainer.sim.network import FIXED_COSTS, PROFILES, FixedCosts, UnknownProfile
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import prepare
 from trainer.spec import SpecError, load_spec
@@ -37,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     run.add_argument("--provenance", type=Path, help="store the provenance artifacts here")
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_cost_flags(run)
 
     cmp = sub.add_parser("compare", help="naive sync vs plain FedAvg vs network-aware training")
     cmp.add_argument("spec", type=Path)
@@ -45,7 +48,47 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--seed", type=int, default=None, help="defaults to the spec's seed")
     cmp.add_argument("--target", type=float, default=None, help="accuracy to reach, e.g. 0.95")
     cmp.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_cost_flags(cmp)
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
+def _add_cost_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fixed-costs",
+        choices=FIXED_COSTS,
+        default="warm",
+        help="fixed per-task and per-round costs as the rounds bench measured them: warm or "
+        "cold task workers, or none (default: warm)",
+    )
+    parser.add_argument(
+        "--task-fixed-s",
+        type=_seconds,
+        metavar="S",
+        help="seconds every task pays before its download (overrides --fixed-costs)",
+    )
+    parser.add_argument(
+        "--round-fixed-s",
+        type=_seconds,
+        metavar="S",
+        help="seconds every round pays after its last update, before the next round opens "
+        "(overrides --fixed-costs)",
+    )
+
+
+def _costs(args: argparse.Namespace) -> FixedCosts:
+    preset = FIXED_COSTS[args.fixed_costs]
+    overrides = {"task_s": args.task_fixed_s, "round_s": args.round_fixed_s}
+    return dataclasses.replace(preset, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -60,7 +103,7 @@ def _progress_bar(total: int, enabled: bool):
     return bar, update
 
 
-def _summary(result: SimResult) -> str:
+def _summary(result: SimResult, costs: FixedCosts) -> str:
     target = (
         f"reached {result.target} after {result.rounds_to_target} rounds, "
         f"{result.time_to_target_s:.1f} s simulated"
@@ -77,6 +120,7 @@ def _summary(result: SimResult) -> str:
             f"(utilization {result.utilization:.1%})",
             f"  traffic         {result.bytes_up / 1e6:.2f} MB up, "
             f"{result.bytes_down / 1e6:.2f} MB down",
+            f"  fixed costs     {costs.task_s:g} s per task, {costs.round_s:g} s per round",
             f"  provenance head {result.provenance_head or '-'}",
         ]
     )
@@ -85,7 +129,7 @@ def _summary(result: SimResult) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     seed = spec.seed if args.seed is None else args.seed
-    setup = prepare(spec, args.nodes, args.network, seed, base_dir=args.spec.parent)
+    setup = prepare(spec, args.nodes, args.network, seed, args.spec.parent, _costs(args))
     bar, progress = _progress_bar(args.rounds or spec.rounds.max_rounds, not args.json)
     if args.method == "naive":
         result, _ = run_naive_sync(setup, max_rounds=args.rounds, progress=progress)
@@ -105,19 +149,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         result, _ = run_federated(setup, options, progress=progress)
     if bar is not None:
         bar.close()
-    print(json.dumps(result.to_dict()) if args.json else _summary(result))
+    print(json.dumps(result.to_dict()) if args.json else _summary(result, setup.costs))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     seed = spec.seed if args.seed is None else args.seed
-    results = compare(spec, args.nodes, args.network, seed, args.target, args.spec.parent)
+    costs = _costs(args)
+    results = compare(
+        spec, args.nodes, args.network, seed, args.target, args.spec.parent, costs=costs
+    )
     data = summary(results)
     if args.json:
         print(json.dumps(data))
         return 0
-    print(f"{spec.name}: {args.nodes} nodes, {args.network}")
+    print(
+        f"{spec.name}: {args.nodes} nodes, {args.network}; fixed costs "
+        f"{costs.task_s:g} s per task, {costs.round_s:g} s per round"
+    )
     print(
         f"  {'method':14} {'time to target':>15} {'KB up/node':>11} {'accuracy':>9} "
         f"{'utilization':>12} {'idle':>6}"

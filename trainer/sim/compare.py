@@ -8,6 +8,7 @@ from typing import Any
 from trainer.sim.adaptive import run_network_aware
 from trainer.sim.federated import ProgressFn, RunOptions, run_federated
 from trainer.sim.naive import run_naive_sync
+from trainer.sim.network import WARM_TASKS, FixedCosts
 from trainer.sim.report import SimResult
 from trainer.sim.setup import prepare
 from trainer.spec import JobSpec, TargetSpec
@@ -56,18 +57,19 @@ def run_method(
     seed: int,
     base_dir: Path | None = None,
     progress: ProgressFn | None = None,
+    costs: FixedCosts = WARM_TASKS,
 ) -> SimResult:
     if method == "naive_sync":
-        result, _ = run_naive_sync(prepare(spec, nodes, network, seed, base_dir), progress=progress)
+        setup = prepare(spec, nodes, network, seed, base_dir, costs)
+        result, _ = run_naive_sync(setup, progress=progress)
     elif method == "fedavg":
-        setup = prepare(plain_variant(spec), nodes, network, seed, base_dir)
+        setup = prepare(plain_variant(spec), nodes, network, seed, base_dir, costs)
         result, _ = run_federated(setup, RunOptions(), progress=progress)
     elif method == "network_aware":
         aware = network_aware_variant(spec)
         aware = aware.replace(sharding={"method": "capability"})  # data share by throughput
-        result, _ = run_network_aware(
-            prepare(aware, nodes, network, seed, base_dir), None, progress
-        )
+        setup = prepare(aware, nodes, network, seed, base_dir, costs)
+        result, _ = run_network_aware(setup, None, progress)
     else:
         raise ValueError(f"unknown method '{method}'; choose one of {', '.join(METHODS)}")
     return result
@@ -81,6 +83,7 @@ def compare(
     target: float | None = None,
     base_dir: Path | None = None,
     methods: tuple[str, ...] = METHODS,
+    costs: FixedCosts = WARM_TASKS,
 ) -> dict[str, SimResult]:
     if target is not None:
         rounds = spec.rounds.model_dump(mode="json")
@@ -88,7 +91,7 @@ def compare(
         spec = spec.replace(rounds=rounds)
     if spec.rounds.target is None:
         raise ValueError("compare needs a target: give --target or rounds.target in the spec")
-    return {m: run_method(m, spec, nodes, network, seed, base_dir) for m in methods}
+    return {m: run_method(m, spec, nodes, network, seed, base_dir, costs=costs) for m in methods}
 
 
 def summary(results: dict[str, SimResult]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Each round every node downloads the global model, trains for real on its shard, and uploads
 its update as safetensors bytes that go through the same validation as on the marketplace.
-Only time is simulated: transfers by the network model, compute by the compute model.
+Only time is simulated: transfers by the network model, compute by the compute model, and
+what the real system spends on every task and round besides them by `setup.costs`.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
     finish: list[float] = []
     compute_s = bytes_up = bytes_down = 0.0
     dropped = rejected = 0
+    task_s = setup.costs.task_s  # every node's task pays it once, before its download
     for i, (profile, shard) in enumerate(zip(setup.profiles, setup.shards, strict=True)):
         w = work[i]
         t_down = profile.transfer_s(model_bytes, upload=False)
@@ -127,7 +129,7 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
             # The node vanished partway; the coordinator learns of it from missed heartbeats.
             dropped += 1
             compute_s += cut * t_compute
-            finish.append(t_down + cut * t_compute + DISCONNECT_DETECT_S)
+            finish.append(task_s + t_down + cut * t_compute + DISCONNECT_DETECT_S)
             continue
         started = time.perf_counter()
         local = train_local(
@@ -146,7 +148,8 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         payload = encode_state(local.delta, {"node": str(i), "round": str(r)})
         bytes_up += len(payload)
         compute_s += t_compute
-        finish.append(t_down + t_compute + profile.transfer_s(len(payload), upload=True))
+        t_up = profile.transfer_s(len(payload), upload=True)
+        finish.append(task_s + t_down + t_compute + t_up)
         try:
             delta, _ = decode_update(payload, global_state, max_norm=max_norm)
         except UpdateRejected:
@@ -155,7 +158,8 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         update = ClientUpdate(f"node-{i}", delta, local.num_samples, {"loss": local.loss})
         updates.append((update, setup.shard_hashes[i]))
 
-    round_s = max(finish)
+    # the last update is in: the server verifies, aggregates and opens the next round
+    round_s = max(finish) + setup.costs.round_s
     strategy_before = strategy.state_dict()
     new_state = (
         strategy.aggregate(global_state, [u for u, _ in updates]) if updates else global_state

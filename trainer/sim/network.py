@@ -1,9 +1,10 @@
-"""Network and compute models for the simulator.
+"""Network, compute and fixed-cost models for the simulator.
 
 The kernel here has no netem, so transfers are charged time by a model instead of being
 shaped: latency (one RTT to set up a request), bandwidth, and TCP's loss-limited rate
 (Mathis et al. 1997: rate <= MSS / RTT * 1.22 / sqrt(p)). Every random draw is a pure
 function of (seed, node, round), so a run resumed from a checkpoint sees the same network.
+What the real system spends besides transfers and compute is charged as fixed costs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,43 @@ STEP_OVERHEAD_S = 2e-3
 EFFECTIVE_FLOPS = 10e12
 # How long a coordinator needs to notice a node that vanished mid-round (missed heartbeats).
 DISCONNECT_DETECT_S = 5.0
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """What a real round costs besides transfers and compute, as the marketplace runs it.
+
+    `task_s` is paid once by every task a node runs, before its download: being woken and
+    leasing the task, starting the sandbox, imports, encoding, the agent's bookkeeping.
+    `round_s` is paid once per round, between the last needed update arriving and the next
+    round opening: verification, the aggregation queue, aggregation, opening the next round.
+    """
+
+    task_s: float
+    round_s: float
+
+    def __post_init__(self) -> None:
+        for name in ("task_s", "round_s"):
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:
+                raise ValueError(f"fixed cost {name} must be finite and >= 0, got {value}")
+
+
+# Medians of the round-phase bench (`python -m bench.run --only rounds`; bench/results/
+# results.json, "rounds"): plain FedAvg on the digits MLP, five lan agents, per phase of the
+# round's critical path. Verification measured ~0 (slightly negative: clock noise) and is left
+# out; aggregation is included because the simulator does not time it itself.
+# warm (the default, tasks forked from a warm worker):
+#   task_s  = claim wait 0.42 + sandbox start 0.021 + imports 0.0045 + encode 0.0035
+#             + agent other 0.070 = 0.52
+#   round_s = queue wait 0.093 + aggregation 0.028 + next open 0.042 = 0.16
+# cold (GPUFLEX_WARM_TASKS=0, a fresh interpreter per task):
+#   task_s  = 10.7 + 0.27 + 5.08 + 0.0056 + 2.09 = 18.1
+#   round_s = 0.074 + 0.025 + 0.035 = 0.13
+WARM_TASKS = FixedCosts(task_s=0.52, round_s=0.16)
+COLD_TASKS = FixedCosts(task_s=18.1, round_s=0.13)
+NO_FIXED_COSTS = FixedCosts(task_s=0.0, round_s=0.0)  # the pure transfer and compute model
+FIXED_COSTS = {"warm": WARM_TASKS, "cold": COLD_TASKS, "none": NO_FIXED_COSTS}
 
 
 @dataclass(frozen=True)

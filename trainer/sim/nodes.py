@@ -41,7 +41,8 @@ class SimNode:
     merge_at: float = 0.0  # when `copy` arrived
     feedback: ErrorFeedback = field(default_factory=ErrorFeedback)
     job: InFlight | None = None
-    # (start, end) of the node's time spent computing, and spent only transferring
+    # (start, end) of the node's time spent computing, and spent only transferring (or paying
+    # a task's fixed cost before its download)
     computing: list[tuple[float, float]] = field(default_factory=list)
     computing_since: float | None = None  # an overlapped node trains on after its send
     transferring: list[tuple[float, float]] = field(default_factory=list)

@@ -11,7 +11,7 @@ from torch import nn
 from trainer.datasets import Dataset, load_dataset
 from trainer.models import ModelInfo, build_model, describe_model
 from trainer.sharding import plan_shards
-from trainer.sim.network import NodeProfile, get_profile
+from trainer.sim.network import WARM_TASKS, FixedCosts, NodeProfile, get_profile
 from trainer.spec import JobSpec
 
 
@@ -27,6 +27,7 @@ class SimSetup:
     initial_state: dict[str, torch.Tensor]
     network: str
     seed: int
+    costs: FixedCosts = WARM_TASKS  # what a real task and round cost besides transfers, compute
 
     @property
     def train_flops_per_sample(self) -> int:
@@ -34,7 +35,12 @@ class SimSetup:
 
 
 def prepare(
-    spec: JobSpec, nodes: int, network: str, seed: int, base_dir: Path | None = None
+    spec: JobSpec,
+    nodes: int,
+    network: str,
+    seed: int,
+    base_dir: Path | None = None,
+    costs: FixedCosts = WARM_TASKS,
 ) -> SimSetup:
     if nodes < 1:
         raise ValueError("a simulation needs at least one node")
@@ -60,4 +66,5 @@ def prepare(
         initial_state=state,
         network=network,
         seed=seed,
+        costs=costs,
     )
