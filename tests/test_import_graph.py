@@ -106,3 +106,20 @@ def test_trainer_imports_neither_django_nor_qt_nor_the_apps() -> None:
         for module, path in _modules("trainer").items()
     }
     assert {m: t for m, t in offending.items() if t} == {}
+
+
+def test_the_marketplace_parses_a_jobs_spec_in_one_place() -> None:
+    """Submission parses what a buyer sends; everything after reads `Job.parsed_spec`. No
+    module parses stored JSON again or reads spec fields from the raw dict."""
+    parsers, raw_reads = set(), set()
+    for module, path in _modules("marketplace").items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "parse_spec":
+                parsers.add(module)
+            target = getattr(node, "value", None) if isinstance(node, ast.Subscript) else None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                target = node.func.value if node.func.attr == "get" else None
+            if isinstance(target, ast.Attribute) and target.attr == "spec":
+                raw_reads.add(f"{module}:{node.lineno}")
+    assert parsers == {"marketplace.jobs.submission", "marketplace.jobs.models"}
+    assert raw_reads == set()

@@ -16,7 +16,6 @@ def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
     from marketplace.ledger.selectors import job_costs, node_earnings
     from marketplace.nodes.models import Node
     from trainer.provenance import ProvenanceChain, verify_with_artifacts
-    from trainer.spec import parse_spec
 
     job = Job.objects.get(pk=job_id)
     rounds = list(Round.objects.filter(job=job, status="done").order_by("number"))
@@ -57,7 +56,7 @@ def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
     if rounds:
         chain = ProvenanceChain.from_json(files.get(provenance_name(job)).decode())
         report = verify_with_artifacts(
-            chain, artifact_store(), parse_spec(job.spec).aggregation, expected_head=None
+            chain, artifact_store(), job.parsed_spec.aggregation, expected_head=None
         )
         verified = bool(report.ok and chain.records[-1].output_model_hash == job.model_hash)
     ledger = reconcile(with_chain=False)

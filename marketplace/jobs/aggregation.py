@@ -36,7 +36,6 @@ from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from trainer.evaluate import evaluate
 from trainer.hashing import state_hash
 from trainer.provenance import ProvenanceChain, record_round
-from trainer.spec import parse_spec
 from trainer.updates import decode_state
 
 log = logging.getLogger(__name__)
@@ -119,7 +118,7 @@ def _shard_label(job: Job, result: TaskResult) -> str:
 
 
 def _compute(job: Job, rnd: Round) -> Outcome:
-    spec = parse_spec(job.spec)
+    spec = job.parsed_spec
     previous = read_checkpoint(job)
     if previous is not None and previous.round >= rnd.number:
         # an earlier attempt got as far as the checkpoint: reuse it, do not aggregate twice

@@ -2,29 +2,34 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from collections import OrderedDict
 from pathlib import Path
 
 from marketplace.jobs import files
 from marketplace.jobs.models import Job
 from trainer.datasets import Dataset, load_dataset
-from trainer.spec import parse_spec
+from trainer.spec import JobSpec
+
+# the last few jobs' datasets, by (job, file): a worker aggregating a job's rounds loads its
+# dataset once; jobs and their files never change
+_loaded: OrderedDict[tuple[str, str], Dataset] = OrderedDict()
+_KEEP = 4
 
 
-@lru_cache(maxsize=4)
-def _load(job_id: str, dataset_file: str, spec_json: str) -> Dataset:
-    import json
+def job_dataset(job: Job) -> Dataset:
+    """Same (seed, test_fraction) as at submission, hence the same held-out split."""
+    key = (str(job.id), job.dataset_file)
+    if key not in _loaded:
+        _loaded[key] = _load(job.dataset_file, job.parsed_spec)
+        while len(_loaded) > _KEEP:
+            _loaded.popitem(last=False)
+    _loaded.move_to_end(key)
+    return _loaded[key]
 
-    spec = parse_spec(json.loads(spec_json))
+
+def _load(dataset_file: str, spec: JobSpec) -> Dataset:
     if not dataset_file:
         return load_dataset(spec.dataset, seed=spec.seed)
     with files.local_copy(dataset_file, Path(dataset_file).suffix) as path:
         local = spec.dataset.model_copy(update={"path": str(path)})
         return load_dataset(local, seed=spec.seed)
-
-
-def job_dataset(job: Job) -> Dataset:
-    """Same (seed, test_fraction) as at submission, hence the same held-out split."""
-    import json
-
-    return _load(str(job.id), job.dataset_file, json.dumps(job.spec, sort_keys=True))

@@ -30,7 +30,6 @@ from marketplace.jobs.uploads import release_task
 from marketplace.ledger.services import release_escrow
 from marketplace.nodes.services import mark_offline
 from trainer.aggregation import min_updates
-from trainer.spec import parse_spec
 
 # Re-enqueued aggregations of one round before its job fails: a crashed worker or a passing
 # storage or database error gets several chances, a failure that repeats does not loop.
@@ -65,7 +64,7 @@ def close_overdue_rounds() -> int:
             if rnd.status != RoundStatus.OPEN:
                 continue
             usable = sum(s.result is not None for s in unit_states(rnd, at_deadline=True))
-            if usable >= min_updates(parse_spec(rnd.job.spec).aggregation):
+            if usable >= min_updates(rnd.job.parsed_spec.aggregation):
                 start_aggregation(rnd)
                 closed += 1
             else:

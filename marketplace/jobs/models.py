@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import uuid
 from decimal import Decimal
+from functools import cached_property
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+
+from trainer.spec import JobSpec, parse_spec
 
 
 class Tier(models.TextChoices):
@@ -63,9 +66,15 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
 
+    @cached_property
+    def parsed_spec(self) -> JobSpec:
+        """The job's spec, parsed once per instance; every rule reads the spec through this
+        (the JSON in `spec` was validated at submission and never changes)."""
+        return parse_spec(self.spec)
+
     @property
     def max_rounds(self) -> int:
-        return int(self.spec["rounds"]["max_rounds"])
+        return self.parsed_spec.rounds.max_rounds
 
     @property
     def is_active(self) -> bool:

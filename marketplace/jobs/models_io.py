@@ -12,7 +12,6 @@ from marketplace.jobs import files
 from marketplace.jobs.models import Job
 from trainer.hashing import state_hash
 from trainer.models import build_model
-from trainer.spec import parse_spec
 from trainer.updates import decode_state, encode_state
 
 State = dict[str, torch.Tensor]
@@ -45,5 +44,5 @@ def load_model_file(name: str) -> State:
 
 
 def new_model(job: Job) -> nn.Module:
-    spec = parse_spec(job.spec)
+    spec = job.parsed_spec
     return build_model(spec.model, tuple(job.input_shape), job.num_classes, seed=spec.seed)

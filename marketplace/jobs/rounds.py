@@ -17,11 +17,10 @@ from marketplace.jobs.signals import bump_work_generation
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
 from trainer.local import derive_seed
-from trainer.spec import parse_spec
 
 
 def round_deadline(job: Job, now: datetime | None = None) -> datetime:
-    spec_deadline = job.spec["rounds"].get("deadline_s")
+    spec_deadline = job.parsed_spec.rounds.deadline_s
     seconds = spec_deadline or settings.GPUFLEX["ROUND_DEADLINE_S"]
     return (now or timezone.now()) + timedelta(seconds=seconds)
 
@@ -39,7 +38,7 @@ def open_round(job: Job, number: int, state: State) -> Round:
     if job.is_federated:
         reserve_silos(rnd)
     else:
-        seed = parse_spec(job.spec).seed
+        seed = job.parsed_spec.seed
         Task.objects.bulk_create(
             Task(round=rnd, shard=shard, replica=0, seed=derive_seed(seed, number, shard.index))
             for shard in job.shards.order_by("index")
@@ -66,7 +65,7 @@ def reserve_silos(rnd: Round) -> int:
     silos that come online later join while the round is open (the tick calls this)."""
     job = rnd.job
     taken = set(Task.objects.filter(round=rnd).values_list("reserved_for_id", flat=True))
-    seed = parse_spec(job.spec).seed
+    seed = job.parsed_spec.seed
     silos = [n for n in online_nodes() if n.pk not in taken and silo_fits(job, n)]
     Task.objects.bulk_create(
         Task(round=rnd, reserved_for=n, replica=0, seed=derive_seed(seed, rnd.number, n.pk))
@@ -121,7 +120,7 @@ def quorum_units(quorum: float, units: int) -> int:
 
 
 def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
-    quorum = float(rnd.job.spec["rounds"].get("quorum", 1.0))
+    quorum = rnd.job.parsed_spec.rounds.quorum
     settled = sum(1 for s in states if s.settled)
     return settled >= quorum_units(quorum, len(states))
 

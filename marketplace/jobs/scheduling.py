@@ -22,7 +22,6 @@ from marketplace.jobs.models import Job, JobStatus, RoundStatus, Task, TaskStatu
 from marketplace.jobs.signals import bump_work_generation, work_generation
 from marketplace.jobs.sizing import plan_works, size_work
 from marketplace.nodes.models import Node, NodeKind
-from trainer.spec import parse_spec
 
 # re-check the database at least this often even when no new-work signal came
 _FALLBACK_POLL_S = 2.0
@@ -85,7 +84,7 @@ def _needs_replica(node: Node) -> bool:
 def _lease(task: Task, node: Node) -> bool:
     now = timezone.now()
     job = task.round.job
-    spec = parse_spec(job.spec)
+    spec = job.parsed_spec
     steps, batch, codec = task.steps, task.batch_size, task.codec
     if steps is None:
         work = size_work(
@@ -243,7 +242,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
             )
         )  # fmt: skip
         jobs = {j.pk: j for j in Job.objects.filter(pk__in={r[4] for r in rows})}
-        specs = {pk: parse_spec(j.spec) for pk, j in jobs.items()}
+        specs = {pk: j.parsed_spec for pk, j in jobs.items()}
         views = [
             TaskView(
                 id=i,

@@ -79,11 +79,12 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         raise MarketplaceError(
             "A federated update must report its sample count in X-GPUFlex-Metrics 'samples'."
         )
-    spec = task.round.job.spec
     reference = load_model_file(task.round.input_model_file)
     try:
         # any codec the task allowed; compressed updates get the same checks after decoding
-        delta, meta = decode_any(body, reference, max_norm=spec["aggregation"]["max_update_norm"])
+        delta, meta = decode_any(
+            body, reference, max_norm=task.round.job.parsed_spec.aggregation.max_update_norm
+        )
         # kept on the result: the stored update is re-encoded without the payload's metadata
         precision, device = claimed_precision(meta), claimed_device(meta)
     except UpdateRejected as exc:

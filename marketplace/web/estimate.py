@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
+from trainer.spec import JobSpec
+
 # Without a benchmark, a node is assumed to be slow: better to over- than under-promise.
 DEFAULT_SAMPLES_PER_S = 2_000.0
 # Download model and shard, upload the update, aggregate and evaluate: seconds per round.
@@ -65,30 +67,28 @@ class Estimate:
         }
 
 
-def work_of(spec_dict: dict, train_samples: int | None, default_shards: int) -> Work:
-    """The work a parsed spec (`JobSpec.to_dict()`) asks for. `train_samples` is the training
-    split's size when known (built-in datasets); an epoch-based spec on an unknown dataset is
-    counted as one pass of 1000 samples per shard."""
-    local = spec_dict["local"]
-    batch = int(local.get("batch_size") or 32)
-    shards = int((spec_dict.get("sharding") or {}).get("num_shards") or default_shards)
+def work_of(spec: JobSpec, train_samples: int | None, default_shards: int) -> Work:
+    """The work a spec asks for. `train_samples` is the training split's size when known
+    (built-in datasets); an epoch-based spec on an unknown dataset is counted as one pass of
+    1000 samples per shard."""
+    local = spec.local
+    shards = spec.sharding.num_shards or default_shards
     if train_samples is not None:
         shards = max(1, min(shards, train_samples))
-    if local.get("steps"):
-        steps = int(local["steps"])
+    if local.steps:
+        steps = local.steps
     else:
         per_shard = (train_samples or 1000 * shards) / shards
-        steps = max(1, math.ceil(float(local.get("epochs") or 1) * per_shard / batch))
-    rounds = int(spec_dict["rounds"]["max_rounds"])
-    return Work(rounds=rounds, tasks_per_round=shards, steps_per_task=steps, batch_size=batch)
+        steps = max(1, math.ceil((local.epochs or 1) * per_shard / local.batch_size))
+    return Work(rounds=spec.rounds.max_rounds, tasks_per_round=shards, steps_per_task=steps,
+                batch_size=local.batch_size)  # fmt: skip
 
 
-def train_samples(spec_dict: dict) -> int | None:
-    dataset = spec_dict.get("dataset") or {}
-    total = BUILTIN_SIZES.get(dataset.get("kind", ""))
+def train_samples(spec: JobSpec) -> int | None:
+    total = BUILTIN_SIZES.get(spec.dataset.kind)
     if total is None:
         return None
-    return int(total * (1 - float(dataset.get("test_fraction", 0.2))))
+    return int(total * (1 - spec.dataset.test_fraction))
 
 
 def estimate(

@@ -23,7 +23,7 @@ from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import network_of
 from trainer.adapt import health
 from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
-from trainer.spec import JobSpec, SpecError, parse_spec
+from trainer.spec import JobSpec, SpecError
 
 # RTT bands for the topology's link colours (ms): a LAN, a good WAN, a far or poor one.
 RTT_GOOD_MS = 50.0
@@ -62,8 +62,8 @@ def rtt_band(rtt_ms: float | None) -> str:
 
 def _spec(job: Job) -> JobSpec | None:
     try:
-        return parse_spec(job.spec)
-    except SpecError:
+        return job.parsed_spec
+    except SpecError:  # a job stored before a spec field was tightened: shown without it
         return None
 
 

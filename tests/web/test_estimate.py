@@ -8,15 +8,17 @@ from marketplace.web.estimate import Offer, Work, estimate, samples_per_s, train
 from marketplace.web.heatmap import latency_matrix, level
 from marketplace.web.views.common import problem_lines
 from tests.marketplace.helpers import SMALL_SPEC
+from trainer.spec import parse_spec
 
 
 def test_work_of_a_steps_spec_counts_tasks_and_steps() -> None:
-    work = work_of(SMALL_SPEC, train_samples(SMALL_SPEC), default_shards=4)
+    spec = parse_spec(SMALL_SPEC)
+    work = work_of(spec, train_samples(spec), default_shards=4)
     assert work == Work(rounds=2, tasks_per_round=3, steps_per_task=8, batch_size=32)
 
 
 def test_work_of_an_epochs_spec_uses_the_dataset_size() -> None:
-    spec = SMALL_SPEC | {"local": {"epochs": 1, "batch_size": 32}}
+    spec = parse_spec(SMALL_SPEC | {"local": {"epochs": 1, "batch_size": 32}})
     work = work_of(spec, 1437, default_shards=4)
     assert work.steps_per_task == 15  # ceil(1437 / 3 / 32)
 

@@ -25,6 +25,7 @@ from marketplace.web import estimate, jobview
 from marketplace.web.access import buyer_required
 from marketplace.web.forms import JobForm
 from marketplace.web.views.common import not_found, problem_lines, wants_json
+from trainer.spec import JobSpec
 
 ACTIONS = {"pause": pause_job, "resume": resume_job, "cancel": cancel_job}
 
@@ -44,8 +45,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
     return render(request, "web/jobs.html", context)
 
 
-def _market_estimate(spec_dict: dict, tier: str, max_price: Decimal) -> dict | None:
-    arch = spec_dict.get("model", {}).get("arch", "mlp")
+def _market_estimate(spec: JobSpec, tier: str, max_price: Decimal) -> dict | None:
+    arch = spec.model.arch
     rules = Rules.from_settings()
     offers = [
         estimate.Offer(
@@ -55,9 +56,7 @@ def _market_estimate(spec_dict: dict, tier: str, max_price: Decimal) -> dict | N
         )
         for n in online_nodes().filter(price_per_gpu_hour__lte=max_price)
     ]
-    work = estimate.work_of(
-        spec_dict, estimate.train_samples(spec_dict), settings.GPUFLEX["DEFAULT_SHARDS"]
-    )
+    work = estimate.work_of(spec, estimate.train_samples(spec), settings.GPUFLEX["DEFAULT_SHARDS"])
     result = estimate.estimate(
         work, offers, max_price=max_price, tier=tier, bonus_max=rules.bonus_max
     )
@@ -84,14 +83,13 @@ def job_estimate(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"ok": False, "problems": problems})
     max_price = _decimal(request.POST.get("max_price_per_gpu_hour"), "1")
     tier = request.POST.get("tier", "hybrid")
-    spec_dict = spec.to_dict()
     return JsonResponse(
         {
             "ok": True,
             "problems": [],
             "dataset": spec.dataset.kind,
             "needs_upload": spec.dataset.kind not in estimate.BUILTIN_SIZES,
-            "estimate": _market_estimate(spec_dict, tier, max_price),
+            "estimate": _market_estimate(spec, tier, max_price),
         }
     )
 
