@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from django.utils import timezone
@@ -27,15 +26,14 @@ from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, TaskResu
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
 from marketplace.jobs.rounds import open_round, unit_states
 from marketplace.jobs.services import fail_job
-from marketplace.jobs.verification import cosine
 from marketplace.ledger.services import budget_stop_reason, charge_result, release_escrow
 from marketplace.nodes.services import record_verification
-from trainer.aggregation import ClientUpdate, build_strategy, coordinate_median, flatten_state
+from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from trainer.evaluate import evaluate
 from trainer.hashing import state_hash
-from trainer.provenance import ProvenanceChain, record_round
+from trainer.provenance import ProvenanceChain
+from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round
 from trainer.updates import decode_state
 
 log = logging.getLogger(__name__)
@@ -85,25 +83,9 @@ class Outcome:
     cosines: dict[int, float]  # TaskResult id -> cosine to the round's median update
 
 
-def _statistical_filter(
-    results: list[TaskResult], deltas: dict[int, State]
-) -> tuple[list[TaskResult], dict[int, float]]:
-    """Drop updates pointing away from the round's coordinate-wise median: a robust
-    reference, so one huge malicious update cannot drag it (a mean would follow it)."""
-    if len(results) < 3:
-        return results, {}
-    reference = flatten_state(
-        coordinate_median([deltas[r.pk] for r in results], dtype=torch.float64)
-    )
-    keep, dropped = [], {}
-    for r in results:
-        c = cosine(flatten_state(deltas[r.pk], dtype=torch.float64), reference)
-        r.cosine = c
-        if c < settings.GPUFLEX["MIN_COSINE"]:
-            dropped[r.pk] = c
-        else:
-            keep.append(r)
-    return keep, dropped
+def _min_cosine() -> float:
+    conf = settings.GPUFLEX["MIN_COSINE"]
+    return DEFAULT_MIN_COSINE if conf is None else float(conf)
 
 
 def _order(result: TaskResult) -> tuple[int, int]:
@@ -134,9 +116,6 @@ def _compute(job: Job, rnd: Round) -> Outcome:
     global_state = load_model_file(rnd.input_model_file)
     results = [s.result for s in unit_states(rnd, at_deadline=True) if s.result is not None]
     results.sort(key=_order)
-    deltas = {r.pk: decode_state(files.get(r.update_file))[0] for r in results}
-    kept, dropped = _statistical_filter(results, deltas)
-
     strategy = build_strategy(spec.aggregation)
     chain = ProvenanceChain(str(job.id))
     history: list[dict[str, Any]] = []
@@ -144,22 +123,21 @@ def _compute(job: Job, rnd: Round) -> Outcome:
         strategy.load_state_dict(previous.strategy_state)
         chain = ProvenanceChain.from_json(previous.extra["provenance"])
         history = list(previous.history)
-    before = {k: v.clone() for k, v in strategy.state_dict().items()}
     updates = [
         (
-            ClientUpdate(str(r.node_id), deltas[r.pk], r.num_samples, r.metrics),
+            ClientUpdate(
+                str(r.node_id), decode_state(files.get(r.update_file))[0], r.num_samples, r.metrics
+            ),
             _shard_label(job, r),
         )
-        for r in kept
+        for r in results
     ]
-    new_state = (
-        strategy.aggregate(global_state, [u for u, _ in updates]) if updates else dict(global_state)
-    )
-    model = new_model(job)
-    model.load_state_dict(new_state)
-    ev = evaluate(model, job_dataset(job))
-    target = spec.rounds.target
-    reached = bool(target and ev.meets(target.metric, target.value))
+    closed = close_round(
+        number=rnd.number, global_state=global_state, updates=updates, strategy=strategy,
+        model=new_model(job), dataset=job_dataset(job), chain=chain, store=artifact_store(),
+        target=spec.rounds.target, min_cosine=_min_cosine(),
+    )  # fmt: skip
+    ev, kept = closed.evaluation, [results[i] for i in closed.kept]
     metrics = {
         "round": rnd.number,
         "accuracy": ev.accuracy,
@@ -167,36 +145,22 @@ def _compute(job: Job, rnd: Round) -> Outcome:
         "total": ev.total,
         "loss": ev.loss,
         "participants": len(kept),
-        "rejected": len(dropped),
+        "rejected": len(closed.dropped),
         "used": [r.pk for r in kept],
     }
-    record_round(
-        chain,
-        artifact_store(),
-        round=rnd.number,
-        global_state=global_state,
-        strategy=strategy,
-        strategy_state_before=before,
-        updates=updates,
-        new_state=new_state,
-        metrics={"accuracy": ev.accuracy, "loss": ev.loss},
-    )
     history.append(metrics)
     write_checkpoint(
         job,
-        Checkpoint(
-            spec=job.spec,
-            round=rnd.number,
-            model_state=new_state,
-            strategy_state=strategy.state_dict(),
-            history=history,
-            rng={"seed": spec.seed},
-            extra={"provenance": chain.to_json(), "reached_target": reached},
+        checkpoint_after(
+            closed, number=rnd.number, spec=job.spec, strategy=strategy, chain=chain,
+            history=history, seed=spec.seed,
         ),
-    )
+    )  # fmt: skip
     files.put(provenance_name(job), chain.to_json().encode())
-    cosines = {r.pk: r.cosine for r in results if r.cosine is not None}
-    return Outcome(new_state, metrics, reached, [r.pk for r in kept], dropped, cosines)
+    dropped = {results[i].pk: c for i, c in closed.dropped.items()}
+    cosines = {results[i].pk: c for i, c in closed.cosines.items()}
+    return Outcome(closed.state, metrics, closed.reached_target, [r.pk for r in kept], dropped,
+                   cosines)  # fmt: skip
 
 
 def run_aggregation(round_id: int) -> None:

@@ -50,11 +50,6 @@ def replicas_agree(
     )
 
 
-def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    denom = float(a.norm()) * float(b.norm())
-    return float(a @ b) / denom if denom > 0 else 0.0
-
-
 def _settle(result: TaskResult, ok: bool, others: list[TaskResult], nearest: Agreement) -> None:
     result.verified = ok
     result.verified_against = [o.node_id for o in others]

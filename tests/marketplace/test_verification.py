@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from marketplace.jobs import files
-from marketplace.jobs.aggregation import _statistical_filter
 from marketplace.jobs.models import Job, Precision, Task, TaskResult
 from marketplace.jobs.verification import replicas_agree
 from marketplace.nodes.models import Node
@@ -188,18 +187,6 @@ def test_agreement_tolerance_setting_binds_replicas_claiming_one_precision(setti
 
 def test_stored_precisions_are_the_trainers() -> None:
     assert tuple(Precision.values) == PRECISIONS
-
-
-def test_statistical_filter_drops_an_update_pointing_away() -> None:
-    class R:
-        def __init__(self, pk: int) -> None:
-            self.pk = pk
-
-    good = {"w": torch.ones(10)}
-    results = [R(1), R(2), R(3), R(4)]
-    deltas = {1: good, 2: good, 3: {"w": torch.ones(10) * 1.1}, 4: {"w": -10 * torch.ones(10)}}
-    kept, dropped = _statistical_filter(results, deltas)
-    assert [r.pk for r in kept] == [1, 2, 3] and set(dropped) == {4}
 
 
 def test_unreconciled_dispute_is_not_aggregated_at_the_deadline(make_agent, submit) -> None:

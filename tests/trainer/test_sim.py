@@ -60,8 +60,8 @@ def test_resumed_run_ends_with_the_same_model_as_an_uninterrupted_one(spec, tmp_
 
 @pytest.mark.parametrize("strategy", ["trimmed_mean", "median", "krum"])
 def test_robust_aggregators_survive_two_sign_flipping_nodes(spec, strategy) -> None:
-    attack = RunOptions(max_rounds=100, adversarial=(0, 1), attack_scale=10.0)
-    # No norm bound here: this measures the aggregators alone, not update validation.
+    # No norm bound and no statistical filter: this measures the aggregators alone.
+    attack = RunOptions(max_rounds=100, adversarial=(0, 1), attack_scale=10.0, min_cosine=None)
     robust = spec.replace(
         aggregation={"strategy": strategy, "trim_fraction": 0.25, "max_update_norm": 1e12}
     )
@@ -70,11 +70,21 @@ def test_robust_aggregators_survive_two_sign_flipping_nodes(spec, strategy) -> N
 
 
 def test_plain_fedavg_fails_under_the_same_attack(spec) -> None:
-    attack = RunOptions(max_rounds=100, adversarial=(0, 1), attack_scale=10.0)
+    attack = RunOptions(max_rounds=100, adversarial=(0, 1), attack_scale=10.0, min_cosine=None)
     spec = spec.replace(aggregation={"strategy": "fedavg", "max_update_norm": 1e12})
     result, _ = run_federated(prepare(spec, 8, "lan", 0), attack)
     assert not result.reached_target
     assert max(result.accuracy_per_round) < 0.5
+
+
+def test_every_round_close_filters_so_fedavg_survives_it_too(spec) -> None:
+    """The statistical filter the marketplace runs, in the simulator's rounds as well
+    (trainer.rounds.close_round): the sign-flipped updates never reach the mean."""
+    attack = RunOptions(max_rounds=20, adversarial=(0, 1), attack_scale=10.0)
+    spec = spec.replace(aggregation={"strategy": "fedavg", "max_update_norm": 1e12})
+    result, _ = run_federated(prepare(spec, 8, "lan", 0), attack)
+    assert all(log.rejected == 2 and log.participants == 6 for log in result.log)
+    assert result.final_accuracy > 0.85  # unfiltered, the same attack keeps it under 0.5
 
 
 def test_naive_sync_trains_and_pays_for_every_step(spec) -> None:

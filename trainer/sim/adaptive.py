@@ -26,10 +26,10 @@ from trainer.adapt import NodePlan, PolicyState, RoundPlan, plan_round
 from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.aggregation.functions import flatten_state
 from trainer.compression import CodecConfig, decode_any, encode_update
-from trainer.evaluate import evaluate
 from trainer.hashing import state_hash
 from trainer.local import LocalResult, derive_seed, train_local
-from trainer.provenance import ProvenanceChain, record_round
+from trainer.provenance import ProvenanceChain
+from trainer.rounds import close_round
 from trainer.sim.federated import ProgressFn, RunOptions, account_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.nodes import InFlight, SimNode, State, computing_in, time_in
@@ -109,27 +109,14 @@ class NetworkAwareRun:
         received, dropped = self.collect(close)
         updates, rejected, stale = self.decode(received)
 
-        before = self.strategy.state_dict()
-        new_state = (
-            self.strategy.aggregate(self.global_state, [u for u, _ in updates])
-            if updates
-            else self.global_state
-        )
-        self.measure_agreement(updates, new_state)
-        self.setup.model.load_state_dict(new_state)
-        ev = evaluate(self.setup.model, self.setup.dataset)
-        metrics = {"accuracy": ev.accuracy, "loss": ev.loss}
-        record_round(
-            self.chain,
-            None,
-            round=r,
-            global_state=self.global_state,
-            strategy=self.strategy,
-            strategy_state_before=before,
-            updates=updates,
-            new_state=new_state,
-            metrics=metrics,
-        )
+        closed = close_round(
+            number=r, global_state=self.global_state, updates=updates, strategy=self.strategy,
+            model=self.setup.model, dataset=self.setup.dataset, chain=self.chain,
+            target=self.spec.rounds.target, min_cosine=self.options.min_cosine,
+        )  # fmt: skip
+        new_state, ev = closed.state, closed.evaluation
+        self.measure_agreement([updates[i] for i in closed.kept], new_state)
+        rejected += len(closed.dropped)
         self.global_state = new_state
         self.version += 1
         # verification, the aggregation queue, aggregation and opening the next round
@@ -156,7 +143,7 @@ class NetworkAwareRun:
             idle_s=max(0.0, len(self.nodes) * wall - computing - transferring),
             bytes_up=sum(len(job.payload) for _, job in received),
             bytes_down=bytes_down,
-            participants=len(updates),
+            participants=len(closed.kept),
             dropped=len(dropped),
             rejected=rejected,
             stale=stale,

@@ -17,11 +17,12 @@ import torch
 
 from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
-from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from trainer.evaluate import Evaluation, evaluate
+from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.evaluate import Evaluation
 from trainer.hashing import state_hash
 from trainer.local import derive_seed, planned_steps, train_local
-from trainer.provenance import ProvenanceChain, record_round
+from trainer.provenance import ProvenanceChain
+from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
@@ -46,6 +47,9 @@ class RunOptions:
     # Byzantine nodes for robustness experiments: they send -attack_scale x their honest update.
     adversarial: tuple[int, ...] = ()
     attack_scale: float = 10.0
+    # the statistical filter of every round close (trainer.rounds); None measures the
+    # aggregation strategies alone
+    min_cosine: float | None = DEFAULT_MIN_COSINE
 
 
 ProgressFn = Callable[[RoundLog], None]
@@ -88,12 +92,18 @@ def run_federated(
     for r in range(start_round, max_rounds + 1):
         if result.reached_target and options.stop_at_target:
             break
-        log, global_state, chain = _round(
-            setup, strategy, global_state, work, r, result, chain, store, options
-        )
+        log, closed = _round(setup, strategy, global_state, work, r, result, chain, store, options)
+        global_state = closed.state
         account_round(result, log, spec.rounds.target)
         if options.checkpoint:
-            _save(options.checkpoint, setup, r, global_state, strategy, result, chain)
+            save_checkpoint(
+                options.checkpoint,
+                checkpoint_after(
+                    closed, number=r, spec=spec.to_dict(), strategy=strategy, chain=chain,
+                    history=[asdict(entry) for entry in result.log], seed=setup.seed,
+                    host_compute_s=result.host_compute_s,
+                ),
+            )  # fmt: skip
         if progress:
             progress(log)
         if options.stop_after_round == r:
@@ -160,24 +170,12 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
 
     # the last update is in: the server verifies, aggregates and opens the next round
     round_s = max(finish) + setup.costs.round_s
-    strategy_before = strategy.state_dict()
-    new_state = (
-        strategy.aggregate(global_state, [u for u, _ in updates]) if updates else global_state
-    )
-    setup.model.load_state_dict(new_state)
-    ev = evaluate(setup.model, setup.dataset)
-    metrics = {"accuracy": ev.accuracy, "loss": ev.loss}
-    record_round(
-        chain,
-        store,
-        round=r,
-        global_state=global_state,
-        strategy=strategy,
-        strategy_state_before=strategy_before,
-        updates=updates,
-        new_state=new_state,
-        metrics=metrics,
-    )
+    closed = close_round(
+        number=r, global_state=global_state, updates=updates, strategy=strategy,
+        model=setup.model, dataset=setup.dataset, chain=chain, store=store,
+        target=spec.rounds.target, min_cosine=options.min_cosine,
+    )  # fmt: skip
+    ev = closed.evaluation
     log = RoundLog(
         round=r,
         accuracy=ev.accuracy,
@@ -190,30 +188,11 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         idle_s=sum(round_s - f for f in finish),
         bytes_up=int(bytes_up),
         bytes_down=int(bytes_down),
-        participants=len(updates),
+        participants=len(closed.kept),
         dropped=dropped,
-        rejected=rejected,
+        rejected=rejected + len(closed.dropped),
     )
-    return log, new_state, chain
-
-
-def _save(path, setup, r, global_state, strategy, result, chain) -> None:
-    save_checkpoint(
-        path,
-        Checkpoint(
-            spec=setup.spec.to_dict(),
-            round=r,
-            model_state=global_state,
-            strategy_state=strategy.state_dict(),
-            history=[asdict(log) for log in result.log],
-            rng={"seed": setup.seed},
-            extra={
-                "provenance": chain.to_json(),
-                "host_compute_s": result.host_compute_s,
-                "reached_target": result.reached_target,
-            },
-        ),
-    )
+    return log, closed
 
 
 def _restore(path, strategy, result, target):

@@ -150,8 +150,9 @@ GPUFLEX = {
     # trainer.replicas.CROSS_DEVICE_TOLERANCE (measured, see there), since one precision still
     # runs differently on different devices; a fleet of one kind of device may set 1e-3
     "AGREEMENT_TOLERANCE": float(os.environ.get("GPUFLEX_AGREEMENT_TOLERANCE", "0.25")),
-    # an update pointing against the others' mean is dropped (sign-flip / scaling attacks)
-    "MIN_COSINE": float(os.environ.get("GPUFLEX_MIN_COSINE", "-0.25")),
+    # an update pointing away from the round's median is dropped (sign-flip / scaling
+    # attacks); unset: trainer.rounds.DEFAULT_MIN_COSINE, the simulator's too
+    "MIN_COSINE": os.environ.get("GPUFLEX_MIN_COSINE"),
     "MIN_RELIABILITY": float(os.environ.get("GPUFLEX_MIN_RELIABILITY", "0.2")),
     "TICK_S": float(os.environ.get("GPUFLEX_TICK_S", "5")),
     # an aggregating round untouched this long is assumed lost with its worker
