@@ -3,9 +3,39 @@ per round, per-node work and earnings, the buyer's bill, the ledger and the prov
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+
+def job_timing(job: Any) -> dict[str, Any]:
+    """The job's wall time, from its first round opening to its end (its last aggregation
+    done: `finished_at`; for a job still running, now), the time to its target (None unless
+    reached: a job ends at the round that reaches it) and the compute utilization.
+
+    Utilization is defined exactly as the simulator's (trainer.sim.report.SimResult
+    .utilization): compute seconds summed over nodes / (nodes x wall seconds), here with the
+    compute the nodes reported on their accepted uploads (TaskResult.compute_s; work whose
+    upload came too late for its round is not seen by the server) and the nodes that moved
+    any bytes for the job (NodeTraffic).
+    """
+    from marketplace.jobs.models import Round, TaskResult
+    from marketplace.nodes.models import NodeTraffic
+
+    first = Round.objects.filter(job=job).order_by("number").first()
+    if first is None:
+        return {"job_wall_s": None, "time_to_target_s": None, "utilization": None}
+    ended: datetime = job.finished_at or timezone.now()
+    wall = max((ended - first.opened_at).total_seconds(), 0.0)
+    compute = TaskResult.objects.filter(task__round__job=job).aggregate(s=Sum("compute_s"))["s"]
+    nodes = NodeTraffic.objects.filter(job=job).count()
+    return {
+        "job_wall_s": round(wall, 2),
+        "time_to_target_s": round(wall, 2) if job.reached_target else None,
+        "utilization": round(float(compute or 0.0) / (nodes * wall), 4) if nodes and wall else None,
+    }
 
 
 def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
@@ -15,12 +45,14 @@ def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
     from marketplace.ledger.reconcile import reconcile
     from marketplace.ledger.selectors import job_costs, node_earnings
     from marketplace.nodes.models import Node
+    from marketplace.nodes.selectors import job_traffic
     from trainer.provenance import ProvenanceChain, verify_with_artifacts
 
     job = Job.objects.get(pk=job_id)
     rounds = list(Round.objects.filter(job=job, status="done").order_by("number"))
     costs = job_costs(job)
     nodes = []
+    traffic = job_traffic(job.pk)
     results = TaskResult.objects.filter(task__round__job=job)
     ran_on: dict[int, set[tuple[str, str]]] = {}
     for node_id, device, precision in results.values_list("node_id", "device", "precision"):
@@ -47,6 +79,9 @@ def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
                 "samples": int(node.samples or 0),
                 "compute_s": round(float(node.compute or 0.0), 2),
                 "earnings": node_earnings(node)["total"],
+                # payload bytes, from the server's own counters (NodeTraffic)
+                "bytes_up": traffic.get(node.pk, {}).get("bytes_up", 0),
+                "bytes_down": traffic.get(node.pk, {}).get("bytes_down", 0),
                 # where its tasks trained: "cuda" on a GPU machine, in bf16 where it has it
                 "devices": sorted({d for d, _ in ran_on.get(node.pk, ())}),
                 "ran_on": sorted(f"{d} {p}" for d, p in ran_on.get(node.pk, ())),
@@ -80,6 +115,11 @@ def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
             for r in rounds
         ],
         "nodes": nodes,
+        # per node that moved anything for the job (name -> bytes), from the server's counters:
+        # up = update bodies it received, down = models and shards it sent
+        "bytes_up_per_node": {t["name"]: t["bytes_up"] for t in traffic.values()},
+        "bytes_down_per_node": {t["name"]: t["bytes_down"] for t in traffic.values()},
+        **job_timing(job),
         "verified_contributions": sum(n["verified"] for n in nodes),
         "buyer_budget": str(costs.budget),
         "buyer_cost": str(costs.spent),
@@ -114,6 +154,14 @@ def print_summary(s: dict[str, Any], write: Any = print) -> None:
             f"{n['compute_s']:>7.1f} {n['earnings']:>10}"
         )
     write("")
+    up, down = s["bytes_up_per_node"], s["bytes_down_per_node"]
+    if up or down:
+        n = max(len(up), len(down))
+        write(
+            f"traffic per node (mean of {n}): {sum(up.values()) / n / 1e3:.1f} kB up, "
+            f"{sum(down.values()) / n / 1e3:.1f} kB down; compute utilization "
+            + (f"{s['utilization']:.3f}" if s["utilization"] is not None else "—")
+        )
     ran = sorted({pair for n in s["nodes"] for pair in n["ran_on"]})
     write(f"tasks trained on: {', '.join(ran) or 'nothing'}")
     write(f"verified contributions: {s['verified_contributions']}")

@@ -68,3 +68,19 @@ def reliability_score(verified_ok: int, verified_bad: int, lost_leases: int) -> 
     """A smoothed success rate: new nodes start at 0.5, a wrong result costs three good ones,
     a lost lease (silence past its timeout) one."""
     return (verified_ok + 1) / (verified_ok + 3 * verified_bad + lost_leases + 2)
+
+
+class NodeTraffic(models.Model):
+    """What the server itself moved for one node on one job, in payload bytes: counted by the
+    agent endpoints as they send models and shards (down) and receive update bodies (up).
+    One row per (node, job), bumped with an F() update (services.count_traffic)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="traffic")
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="traffic")
+    bytes_down = models.PositiveBigIntegerField(default=0)  # models and shards sent to the node
+    bytes_up = models.PositiveBigIntegerField(default=0)  # update bodies received from it
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "job"], name="node_traffic_unique_job")
+        ]

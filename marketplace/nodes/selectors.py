@@ -11,13 +11,25 @@ from django.db.models import Count, Max, Min, QuerySet, Sum
 from django.utils import timezone
 
 from marketplace.accounts.models import User
-from marketplace.nodes.models import Node, NodeState
+from marketplace.nodes.models import Node, NodeState, NodeTraffic
 
 
 def nodes_of(user: User) -> QuerySet[Node]:
     if user.is_operator:
         return Node.objects.all().order_by("pk")
     return Node.objects.filter(owner=user).order_by("pk")
+
+
+def job_traffic(job_id: object) -> dict[int, dict[str, Any]]:
+    """Payload bytes the server moved for each node on a job, from its own counters
+    (NodeTraffic): node id -> {"name", "bytes_up", "bytes_down"}; nodes that moved nothing
+    for the job are absent."""
+    rows = (
+        NodeTraffic.objects.filter(job_id=job_id)
+        .order_by("node_id")
+        .values_list("node_id", "node__name", "bytes_up", "bytes_down")
+    )
+    return {nid: {"name": name, "bytes_up": up, "bytes_down": down} for nid, name, up, down in rows}
 
 
 def online_nodes() -> QuerySet[Node]:

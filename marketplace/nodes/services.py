@@ -7,13 +7,13 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from marketplace.accounts.models import User
 from marketplace.accounts.services import issue_node_key
-from marketplace.nodes.models import Node, NodeState, reliability_score
+from marketplace.nodes.models import Node, NodeState, NodeTraffic, reliability_score
 
 
 def _memory_gb(hardware: dict[str, Any]) -> float:
@@ -96,6 +96,25 @@ def touch(node: Node) -> None:
     """Any authenticated agent call shows the node is alive (a claim counts as a heartbeat)."""
     back = Case(When(state=NodeState.OFFLINE, then=Value(NodeState.IDLE)), default=F("state"))
     Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now(), state=back)
+
+
+def count_traffic(node_id: int, job_id: object, *, down: int = 0, up: int = 0) -> None:
+    """Add payload bytes the server sent to (`down`) or received from (`up`) a node for a job.
+
+    One UPDATE with F() on the hot path; the (node, job) row is created by the first transfer,
+    and a request that loses the race to create it adds to the winner's row instead.
+    """
+    if not (down or up):
+        return
+    rows = NodeTraffic.objects.filter(node_id=node_id, job_id=job_id)
+    bump = {"bytes_down": F("bytes_down") + down, "bytes_up": F("bytes_up") + up}
+    if rows.update(**bump):
+        return
+    try:
+        with transaction.atomic():
+            NodeTraffic.objects.create(node_id=node_id, job_id=job_id, bytes_down=down, bytes_up=up)
+    except IntegrityError:
+        rows.update(**bump)
 
 
 def mark_offline(now: datetime | None = None) -> list[int]:

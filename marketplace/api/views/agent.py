@@ -30,7 +30,7 @@ from marketplace.jobs.scheduling import claim_with_wait, task_payload
 from marketplace.jobs.uploads import accept_update, fail_task, task_for_node
 from marketplace.ledger.selectors import node_earnings
 from marketplace.nodes.models import Node
-from marketplace.nodes.services import record_heartbeat, touch
+from marketplace.nodes.services import count_traffic, record_heartbeat, touch
 
 SAFETENSORS = "application/octet-stream"
 
@@ -74,20 +74,26 @@ class ClaimView(AgentView):
 class TaskModelView(AgentView):
     @extend_schema(responses={(200, SAFETENSORS): OpenApiTypes.BINARY})
     def get(self, request: Request, task_id: str) -> HttpResponse:
-        task = task_for_node(self.node(request), task_id)
-        return HttpResponse(files.get(task.round.input_model_file), content_type=SAFETENSORS)
+        node = self.node(request)
+        task = task_for_node(node, task_id)
+        data = files.get(task.round.input_model_file)
+        count_traffic(node.pk, task.round.job_id, down=len(data))
+        return HttpResponse(data, content_type=SAFETENSORS)
 
 
 class TaskShardView(AgentView):
     @extend_schema(responses={(200, SAFETENSORS): OpenApiTypes.BINARY})
     def get(self, request: Request, task_id: str) -> HttpResponse:
-        task = task_for_node(self.node(request), task_id)
+        node = self.node(request)
+        task = task_for_node(node, task_id)
         if task.shard is None:
             raise LocalDataset(
                 f"This task trains on your local dataset {task.round.job.federated_dataset!r}; "
                 "there is no shard to download."
             )
-        return HttpResponse(files.get(task.shard.file), content_type=SAFETENSORS)
+        data = files.get(task.shard.file)
+        count_traffic(node.pk, task.round.job_id, down=len(data))
+        return HttpResponse(data, content_type=SAFETENSORS)
 
 
 class TaskUpdateView(AgentView):
@@ -98,7 +104,7 @@ class TaskUpdateView(AgentView):
     )
     def put(self, request: Request, task_id: str) -> Response:
         node = self.node(request)
-        task_for_node(node, task_id)  # 404 before reading a body that is not ours
+        task = task_for_node(node, task_id)  # 404 before reading a body that is not ours
         limit = settings.GPUFLEX["MAX_UPDATE_BYTES"]
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
         if declared > limit:
@@ -107,6 +113,8 @@ class TaskUpdateView(AgentView):
             body = request.body
         except RequestDataTooBig:
             raise TooLarge(f"The update is larger than the limit of {limit} bytes.") from None
+        # received whatever becomes of it (a retry, a rejection): the node's traffic all the same
+        count_traffic(node.pk, task.round.job_id, up=len(body))
         code = accept_update(node, task_id, body, request.headers.get("X-GPUFlex-Metrics"))
         return Response({"accepted": True}, status=code)
 
