@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -79,6 +80,25 @@ def _needs_replica(node: Node) -> bool:
     if node.verified_ok < conf["TRUST_AFTER_VERIFIED"] or node.verified_bad > 0:
         return True
     return random.random() < conf["REPLICATION_SHARE"]
+
+
+def extend_lease(node: Node, task_id: str | None) -> bool:
+    """A heartbeat naming the task its node trains keeps that task's lease: a task may run
+    longer than LEASE_TIMEOUT_S while its node is alive, and a node that goes silent still
+    loses it. One conditional UPDATE, which writes only once half the lease is gone."""
+    if not task_id:
+        return False
+    try:
+        uuid.UUID(str(task_id))
+    except ValueError:
+        return False  # not one of ours: nothing to keep
+    timeout = timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
+    now = timezone.now()
+    return bool(
+        Task.objects.filter(
+            pk=task_id, node=node, status=TaskStatus.LEASED, lease_expires__lt=now + timeout / 2
+        ).update(lease_expires=now + timeout)
+    )
 
 
 def _lease(task: Task, node: Node) -> bool:

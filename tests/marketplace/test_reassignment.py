@@ -48,6 +48,31 @@ def test_expired_lease_is_reassigned(make_agent, submit) -> None:
     assert task["id"] in claimed
 
 
+def test_heartbeats_naming_the_task_keep_its_lease(make_agent, submit, settings) -> None:
+    """A long task outlives LEASE_TIMEOUT_S while its node heartbeats about it; a node's
+    heartbeat never keeps another node's lease, and a silent node still loses its own."""
+    worker, other = make_agent(kind="platform"), make_agent(kind="platform")
+    submit(tier="platform")
+    mine, theirs = worker.claim(), other.claim()
+    soon = timezone.now() + timedelta(seconds=10)  # well under half of LEASE_TIMEOUT_S left
+    Task.objects.filter(pk__in=[mine["id"], theirs["id"]]).update(lease_expires=soon)
+    assert worker.heartbeat("working", task_id=mine["id"], progress=0.5).status_code == 200
+    assert worker.heartbeat("working", task_id=theirs["id"]).status_code == 200
+    assert worker.heartbeat("working", task_id="not-a-task").status_code == 200
+    timeout = settings.GPUFLEX["LEASE_TIMEOUT_S"]
+    kept = Task.objects.get(pk=mine["id"]).lease_expires
+    assert kept > timezone.now() + timedelta(seconds=timeout - 60)
+    assert Task.objects.get(pk=theirs["id"]).lease_expires == soon
+    # no write while more than half the lease is left: heartbeats stay one UPDATE each
+    worker.heartbeat("working", task_id=mine["id"])
+    assert Task.objects.get(pk=mine["id"]).lease_expires == kept
+    # the silent node's lease runs out and its task goes back to the queue
+    Task.objects.filter(pk=theirs["id"]).update(lease_expires=timezone.now() - timedelta(seconds=1))
+    tick()
+    assert Task.objects.get(pk=theirs["id"]).status == "pending"
+    assert Task.objects.get(pk=mine["id"]).status == "leased"
+
+
 def test_overdue_round_closes_with_what_it_has(make_agent, submit) -> None:
     a, b = make_agent(kind="platform"), make_agent(kind="platform")
     spec = SMALL_SPEC | {"rounds": {"max_rounds": 2, "quorum": 1.0}}

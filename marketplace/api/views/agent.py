@@ -26,7 +26,7 @@ from marketplace.api.serializers.agent import (
 from marketplace.api.throttles import HeartbeatThrottle
 from marketplace.jobs import files
 from marketplace.jobs.errors import LocalDataset, TooLarge
-from marketplace.jobs.scheduling import claim_with_wait, task_payload
+from marketplace.jobs.scheduling import claim_with_wait, extend_lease, task_payload
 from marketplace.jobs.uploads import accept_update, fail_task, task_for_node
 from marketplace.ledger.selectors import node_earnings
 from marketplace.nodes.models import Node
@@ -49,7 +49,9 @@ class HeartbeatView(AgentView):
     def post(self, request: Request) -> Response:
         body = HeartbeatSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        reply = record_heartbeat(self.node(request), **body.validated_data)
+        node = self.node(request)
+        reply = record_heartbeat(node, **body.validated_data)
+        extend_lease(node, body.validated_data.get("task_id"))
         return Response(HeartbeatReplySerializer(reply).data)
 
 
