@@ -15,6 +15,7 @@ framework and no I/O beyond the artifact store the caller passes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,12 @@ State = dict[str, torch.Tensor]
 DEFAULT_MIN_COSINE = -0.25
 # with fewer updates the median is one of them, or their mean: no reference to judge by
 FILTER_MIN_UPDATES = 3
+
+
+def staleness_weight(staleness: int) -> float:
+    """The weight of an update trained on a model `staleness` rounds old, folded into the
+    current round (FedBuff's polynomial discount: 1/sqrt(1 + s))."""
+    return 1 / math.sqrt(1 + staleness)
 
 
 @dataclass

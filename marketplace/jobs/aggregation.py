@@ -17,12 +17,21 @@ from typing import Any
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from marketplace.faults import failpoint
 from marketplace.jobs import files
 from marketplace.jobs.datasets import job_dataset
-from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, TaskResult
+from marketplace.jobs.models import (
+    Job,
+    JobStatus,
+    Round,
+    RoundStatus,
+    Task,
+    TaskResult,
+    TaskStatus,
+)
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
 from marketplace.jobs.rounds import open_round, unit_states
 from marketplace.jobs.services import fail_job
@@ -33,7 +42,7 @@ from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from trainer.hashing import state_hash
 from trainer.provenance import ProvenanceChain
-from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round
+from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round, staleness_weight
 from trainer.updates import decode_state
 
 log = logging.getLogger(__name__)
@@ -94,6 +103,25 @@ def _order(result: TaskResult) -> tuple[int, int]:
     return (0, shard.index) if shard else (1, result.node_id)
 
 
+def _late_results(job: Job, rnd: Round) -> list[TaskResult]:
+    """Updates that arrived after their round closed and no round has folded in yet."""
+    late = TaskResult.objects.filter(
+        task__round__job=job, task__round__number__lt=rnd.number, late=True, accepted=True,
+        aggregated=False,
+    ).select_related("task__round", "task__shard")  # fmt: skip
+    return sorted(late, key=lambda r: (r.task.round.number, *_order(r)))
+
+
+def _delta(result: TaskResult, rnd: Round) -> State:
+    """The stored update; one trained on an older model (folded late) weighs less."""
+    delta = decode_state(files.get(result.update_file))[0]
+    staleness = rnd.number - result.task.round.number
+    if staleness <= 0:
+        return delta
+    weight = staleness_weight(staleness)
+    return {k: v * weight for k, v in delta.items()}
+
+
 def _shard_label(job: Job, result: TaskResult) -> str:
     shard = result.task.shard
     return shard.content_hash if shard else f"local:{job.federated_dataset}:{result.node_id}"
@@ -116,6 +144,7 @@ def _compute(job: Job, rnd: Round) -> Outcome:
     global_state = load_model_file(rnd.input_model_file)
     results = [s.result for s in unit_states(rnd, at_deadline=True) if s.result is not None]
     results.sort(key=_order)
+    late = _late_results(job, rnd)
     strategy = build_strategy(spec.aggregation)
     chain = ProvenanceChain(str(job.id))
     history: list[dict[str, Any]] = []
@@ -124,19 +153,16 @@ def _compute(job: Job, rnd: Round) -> Outcome:
         chain = ProvenanceChain.from_json(previous.extra["provenance"])
         history = list(previous.history)
     updates = [
-        (
-            ClientUpdate(
-                str(r.node_id), decode_state(files.get(r.update_file))[0], r.num_samples, r.metrics
-            ),
-            _shard_label(job, r),
-        )
-        for r in results
-    ]
+        (ClientUpdate(str(r.node_id), _delta(r, rnd), r.num_samples, r.metrics),
+         _shard_label(job, r))
+        for r in results + late
+    ]  # fmt: skip
     closed = close_round(
         number=rnd.number, global_state=global_state, updates=updates, strategy=strategy,
         model=new_model(job), dataset=job_dataset(job), chain=chain, store=artifact_store(),
         target=spec.rounds.target, min_cosine=_min_cosine(),
     )  # fmt: skip
+    results += late
     ev, kept = closed.evaluation, [results[i] for i in closed.kept]
     metrics = {
         "round": rnd.number,
@@ -145,6 +171,7 @@ def _compute(job: Job, rnd: Round) -> Outcome:
         "total": ev.total,
         "loss": ev.loss,
         "participants": len(kept),
+        "late_folded": sum(r.late for r in kept),
         "rejected": len(closed.dropped),
         "used": [r.pk for r in kept],
     }
@@ -209,7 +236,10 @@ def run_aggregation(round_id: int) -> None:
         job.save(update_fields=fields)
         if job.is_active:
             open_round(job, rnd.number + 1, outcome.state)
-        else:
+        else:  # updates still in flight (late ones to fold) have nothing left to join
+            Task.objects.filter(
+                round__job=job, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]
+            ).update(status=TaskStatus.CANCELLED)
             release_escrow(job)
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
 
@@ -244,7 +274,8 @@ def _pay_verified(rnd: Round) -> None:
 
 def _settle_results(rnd: Round, outcome: Outcome) -> None:
     used = set(outcome.used)
-    results = TaskResult.objects.filter(task__round=rnd)
+    folded = Q(pk__in=used) | Q(pk__in=list(outcome.dropped))  # late ones from older rounds
+    results = TaskResult.objects.filter(Q(task__round=rnd) | folded)
     for result in results.select_related("task__round__job", "node"):
         result.cosine = outcome.cosines.get(result.pk, result.cosine)
         if result.pk in outcome.dropped:

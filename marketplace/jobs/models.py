@@ -241,4 +241,7 @@ class TaskResult(models.Model):
     rejection = models.CharField(max_length=200, blank=True)
     aggregated = models.BooleanField(default=False)
     credited = models.BooleanField(default=False)
+    # uploaded after its round closed (spec rounds.late_updates: stale): a later round folds
+    # it in with a staleness weight, then marks it aggregated
+    late = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -126,16 +127,22 @@ def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
 
 
 def start_aggregation(rnd: Round) -> None:
-    """OPEN -> AGGREGATING (caller holds the round's row lock); outstanding work is cancelled
-    and the aggregation is enqueued once this transaction commits."""
+    """OPEN -> AGGREGATING (caller holds the round's row lock); the aggregation is enqueued
+    once this transaction commits. Work not started is cancelled. Work in flight is too,
+    unless the spec folds late updates (rounds.late_updates: stale): then a leased task for
+    a unit with no result yet trains on, and a later round folds its update in (FedBuff)."""
     now = timezone.now()
     rnd.status = RoundStatus.AGGREGATING
     rnd.closed_at = now
     rnd.aggregating_since = now
     rnd.save(update_fields=["status", "closed_at", "aggregating_since"])
-    Task.objects.filter(round=rnd, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]).update(
-        status=TaskStatus.CANCELLED
-    )
+    outstanding = Task.objects.filter(round=rnd, status__in=[TaskStatus.PENDING, TaskStatus.LEASED])
+    in_flight: list[Any] = []
+    if rnd.job.parsed_spec.rounds.late_updates == "stale":
+        settled = {t.unit for t in Task.objects.filter(round=rnd, result__isnull=False)}
+        leased = outstanding.filter(status=TaskStatus.LEASED, replica=0)
+        in_flight = [t.pk for t in leased if t.unit not in settled]
+    outstanding.exclude(pk__in=in_flight).update(status=TaskStatus.CANCELLED)
     enqueue_aggregation(rnd.pk)
 
 

@@ -100,7 +100,8 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         task = Task.objects.select_for_update().get(pk=task.pk)
         if task.node_id != node.pk:
             raise NotFound("No such task is leased to this node.")
-        if task.status != TaskStatus.LEASED or rnd.status != RoundStatus.OPEN:
+        late = rnd.status != RoundStatus.OPEN
+        if task.status != TaskStatus.LEASED or (late and not _takes_late(rnd)):
             raise Conflict(f"The task is {task.status}; it no longer takes updates.")
         held_s = (timezone.now() - task.leased_at).total_seconds() if task.leased_at else 0.0
         TaskResult.objects.create(
@@ -114,12 +115,19 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
             metrics=metrics,
             # billing input: what the node says, never more than the time it held the lease
             compute_s=min(max(metrics.get("compute_s", 0.0), 0.0), held_s, lease_s),
+            late=late,
         )
         task.status = TaskStatus.DONE
         task.save(update_fields=["status"])
-        verify_unit(rnd, task)
-        maybe_close(rnd)
+        if not late:  # a late one waits, unreplicated, for the next aggregation to fold it
+            verify_unit(rnd, task)
+            maybe_close(rnd)
     return 201
+
+
+def _takes_late(rnd: Round) -> bool:
+    """Its round closed while the task was in flight: kept for a later round to fold in."""
+    return rnd.job.is_active and rnd.job.parsed_spec.rounds.late_updates == "stale"
 
 
 def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
@@ -128,15 +136,18 @@ def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
 
     node_id = task.node_id
     give_up = task.attempts >= MAX_ATTEMPTS
+    # work in flight past its round's close (late updates folded) is not queued again
+    closed = Round.objects.filter(pk=task.round_id).exclude(status=RoundStatus.OPEN).exists()
+    after = TaskStatus.FAILED if give_up else TaskStatus.PENDING
     updated = Task.objects.filter(pk=task.pk, status=TaskStatus.LEASED).update(
-        status=TaskStatus.FAILED if give_up else TaskStatus.PENDING,
+        status=TaskStatus.CANCELLED if closed else after,
         node=None,
         lease_expires=None,
         last_error=reason[:300],
     )
     if updated and lost and node_id is not None:
         record_verification(node_id, lost=1)
-    if updated and not give_up:
+    if updated and not give_up and not closed:
         transaction.on_commit(bump_work_generation)
 
 

@@ -29,17 +29,13 @@ from trainer.compression import CodecConfig, decode_any, encode_update
 from trainer.hashing import state_hash
 from trainer.local import LocalResult, derive_seed, train_local
 from trainer.provenance import ProvenanceChain
-from trainer.rounds import close_round
+from trainer.rounds import close_round, staleness_weight
 from trainer.sim.federated import ProgressFn, RunOptions, account_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.nodes import InFlight, SimNode, State, computing_in, time_in
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
 from trainer.updates import UpdateRejected
-
-
-def staleness_weight(staleness: int) -> float:
-    return 1 / math.sqrt(1 + staleness)
 
 
 class NetworkAwareRun:
