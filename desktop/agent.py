@@ -50,7 +50,7 @@ from desktop.netprobe import NetProbe, NetworkFigures
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
 from desktop.probe import probe
 from desktop.sandbox import Limits, Sandbox, SandboxResult
-from desktop.task_runner import CORRUPT_INPUT
+from desktop.task_runner import BYZANTINE_ENV, CORRUPT_INPUT
 
 log = logging.getLogger("gpuflex.agent")
 
@@ -175,6 +175,9 @@ class Agent:
         self.policy_check_s = policy_check_s  # how often a running task re-checks the policy
         # > 1 simulates a slower GPU (demos and tests on one machine): see _record_trained
         self.compute_scale = max(float(self._settings.extra.get("compute_scale", 1.0)), 1.0)
+        # fault injection (`gpuflex-node run --byzantine`): "MODE:SCALE" for the task runner,
+        # which corrupts every update this node sends; "" for an honest node
+        self.byzantine = str(self._settings.extra.get("byzantine") or "")
 
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -364,6 +367,11 @@ class Agent:
         hw = self._hardware
         for note in hw.notes:
             self._info(note)
+        if self.byzantine:
+            self._warn(
+                f"FAULT INJECTION: this node is Byzantine ({self.byzantine}): every update it "
+                "sends is corrupted on purpose to attack the job; for robustness tests only"
+            )
         if self.compute_scale != 1.0:
             # advertise what the simulated GPU would measure, so pay and sizing stay honest
             self._bench = self._bench.scaled(1.0 / self.compute_scale)
@@ -643,6 +651,8 @@ class Agent:
             memory_mb=s.task_memory_mb, cpu_s=s.task_cpu_s, wall_s=s.task_wall_s
         )
         self._sandbox.env["GPUFLEX_GPU_MEMORY_FRACTION"] = str(s.gpu_memory_fraction)
+        if self.byzantine:
+            self._sandbox.env[BYZANTINE_ENV] = self.byzantine
         self._trace(rec.id, "sandbox_called")
         try:
             result = self._sandbox.run_task(folder, self._should_stop(should_stop, policy_stop),

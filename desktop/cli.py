@@ -93,6 +93,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             print("--compute-scale must be at least 1 (1: this machine's speed)", file=sys.stderr)
             return 2
         settings.extra["compute_scale"] = args.compute_scale
+    if args.byzantine_scale is not None and not (args.byzantine and args.byzantine_scale > 0):
+        print("--byzantine-scale needs --byzantine and a positive scale", file=sys.stderr)
+        return 2
+    if args.byzantine:  # kept out of the saved settings: only this run attacks
+        from desktop.task_runner import BYZANTINE_SCALES
+
+        scale = args.byzantine_scale or BYZANTINE_SCALES[args.byzantine]
+        settings.extra["byzantine"] = f"{args.byzantine}:{scale}"
     agent = Agent(settings, claim_wait_s=args.claim_wait)
 
     def on_term(signum: int, frame: Any) -> None:
@@ -163,6 +171,8 @@ def cmd_task(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from desktop.task_runner import BYZANTINE_SCALES  # no torch at import: cheap
+
     p = argparse.ArgumentParser(prog="gpuflex-node", description="GPUFlex contributor agent")
     p.add_argument("--version", action="version", version=f"gpuflex-node {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="{info,bench,login,run,status}")
@@ -194,6 +204,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--compute-scale",
         type=float,
         help="simulate a GPU this many times slower than this machine (demos and tests)",
+    )
+    s.add_argument(
+        "--byzantine",
+        choices=tuple(BYZANTINE_SCALES),
+        help="FAULT INJECTION, for testing robust aggregation only: this node attacks every "
+        "job it works on by sending corrupted updates (sign_flip: -scale x its real update; "
+        "noise: its update plus Gaussian noise of scale x its norm)",
+    )
+    s.add_argument(
+        "--byzantine-scale",
+        type=float,
+        help="how hard --byzantine attacks (default: "
+        + ", ".join(f"{v:g} for {k}" for k, v in BYZANTINE_SCALES.items())
+        + ")",
     )
     s.add_argument("--claim-wait", type=int, default=20, help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_run)

@@ -28,6 +28,14 @@ EXIT_BAD_INPUT = 4
 # result.json's reason when a download does not match the task's hash: the agent fetches it again
 CORRUPT_INPUT = "corrupt_input"
 
+# Fault injection for robustness tests (`gpuflex-node run --byzantine`): the agent sets this
+# variable on the sandbox, never the marketplace (task.json comes from the server, and a server
+# must not be able to turn honest nodes into attackers). "MODE:SCALE"; each mode's default
+# scale is harmful enough that with one attacker in five plain FedAvg ends far below a clean
+# run (tests/system/test_fault_byzantine.py).
+BYZANTINE_ENV = "GPUFLEX_BYZANTINE"
+BYZANTINE_SCALES = {"sign_flip": 10.0, "noise": 30.0}
+
 
 class BadInput(ValueError):
     pass
@@ -92,6 +100,36 @@ def _read_checked(path: Path, expected: Any, keys: tuple[str, ...] | None = None
     return state
 
 
+def _byzantine(value: str) -> tuple[str, float] | None:
+    """The attack `BYZANTINE_ENV` asks for, or None for an honest node."""
+    if not value:
+        return None
+    mode, _, scale = value.partition(":")
+    if mode not in BYZANTINE_SCALES:
+        raise ValueError(f"{BYZANTINE_ENV}: unknown attack {mode!r}")
+    return mode, float(scale) if scale else BYZANTINE_SCALES[mode]
+
+
+def attack(delta: dict[str, Any], mode: str, scale: float, seed: int) -> dict[str, Any]:
+    """A Byzantine node's update from its honest `delta`: `sign_flip` sends -scale x delta;
+    `noise` adds Gaussian noise with, in each tensor, scale x that tensor's RMS as its std (so
+    about scale x the update's norm). Seeded by the task, so a task always sends the same bytes."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name in sorted(delta):  # fixed for the generator: decode_state's key order varies
+        v = delta[name]
+        if v.is_floating_point():
+            if mode == "sign_flip":
+                v = v * -scale
+            else:
+                std = scale * float(v.double().square().mean().sqrt())
+                v = v + (torch.randn(v.shape, generator=gen, dtype=torch.float64) * std).to(v)
+        out[name] = v
+    return out
+
+
 def run(folder: Path) -> int:
     _emit(phase="started", t=time.time())  # the bench splits sandbox start from imports
     import torch
@@ -111,6 +149,7 @@ def run(folder: Path) -> int:
             task.get("codec", "none"), spec.compression.block_size, spec.compression.topk_fraction
         )
         feedback = ErrorFeedback(_residual(folder / "residual.safetensors"))
+        byzantine = _byzantine(os.environ.get(BYZANTINE_ENV, ""))
     except (OSError, KeyError, ValueError, SpecError, UpdateRejected) as exc:
         _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
                                              "detail": f"bad task input: {exc}"})  # fmt: skip
@@ -175,7 +214,11 @@ def run(folder: Path) -> int:
     # ran in different precisions (a CPU's fp32, a GPU's bf16) by a rule measured for that
     metadata = {"task_id": str(task.get("id", "")), "precision": result.precision,
                 "device": device.type}  # fmt: skip
-    update = encode_update(result.delta, codec, feedback, metadata)
+    delta = result.delta
+    if byzantine is not None:
+        # corrupted before encoding: well formed, checked below and sent as an honest one is
+        delta = attack(delta, *byzantine, seed=int(task.get("seed", 0)))
+    update = encode_update(delta, codec, feedback, metadata)
     try:  # never hand over what the server would reject
         decode_any(update, global_state, spec.aggregation.max_update_norm)
     except UpdateRejected as exc:

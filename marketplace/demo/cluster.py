@@ -45,6 +45,7 @@ class NodePlan:
     profile: str = "lan"  # a trainer.sim.network profile the agent's transport simulates
     compute_scale: float = 1.0  # > 1: a GPU that many times slower than this machine
     price: str = "0.40"
+    byzantine: str = ""  # "sign_flip" | "noise": the agent attacks (`--byzantine`, fault tests)
 
 
 def free_port() -> int:
@@ -142,6 +143,8 @@ class Cluster:
                "--network-profile", plan.profile, "--claim-wait", "5"]  # fmt: skip
         if plan.compute_scale != 1.0:
             cmd += ["--compute-scale", str(plan.compute_scale)]
+        if plan.byzantine:
+            cmd += ["--byzantine", plan.byzantine]
         self._start(f"agent-{plan.name}", cmd, self.env() | self.agent_dirs(plan.name))
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -16,12 +17,13 @@ import psutil
 import torch
 from fake_marketplace import FakeTask, digits_task
 
+from desktop import task_runner
 from desktop.agent import Agent, State
 from desktop.bench_result import BenchmarkResult, save_cached
 from desktop.client import Backoff
 from desktop.config import Credentials, Paths, Settings, save_settings
 from desktop.journal import Journal
-from trainer.updates import encode_state
+from trainer.updates import decode_state, encode_state
 
 FAST = Backoff(base_s=0.05, cap_s=0.3, attempts=6)
 
@@ -307,3 +309,32 @@ def test_a_corrupt_download_is_fetched_again_and_a_second_one_fails_the_task(
     assert "inputs corrupt after two downloads" in twice.failed[0]["detail"]
     assert "does not match the task's content hash" in twice.failed[0]["detail"]
     assert any("download 1 is corrupt" in e.message for e in agent.logs(500))
+
+
+def test_a_byzantine_agent_says_so_and_sends_the_flipped_update(
+    market, logged_in, isolated_dirs, fake_bench, tmp_path
+):
+    """`gpuflex-node run --byzantine` reaches the sandboxed runner (the agent has no torch):
+    the upload is the honest update of the same task, times -10."""
+    honest = tmp_path / "honest"
+    honest.mkdir()
+    t = digits_task("t-11")
+    (honest / "task.json").write_text(json.dumps(t.task))
+    (honest / "model.safetensors").write_bytes(t.model)
+    (honest / "shard.safetensors").write_bytes(t.shard)
+    assert task_runner.run(honest) == task_runner.EXIT_OK
+    good = decode_state((honest / "update.safetensors").read_bytes())[0]
+
+    market.add(digits_task("t-11"))
+    settings = replace(logged_in, extra={"byzantine": "sign_flip:10.0"})
+    agent = make_agent(settings, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: "t-11" in market.accepted(), what="the update")
+    finally:
+        agent.stop()
+    sent = decode_state(market.accepted()["t-11"])[0]
+    for name, v in sent.items():
+        torch.testing.assert_close(v, -10.0 * good[name])
+    warning = next(e for e in agent.logs(500) if "FAULT INJECTION" in e.message)
+    assert warning.level == "warning" and "sign_flip" in warning.message

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
+import desktop.agent
 from desktop import __version__
 from desktop.cli import main
 from desktop.config import Credentials, Paths, load_settings
@@ -50,3 +52,26 @@ def test_run_rejects_an_unknown_network_profile(capsys) -> None:
 def test_run_rejects_a_compute_scale_below_one(capsys) -> None:
     assert main(["run", "--compute-scale", "0.5"]) == 2
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_run_byzantine_reaches_the_agent_settings(monkeypatch, capsys) -> None:
+    seen = []
+
+    class Spy:
+        def __init__(self, settings, **kw) -> None:
+            seen.append(settings.extra.get("byzantine"))
+
+        def run_forever(self) -> None:
+            pass
+
+    monkeypatch.setattr(desktop.agent, "Agent", Spy)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)
+    assert main(["run", "--byzantine", "sign_flip"]) == 0
+    assert main(["run", "--byzantine", "noise", "--byzantine-scale", "5"]) == 0
+    assert main(["run"]) == 0
+    assert seen == ["sign_flip:10.0", "noise:5.0", None]
+    assert main(["run", "--byzantine-scale", "5"]) == 2  # a scale alone attacks nothing
+    assert main(["run", "--byzantine", "noise", "--byzantine-scale", "0"]) == 2
+    assert "needs --byzantine" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "--byzantine", "poison"])

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 from fake_marketplace import FakeTask, digits_task
 
 from desktop import task_runner
+from trainer.updates import decode_state
 
 
 def _folder(tmp_path: Path, t: FakeTask) -> Path:
@@ -53,3 +55,40 @@ def test_an_update_the_server_would_reject_is_never_handed_over(tmp_path: Path) 
     assert result["reason"] == "crashed" and "unusable update" in result["detail"], result
     assert "norm" in result["detail"]
     assert not (folder / "update.safetensors").exists()
+
+
+def _delta(folder: Path) -> dict:
+    return decode_state((folder / "update.safetensors").read_bytes())[0]
+
+
+def test_a_byzantine_node_flips_or_noises_the_update_it_would_have_sent(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`gpuflex-node run --byzantine`: the runner is deterministic for a task, so the attacked
+    update is exactly the honest one, flipped and scaled or with seeded noise added."""
+    honest = _folder(tmp_path / "honest", digits_task("t-5", steps=3))
+    assert task_runner.run(honest) == task_runner.EXIT_OK
+    good = _delta(honest)
+    monkeypatch.setenv(task_runner.BYZANTINE_ENV, "sign_flip:10.0")
+    flipped = _folder(tmp_path / "flip", digits_task("t-5", steps=3))
+    assert task_runner.run(flipped) == task_runner.EXIT_OK
+    assert _result(flipped)["status"] == "ok"  # passed the runner's own update checks
+    for name, v in _delta(flipped).items():
+        torch.testing.assert_close(v, -10.0 * good[name])
+
+    monkeypatch.setenv(task_runner.BYZANTINE_ENV, "noise")  # the default scale: 30
+    noisy = [_folder(tmp_path / f"noise{i}", digits_task("t-5", steps=3)) for i in (1, 2)]
+    assert all(task_runner.run(f) == task_runner.EXIT_OK for f in noisy)
+    first, again = _delta(noisy[0]), _delta(noisy[1])
+    assert all(torch.equal(v, again[k]) for k, v in first.items())  # seeded by the task
+
+    def norm(state: dict) -> float:
+        return float(sum(v.double().square().sum() for v in state.values()) ** 0.5)
+
+    ratio = norm({k: v - good[k] for k, v in first.items()}) / norm(good)
+    assert 27 < ratio < 33, ratio  # noise of about 30 x the update's norm
+
+    monkeypatch.setenv(task_runner.BYZANTINE_ENV, "poison")
+    bad = _folder(tmp_path / "bad", digits_task("t-5", steps=3))
+    assert task_runner.run(bad) == task_runner.EXIT_BAD_INPUT
+    assert "unknown attack 'poison'" in _result(bad)["detail"]
