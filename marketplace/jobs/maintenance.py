@@ -67,9 +67,9 @@ def close_overdue_rounds() -> int:
             if usable >= min_updates(rnd.job.parsed_spec.aggregation):
                 start_aggregation(rnd)
                 closed += 1
-            else:
-                rnd.deadline = round_deadline(rnd.job)
-                rnd.save(update_fields=["deadline"])
+            else:  # and anyone may take the work now: nobody the plan sat out is kept out
+                rnd.deadline, rnd.plan = round_deadline(rnd.job), {}
+                rnd.save(update_fields=["deadline", "plan"])
     return closed
 
 

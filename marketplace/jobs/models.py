@@ -51,6 +51,9 @@ class Job(models.Model):
     task_kind = models.CharField(max_length=32, default="classification")
     min_memory_gb = models.FloatField(default=0.0)
     proximal_mu = models.FloatField(default=0.0)
+    # adaptive jobs: each node's tier as the policy last classed it (trainer.adapt
+    # PolicyState), so a node excluded for poor health comes back only past the hysteresis
+    policy_tiers = models.JSONField(default=dict, blank=True)
     rounds_done = models.PositiveIntegerField(default=0)
     reached_target = models.BooleanField(default=False)
     model_hash = models.CharField(max_length=64, blank=True)
@@ -109,6 +112,9 @@ class Round(models.Model):
     status = models.CharField(max_length=16, choices=RoundStatus.choices, default=RoundStatus.OPEN)
     input_model_hash = models.CharField(max_length=64)
     input_model_file = models.CharField(max_length=300)
+    # adaptive jobs: the policy's plan for the nodes online at the opening ("n<node id>" ->
+    # participate, steps, batch_size, codec, tier, health); a node it sits out takes no task
+    plan = models.JSONField(default=dict, blank=True)
     opened_at = models.DateTimeField(auto_now_add=True)
     deadline = models.DateTimeField()
     closed_at = models.DateTimeField(null=True, blank=True)

@@ -14,7 +14,9 @@ from django.utils import timezone
 from marketplace.jobs.models import Job, Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.jobs.models_io import State, store_model
 from marketplace.jobs.queue import enqueue_aggregation
+from marketplace.jobs.scheduling import nodes_that_may_work_on
 from marketplace.jobs.signals import bump_work_generation
+from marketplace.jobs.sizing import plan_cohort
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
 from trainer.local import derive_seed
@@ -35,6 +37,7 @@ def open_round(job: Job, number: int, state: State) -> Round:
         input_model_hash=model_hash,
         input_model_file=model_file,
         deadline=round_deadline(job),
+        plan=_plan(job),
     )
     if job.is_federated:
         reserve_silos(rnd)
@@ -46,6 +49,19 @@ def open_round(job: Job, number: int, state: State) -> Round:
         )
     transaction.on_commit(bump_work_generation)
     return rnd
+
+
+def _plan(job: Job) -> dict[str, Any]:
+    """Adaptive jobs: the policy plans the round for the nodes online now that may work on
+    the job, and its tiers carry over to the next round (the job keeps them)."""
+    if job.is_federated or not job.parsed_spec.adaptation.enabled or not job.input_shape:
+        return {}
+    cohort = list(nodes_that_may_work_on(job) & online_nodes())
+    if not cohort:
+        return {}  # nobody to plan for: each node is sized as it claims
+    plan, job.policy_tiers = plan_cohort(job, cohort)
+    job.save(update_fields=["policy_tiers", "updated_at"])
+    return plan
 
 
 def silo_fits(job: Job, node: Node) -> bool:

@@ -19,9 +19,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from marketplace.jobs.models import Job, JobStatus, RoundStatus, Task, TaskStatus, Tier
+from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, Task, TaskStatus, Tier
 from marketplace.jobs.signals import bump_work_generation, work_generation
-from marketplace.jobs.sizing import plan_works, size_work
+from marketplace.jobs.sizing import plan_key, plan_works, planned_work, size_work
 from marketplace.nodes.models import Node, NodeKind
 
 # re-check the database at least this often even when no new-work signal came
@@ -35,8 +35,8 @@ CLAIM_ORDER = ("replica", "round_id", "shard_id")
 
 
 def eligible_tasks(node: Node) -> QuerySet[Task]:
-    """Pending tasks this node may run: job running, tier, price, memory, and never a second
-    replica of a unit it already holds."""
+    """Pending tasks this node may run: job running, tier, price, memory, never a second
+    replica of a unit it already holds, and not in a round its job's policy sits it out of."""
     mine = Task.objects.filter(round=OuterRef("round"), shard=OuterRef("shard"), node=node)
     qs = (
         Task.objects.filter(
@@ -48,11 +48,24 @@ def eligible_tasks(node: Node) -> QuerySet[Task]:
         )
         .filter(Q(reserved_for__isnull=True) | Q(reserved_for=node))
         .exclude(Exists(mine))
+        .exclude(round__in=_sat_out(node))
     )
     if node.kind == NodeKind.PLATFORM:
         # volunteer-tier jobs still use platform nodes to verify volunteers' results
         return qs.filter(~Q(round__job__tier=Tier.VOLUNTEER) | Q(replica__gt=0))
     return qs.exclude(round__job__tier=Tier.PLATFORM)
+
+
+def _sat_out(node: Node) -> list[int]:
+    """Open rounds whose plan sits this node out (trainer.adapt: temporarily excluded for
+    poor health). Read in Python: one small query over the open rounds' plans."""
+    key = plan_key(node.pk)
+    plans = Round.objects.filter(status=RoundStatus.OPEN, job__status=JobStatus.RUNNING)
+    return [
+        pk
+        for pk, plan in plans.exclude(plan={}).values_list("pk", "plan")
+        if plan.get(key, {}).get("participate") is False
+    ]
 
 
 def nodes_that_may_work_on(job: Job) -> QuerySet[Node]:
@@ -106,7 +119,11 @@ def _lease(task: Task, node: Node) -> bool:
     job = task.round.job
     spec = job.parsed_spec
     steps, batch, codec = task.steps, task.batch_size, task.codec
-    if steps is None:
+    planned = task.round.plan.get(plan_key(node.pk))
+    if steps is None and planned is not None:  # the round's plan, made at its opening
+        work = planned_work(planned, spec)
+        steps, batch, codec = work.steps, work.batch_size, work.codec
+    elif steps is None:
         work = size_work(
             spec,
             node,

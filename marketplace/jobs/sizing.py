@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node, NodeState
-from trainer.adapt import NodeMeasurement, plan_round
+from trainer.adapt import NodeMeasurement, PolicyState, Tier, plan_round
 from trainer.local import planned_steps
 from trainer.models import build_model
 from trainer.spec import JobSpec, ModelSpec
@@ -60,6 +62,38 @@ def plan_works(
         steps = p.steps if p.participate else spec.adaptation.min_local_steps
         works[n.pk] = Work(steps=steps, batch_size=p.batch_size, codec=p.codec)
     return works
+
+
+def plan_key(node_id: object) -> str:
+    # never a bare number: JSON key lookups read those as array indexes
+    return f"n{node_id}"
+
+
+def plan_cohort(job: Job, nodes: Sequence[Node]) -> tuple[dict[str, Any], dict[str, str]]:
+    """One round's plan for the nodes online at its opening, and the policy's tiers after
+    it: what `open_round` stores on the round and the job (see Round.plan)."""
+    spec = job.parsed_spec
+    numel = model_numel(spec.model.model_dump_json(), tuple(job.input_shape), job.num_classes)
+    state = PolicyState(tiers={k: Tier(v) for k, v in job.policy_tiers.items()})
+    plan, state = plan_round(spec, numel, [measurement(n, spec) for n in nodes], state)
+    entries = {
+        plan_key(nid): {
+            "participate": p.participate,
+            "steps": p.steps,
+            "batch_size": p.batch_size,
+            "codec": p.codec,
+            "tier": p.tier.value,
+            "health": round(p.health, 4),
+        }
+        for nid, p in plan.nodes.items()
+    }
+    return entries, {nid: t.value for nid, t in state.tiers.items()}
+
+
+def planned_work(entry: dict[str, Any], spec: JobSpec) -> Work:
+    """The work a round's plan gives a node (one it sits out is never leased a task)."""
+    steps = entry["steps"] if entry["participate"] else spec.adaptation.min_local_steps
+    return Work(steps=int(steps), batch_size=int(entry["batch_size"]), codec=str(entry["codec"]))
 
 
 def measurement(node: Node, spec: JobSpec) -> NodeMeasurement:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
-from marketplace.jobs.models import Job, Task
+from marketplace.jobs.maintenance import tick
+from marketplace.jobs.models import Job, Round, Task
+from marketplace.nodes.models import Node
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_job_flow import run_until_idle
 
@@ -51,3 +55,27 @@ def test_plain_jobs_keep_equal_work(make_agent, submit) -> None:
     a, b = fast.claim(), slow.claim()
     assert a["steps"] == b["steps"] == SMALL_SPEC["local"]["steps"]
     assert a["codec"] == "none"
+
+
+def test_the_round_plan_sits_out_an_unhealthy_node_until_the_round_would_stall(
+    make_agent, submit
+) -> None:
+    """plan_round decides once per round, at its opening, and the marketplace carries it out:
+    planned work for each node, and no task for a node the policy excludes (its tier kept on
+    the job for re-admission hysteresis), unless the round would otherwise stall."""
+    fast, slow = _agents(make_agent)
+    bad = make_agent(kind="platform", benchmark={"train_samples_per_s": {"mlp": 64000}})
+    Node.objects.filter(pk=bad.node_id).update(verified_bad=5)  # its updates kept failing
+    job = submit(spec=_adaptive_spec("none"), tier="platform")
+    first = Round.objects.get(job_id=job["id"], number=1)
+    assert first.plan[f"n{bad.node_id}"]["participate"] is False
+    assert Job.objects.get(pk=job["id"]).policy_tiers[str(bad.node_id)] == "temporarily_excluded"
+    assert bad.claim() is None  # sat out, though tasks are pending
+    task = fast.claim()
+    assert task["steps"] == first.plan[f"n{fast.node_id}"]["steps"]
+    assert slow.claim()["steps"] == first.plan[f"n{slow.node_id}"]["steps"] < task["steps"]
+    # past the deadline with nothing to aggregate: anyone may take the work still pending
+    Round.objects.filter(pk=first.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+    tick()
+    assert Round.objects.get(pk=first.pk).plan == {}
+    assert bad.claim() is not None
