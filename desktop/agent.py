@@ -45,6 +45,7 @@ from desktop.client import (
 )
 from desktop.config import Credentials, Paths, Settings, load_settings, save_settings
 from desktop.hardware import HardwareReport, gpu_metrics
+from desktop.input_cache import InputCache
 from desktop.journal import Journal, TaskRecord
 from desktop.netprobe import NetProbe, NetworkFigures
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
@@ -191,6 +192,8 @@ class Agent:
         self._heartbeat_s = 10.0
         self._policy_working = False
         self.journal = Journal(self.paths.journal)
+        # per agent, beside its tasks: the byte counts the server keeps stay each node's own
+        self.inputs = InputCache(self.paths.tasks.parent / "inputs")
         self.netprobe = NetProbe()
         self.client: MarketplaceClient | None = None
         self.simnet: SimulatedNetwork | None = None
@@ -592,14 +595,23 @@ class Agent:
         assert self.client is not None
         folder = self._folder(rec.id)
         folder.mkdir(parents=True, exist_ok=True)
-        model = self._timed_get(self.client.get_model, rec.id)
-        shard = self._timed_get(self.client.get_shard, rec.id)
+        model = self._fetch(rec, "model_hash", self.client.get_model)
+        shard = self._fetch(rec, "shard_hash", self.client.get_shard)
         (folder / "model.safetensors").write_bytes(model)
         (folder / "shard.safetensors").write_bytes(shard)
         (folder / "task.json").write_text(json.dumps(rec.task), encoding="utf-8")
         residual = self._residual_file(rec)
         if rec.task.get("codec") == "topk" and residual.exists():
             shutil.copyfile(residual, folder / "residual.safetensors")
+
+    def _fetch(self, rec: TaskRecord, hash_key: str, get: Callable[[str], bytes]) -> bytes:
+        """An input from the cache when this node has had it (see desktop.input_cache),
+        else downloaded."""
+        cached = self.inputs.get(rec.task.get(hash_key))
+        if cached is not None:
+            self._trace(rec.id, f"{hash_key.removesuffix('_hash')}_cached")
+            return cached
+        return self._timed_get(get, rec.id)
 
     def _residual_file(self, rec: TaskRecord) -> Path:
         """Top-k's error-feedback residual for the task's job, kept between its tasks."""
@@ -666,6 +678,7 @@ class Agent:
             self._info(f"task {rec.id} interrupted: {result.detail}; it will run again later")
             return
         if result.status == CORRUPT_INPUT:
+            self.inputs.drop(rec.task.get("model_hash"), rec.task.get("shard_hash"))
             if rec.downloads >= 2:
                 self._finish_failed(rec, "crashed", f"inputs corrupt after two downloads: "
                                     f"{result.detail}")  # fmt: skip
@@ -701,6 +714,9 @@ class Agent:
 
     def _record_trained(self, rec: TaskRecord, result: SandboxResult) -> None:
         folder = self._folder(rec.id)
+        for name, key in (("model", "model_hash"), ("shard", "shard_hash")):
+            # the runner checked both against the task's hashes before it trained
+            self.inputs.put(rec.task.get(key), folder / f"{name}.safetensors")
         try:  # the runner has checked the update against the model (desktop.task_runner)
             data = (folder / "update.safetensors").read_bytes()
             outcome = json.loads((folder / "result.json").read_text(encoding="utf-8"))

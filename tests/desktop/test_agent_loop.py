@@ -296,8 +296,8 @@ def test_a_corrupt_download_is_fetched_again_and_a_second_one_fails_the_task(
     tensor itself); a mismatch is fetched once more, then reported."""
     once, twice = digits_task("t-9"), digits_task("t-10")
     once.corrupt_models, twice.corrupt_models = 1, 2
+    market.add(twice)  # first: the same inputs, once checked, would come from the cache
     market.add(once)
-    market.add(twice)
     agent = make_agent(logged_in, isolated_dirs, fake_bench)
     agent.start()
     try:
@@ -338,3 +338,30 @@ def test_a_byzantine_agent_says_so_and_sends_the_flipped_update(
         torch.testing.assert_close(v, -10.0 * good[name])
     warning = next(e for e in agent.logs(500) if "FAULT INJECTION" in e.message)
     assert warning.level == "warning" and "sign_flip" in warning.message
+
+
+def _gets(market, what: str) -> int:
+    return sum(1 for m, path, _ in market.requests if m == "GET" and path.endswith(f"/{what}"))
+
+
+def test_inputs_come_from_the_cache_by_content_hash(market, logged_in, isolated_dirs, fake_bench):
+    """A shard (and a round's model) is fetched once per node: later tasks with the same
+    hashes read it from the agent's cache, and a cached file gone bad is fetched anew."""
+    first, second = digits_task("t-11"), digits_task("t-12", seed=2)  # same model and shard
+    market.add(first)
+    market.add(second)
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: {"t-11", "t-12"} <= set(market.accepted()), what="both tasks")
+        assert _gets(market, "shard") == _gets(market, "model") == 1
+        shard = agent.inputs._path(first.task["shard_hash"])
+        assert shard is not None and shard.read_bytes() == first.shard
+        shard.write_bytes(first.shard[:-1] + bytes([first.shard[-1] ^ 0xFF]))  # gone bad
+        market.add(digits_task("t-13", seed=3))
+        wait_for(lambda: "t-13" in market.accepted(), what="the third task")
+    finally:
+        agent.stop()
+    # the runner says the inputs are corrupt, not which: both are fetched anew
+    assert _gets(market, "shard") == _gets(market, "model") == 2
+    assert shard.read_bytes() == first.shard  # checked again, and kept again
