@@ -20,6 +20,7 @@ from marketplace.ledger.models import Transaction, TxKind
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
 from tests.marketplace.helpers import SMALL_SPEC
+from tests.marketplace.test_ledger_jobs import work_all
 from trainer.updates import decode_state, encode_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,23 +46,6 @@ def record_enqueued(monkeypatch) -> list[int]:
     calls: list[int] = []
     monkeypatch.setattr(tasks.aggregate_round, "delay", lambda rid: calls.append(rid))
     return calls
-
-
-def work(agents, lease_s: float = 60.0) -> None:
-    """Agents work until nothing is left; leases backdated so that compute time is billed."""
-    for _ in range(50):
-        worked = False
-        for agent in agents:
-            task = agent.claim()
-            if task is None:
-                continue
-            Task.objects.filter(pk=task["id"]).update(
-                leased_at=timezone.now() - timedelta(seconds=lease_s)
-            )
-            assert agent.work(task).status_code == 201
-            worked = True
-        if not worked:
-            return
 
 
 def age_aggregations() -> None:
@@ -121,7 +105,7 @@ def test_any_aggregation_error_fails_the_job_and_pays_only_verified_work(
     agents = [make_agent() for _ in range(4)]  # new volunteers: every unit is replicated
     monkeypatch.setattr(aggregation, "build_strategy", lambda spec: Exploding())
     job = submit(tier="volunteer", budget="10")
-    work(agents)
+    work_all(agents)
 
     detail = assert_ended_and_refunded(buyer, job["id"])
     assert detail["error"] == (
@@ -146,7 +130,7 @@ def test_transient_errors_are_retried_a_bounded_number_of_times(
 
     monkeypatch.setattr(aggregation, "_compute", database_gone)
     with pytest.raises(OperationalError):  # the first attempt, eagerly on the upload's commit
-        work(agents)
+        work_all(agents)
     rnd = Round.objects.get(job_id=job["id"], number=1)
     assert rnd.status == "aggregating" and Job.objects.get(pk=job["id"]).status == "running"
 
@@ -174,7 +158,7 @@ def test_a_cancelled_job_whose_aggregation_fails_stays_cancelled_and_is_refunded
     job = submit(tier="platform")
     with monkeypatch.context() as m:  # the aggregation is still queued when the buyer cancels
         m.setattr(tasks.aggregate_round, "delay", lambda rid: None)
-        work(agents)
+        work_all(agents)
     assert buyer.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
     escrow = accounts.job_escrow(Job.objects.get(pk=job["id"]))
     assert balance(escrow) == Decimal("10")  # left for the aggregation to settle
