@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from bench import network_bench, trainer_bench
+from bench import network_bench, scaling_bench, trainer_bench
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -145,6 +145,8 @@ def render(results: dict[str, Any]) -> str:
         parts += render_rounds(results["rounds"])
     if "live" in results:
         parts += render_live(results["live"])
+    if "scaling" in results:
+        parts += scaling_bench.render(results["scaling"])
     return "\n".join(parts)
 
 
@@ -214,7 +216,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
     ]
 
 
-SECTIONS = ("trainer", "gpu", "network", "marketplace", "rounds", "live")
+SECTIONS = ("trainer", "gpu", "network", "marketplace", "rounds", "live", "scaling")
 
 
 def rounds_section() -> dict[str, Any]:
@@ -443,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
             results["rounds"] = rounds_section()
         elif section == "live":
             results["live"] = live_section()
+        elif section == "scaling":
+            results["scaling"] = scaling_bench.run(RESULTS)
         else:
             print("marketplace: heartbeats and scheduling")
             results["marketplace"] = marketplace_section()
