@@ -21,3 +21,10 @@ def test_throughput_takes_the_latency_out() -> None:
     assert p.figures().down_mbps == 80.0
     p.transfer(1_000_000, 0.8, upload=True)
     assert round(p.figures().up_mbps or 0, 1) == 10.0
+
+
+def test_a_small_models_update_on_a_slow_link_is_measured() -> None:
+    """39 kB (the digits MLP's update) at 0.5 Mbit/s behind a 150 ms RTT: 0.62 s of wire."""
+    p = NetProbe()
+    p.transfer(38_800, 0.15 + 8 * 38_800 / 0.5e6, upload=True, rtt_s=0.15)
+    assert round(p.figures().up_mbps or 0, 2) == 0.5
