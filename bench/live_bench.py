@@ -36,7 +36,6 @@ simulator's node i at seed 0 is the same draw. No time scale: the transports sle
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -80,12 +79,13 @@ def spec_for(mode: str) -> dict[str, Any]:
 
 
 def agent_profiles(names: tuple[str, ...] = NAMES) -> list[Any]:
-    """The links the agents' simulated transports draw (desktop/agent.py: node index
-    sha256(name) % 8 of SimulatedNetwork's eight nodes, seed 0)."""
+    """The links the agents' simulated transports draw (desktop.client.simulated_link of
+    SimulatedNetwork's eight nodes, seed 0)."""
+    from desktop.client import simulated_link
     from trainer.sim.network import get_profile
 
     profile = get_profile(NETWORK)
-    return [profile.node(int(hashlib.sha256(n.encode()).hexdigest(), 16) % 8, 8, 0) for n in names]
+    return [profile.node(simulated_link(n), 8, 0) for n in names]
 
 
 def predict(mode: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from desktop.client import (
     SimulatedNetwork,
     Stopped,
     Unavailable,
+    simulated_link,
 )
 from desktop.config import Credentials, Paths, Settings, load_settings, save_settings
 from desktop.hardware import HardwareReport, gpu_metrics
@@ -389,7 +390,7 @@ class Agent:
         self._sandbox.prewarm(self.paths.tasks)  # torch imported before the first task comes
         transport = self._transport
         if s.network_profile:
-            node = int(hashlib.sha256((s.node_name or "node").encode()).hexdigest(), 16) % 8
+            node = simulated_link(s.node_name or "node")
             scale = float(s.extra.get("network_time_scale", 1.0))  # < 1 speeds up demos/tests
             self.simnet = SimulatedNetwork(
                 s.network_profile, node=node, inner=transport, time_scale=scale

@@ -8,6 +8,7 @@ simulator's latency, bandwidth, loss and disconnects to the agent's own requests
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import threading
@@ -189,6 +190,12 @@ def _api_error(r: httpx.Response) -> ApiError:
 
 
 # ------------------------------------------------------------------ simulated network
+
+
+def simulated_link(name: str, nodes: int = 8) -> int:
+    """Which of a profile's `nodes` simulated links an agent named `name` gets: stable per
+    name, so a rerun (and the live bench's simulator prediction) sees the same link."""
+    return int(hashlib.sha256(name.encode()).hexdigest(), 16) % nodes
 
 
 class SimulatedNetwork(httpx.BaseTransport):

@@ -163,9 +163,6 @@ def run(folder: Path) -> int:
         _write_json(folder / "result.json", {"status": "failed", "reason": CORRUPT_INPUT,
                                              "detail": str(exc)})  # fmt: skip
         return EXIT_BAD_INPUT
-        _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
-                                             "detail": f"bad task input: {exc}"})  # fmt: skip
-        return EXIT_BAD_INPUT
     _emit(phase="imported", t=time.time())  # and inputs read
 
     device = best_device(os.environ.get("GPUFLEX_DEVICE") or None)  # "cuda:N", never bare

@@ -23,18 +23,10 @@ from django.utils import timezone
 from marketplace.faults import failpoint
 from marketplace.jobs import files
 from marketplace.jobs.datasets import job_dataset
-from marketplace.jobs.models import (
-    Job,
-    JobStatus,
-    Round,
-    RoundStatus,
-    Task,
-    TaskResult,
-    TaskStatus,
-)
+from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, TaskResult
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
 from marketplace.jobs.rounds import open_round, unit_states
-from marketplace.jobs.services import fail_job
+from marketplace.jobs.services import cancel_outstanding, fail_job
 from marketplace.ledger.services import budget_stop_reason, charge_result, release_escrow
 from marketplace.nodes.services import record_verification
 from trainer.aggregation import ClientUpdate, build_strategy
@@ -236,10 +228,8 @@ def run_aggregation(round_id: int) -> None:
         job.save(update_fields=fields)
         if job.is_active:
             open_round(job, rnd.number + 1, outcome.state)
-        else:  # updates still in flight (late ones to fold) have nothing left to join
-            Task.objects.filter(
-                round__job=job, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]
-            ).update(status=TaskStatus.CANCELLED)
+        else:
+            cancel_outstanding(job)
             release_escrow(job)
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
 

@@ -186,8 +186,9 @@ def claim_next(node: Node) -> Task | None:
         try:
             with transaction.atomic():
                 task = None
+                pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
                 for group in preference(node):
-                    candidates = eligible_tasks(node).filter(group).order_by(*CLAIM_ORDER)
+                    candidates = pool.filter(group).order_by(*CLAIM_ORDER)
                     if skip_locked:
                         candidates = candidates.select_for_update(skip_locked=True, of=("self",))
                     task = candidates.select_related("round__job", "shard").first()

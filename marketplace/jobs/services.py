@@ -61,14 +61,20 @@ def fail_job(job: Job, error: str) -> Job:
     return job
 
 
+def cancel_outstanding(job: Job) -> None:
+    """A job that ended: its work not started, or still in flight (late updates to fold),
+    has nothing left to join."""
+    Task.objects.filter(round__job=job, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]).update(
+        status=TaskStatus.CANCELLED
+    )
+
+
 def _end(job: Job, status: str, error: str = "") -> None:
     """Stop an active job's outstanding work and, unless a round is still aggregating,
     release its unspent escrow."""
     job.status, job.error, job.finished_at = status, error or job.error, timezone.now()
     job.save(update_fields=["status", "error", "finished_at", "updated_at"])
-    Task.objects.filter(round__job=job, status__in=[TaskStatus.PENDING, TaskStatus.LEASED]).update(
-        status=TaskStatus.CANCELLED
-    )
+    cancel_outstanding(job)
     Round.objects.filter(job=job, status=RoundStatus.OPEN).update(
         status=RoundStatus.CANCELLED, closed_at=timezone.now()
     )

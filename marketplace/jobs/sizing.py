@@ -15,7 +15,7 @@ from typing import Any
 
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node, NodeState
-from trainer.adapt import NodeMeasurement, PolicyState, Tier, plan_round
+from trainer.adapt import NodeMeasurement, NodePlan, PolicyState, RoundPlan, Tier, plan_round
 from trainer.local import planned_steps
 from trainer.models import build_model
 from trainer.spec import JobSpec, ModelSpec
@@ -50,18 +50,36 @@ def size_work(
     return plan_works(spec, input_shape, num_classes, _with(node, peers))[node.pk]
 
 
+def _plan(
+    spec: JobSpec,
+    input_shape: Sequence[int],
+    num_classes: int,
+    nodes: Sequence[Node],
+    tiers: dict[str, str] | None = None,
+) -> tuple[RoundPlan, PolicyState]:
+    numel = model_numel(spec.model.model_dump_json(), tuple(input_shape), num_classes)
+    state = PolicyState(tiers={k: Tier(v) for k, v in (tiers or {}).items()})
+    return plan_round(spec, numel, [measurement(n, spec) for n in nodes], state)
+
+
+def _entry(p: NodePlan) -> dict[str, Any]:
+    """A node's plan as Round.plan stores it (JSON)."""
+    return {
+        "participate": p.participate,
+        "steps": p.steps,
+        "batch_size": p.batch_size,
+        "codec": p.codec,
+        "tier": p.tier.value,
+        "health": round(p.health, 4),
+    }
+
+
 def plan_works(
     spec: JobSpec, input_shape: Sequence[int], num_classes: int, nodes: Sequence[Node]
 ) -> dict[object, Work]:
-    """One policy plan for a cohort of nodes; a node the policy sits out gets minimal work."""
-    numel = model_numel(spec.model.model_dump_json(), tuple(input_shape), num_classes)
-    plan, _ = plan_round(spec, numel, [measurement(n, spec) for n in nodes])
-    works = {}
-    for n in nodes:
-        p = plan.nodes[str(n.pk)]
-        steps = p.steps if p.participate else spec.adaptation.min_local_steps
-        works[n.pk] = Work(steps=steps, batch_size=p.batch_size, codec=p.codec)
-    return works
+    """One policy plan for a cohort of nodes (not kept: see plan_cohort for a round's)."""
+    plan, _ = _plan(spec, input_shape, num_classes, nodes)
+    return {n.pk: planned_work(_entry(plan.nodes[str(n.pk)]), spec) for n in nodes}
 
 
 def plan_key(node_id: object) -> str:
@@ -72,26 +90,14 @@ def plan_key(node_id: object) -> str:
 def plan_cohort(job: Job, nodes: Sequence[Node]) -> tuple[dict[str, Any], dict[str, str]]:
     """One round's plan for the nodes online at its opening, and the policy's tiers after
     it: what `open_round` stores on the round and the job (see Round.plan)."""
-    spec = job.parsed_spec
-    numel = model_numel(spec.model.model_dump_json(), tuple(job.input_shape), job.num_classes)
-    state = PolicyState(tiers={k: Tier(v) for k, v in job.policy_tiers.items()})
-    plan, state = plan_round(spec, numel, [measurement(n, spec) for n in nodes], state)
-    entries = {
-        plan_key(nid): {
-            "participate": p.participate,
-            "steps": p.steps,
-            "batch_size": p.batch_size,
-            "codec": p.codec,
-            "tier": p.tier.value,
-            "health": round(p.health, 4),
-        }
-        for nid, p in plan.nodes.items()
-    }
+    plan, state = _plan(job.parsed_spec, job.input_shape, job.num_classes, nodes, job.policy_tiers)
+    entries = {plan_key(nid): _entry(p) for nid, p in plan.nodes.items()}
     return entries, {nid: t.value for nid, t in state.tiers.items()}
 
 
 def planned_work(entry: dict[str, Any], spec: JobSpec) -> Work:
-    """The work a round's plan gives a node (one it sits out is never leased a task)."""
+    """The work a plan gives a node; one it sits out gets the least (a round's plan never
+    leases it a task at all)."""
     steps = entry["steps"] if entry["participate"] else spec.adaptation.min_local_steps
     return Work(steps=int(steps), batch_size=int(entry["batch_size"]), codec=str(entry["codec"]))
 

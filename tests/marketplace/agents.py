@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from trainer.compression import CodecConfig, encode_update
 from trainer.datasets import Dataset
-from trainer.local import train_local
+from trainer.local import LocalResult, train_local
 from trainer.models import build_model
 from trainer.spec import parse_spec
 from trainer.updates import decode_state, encode_state
@@ -41,17 +41,20 @@ class Agent:
     def shard(self, task_id: str) -> Any:
         return self.client.get(f"/api/v1/agent/tasks/{task_id}/shard")
 
-    def train(self, task: dict[str, Any]) -> tuple[bytes, dict[str, float]]:
-        """What the real agent does: download, train_local with the task's seed, encode delta."""
+    def local_result(self, task: dict[str, Any], precision: str | None = None) -> LocalResult:
+        """What the real agent's runner does: download, train_local with the task's seed (in
+        `precision` when given: bf16 autocast on a CPU stands in for a GPU's bf16)."""
         state, meta = decode_state(self.model(task["id"]).content)
         tensors, _ = decode_state(self.shard(task["id"]).content)
         spec = parse_spec(task["spec"])
+        if precision is not None:
+            spec = spec.replace(local=spec.local.model_dump() | {"precision": precision})
         input_shape = tuple(json.loads(meta["input_shape"]))
         num_classes = int(meta["num_classes"])
         model = build_model(spec.model, input_shape, num_classes, seed=spec.seed)
         x, y = tensors["x"], tensors["y"]
         data = Dataset("shard", meta["task"], x, y, x[:0], y[:0], num_classes, input_shape)
-        result = train_local(
+        return train_local(
             model,
             state,
             data,
@@ -61,6 +64,10 @@ class Agent:
             batch_size=task["batch_size"],
             proximal_mu=task["proximal_mu"],
         )
+
+    def train(self, task: dict[str, Any]) -> tuple[bytes, dict[str, float]]:
+        """The agent's whole task: train (local_result), then encode the delta."""
+        result = self.local_result(task)
         metrics = {
             "loss": result.loss,
             "steps": result.steps,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -16,11 +15,7 @@ from tests.marketplace.agents import Agent
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_job_flow import run_until_idle
 from trainer.compression import CodecConfig, encode_update
-from trainer.datasets import Dataset
-from trainer.local import train_local
-from trainer.models import build_model
 from trainer.replicas import PRECISIONS
-from trainer.spec import parse_spec
 from trainer.updates import decode_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,21 +29,8 @@ REPLICATED_SPEC = SMALL_SPEC | {
 
 
 def _train(agent: Agent, task: dict[str, Any], precision: str) -> dict[str, torch.Tensor]:
-    """The task runner's training (tests/marketplace/agents.py's Agent.train) in a chosen
-    precision: bf16 autocast on this CPU stands in for a GPU's bf16."""
-    state, meta = decode_state(agent.model(task["id"]).content)
-    tensors, _ = decode_state(agent.shard(task["id"]).content)
-    spec = parse_spec(task["spec"])
-    spec = spec.replace(local=spec.local.model_dump() | {"precision": precision})
-    input_shape = tuple(json.loads(meta["input_shape"]))
-    num_classes = int(meta["num_classes"])
-    model = build_model(spec.model, input_shape, num_classes, seed=spec.seed)
-    x, y = tensors["x"], tensors["y"]
-    data = Dataset("shard", meta["task"], x, y, x[:0], y[:0], num_classes, input_shape)
-    result = train_local(
-        model, state, data, spec, seed=task["seed"], steps=task["steps"],
-        batch_size=task["batch_size"],
-    )  # fmt: skip
+    """The task runner's training in a chosen precision."""
+    result = agent.local_result(task, precision)
     assert result.precision == precision
     return result.delta
 
