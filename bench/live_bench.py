@@ -11,10 +11,12 @@ no adaptation, every update awaited (quorum 1.0). `aware` is `gpuflex demo`'s ne
 job as the marketplace runs it today: the adaptation policy sizes each node's work and picks
 its upload codec, and a round closes on 4 of 5 updates. Overlapped communication is switched
 off in the submitted spec, since the marketplace does not overlap, so that the simulator's
-prediction is for what runs. The marketplace has no delta downloads or shard caching either:
-every task downloads the whole model and its shard, while the simulator's nodes hold their
-shards (never charged) and its network-aware nodes fetch compressed deltas of the model, so
-bytes down compare only in part.
+prediction is for what runs. Models reach nodes the same way in both (trainer.delivery):
+plain FedAvg downloads each round's model whole; the network-aware job builds round 1's from
+the seed and fetches later ones as int8 deltas against the version the node holds. The real
+agents also download their shards (once per node and shard: their input cache keeps them and
+claims prefer shards a node holds), which the simulator's nodes hold from the start, so bytes
+down compare only in part.
 
 Figures, each from the server's side:
 - time to 0.95: round 1 opening to the end of the round that reached 0.95 (its aggregation

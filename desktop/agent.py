@@ -596,14 +596,44 @@ class Agent:
         assert self.client is not None
         folder = self._folder(rec.id)
         folder.mkdir(parents=True, exist_ok=True)
-        model = self._fetch(rec, "model_hash", self.client.get_model)
+        for stale in folder.glob("model*.safetensors"):
+            stale.unlink()
+        self._fetch_model(rec, folder)
         shard = self._fetch(rec, "shard_hash", self.client.get_shard)
-        (folder / "model.safetensors").write_bytes(model)
         (folder / "shard.safetensors").write_bytes(shard)
         (folder / "task.json").write_text(json.dumps(rec.task), encoding="utf-8")
         residual = self._residual_file(rec)
         if rec.task.get("codec") == "topk" and residual.exists():
             shutil.copyfile(residual, folder / "residual.safetensors")
+
+    def _fetch_model(self, rec: TaskRecord, folder: Path) -> None:
+        """The round's model the way the task's `model_source` says: from the cache, built
+        from the seed by the runner (nothing to fetch), as deltas against a model this node
+        holds, or whole. A second download (the first came corrupt) is always whole."""
+        assert self.client is not None
+        cached = self.inputs.get(rec.task.get("model_hash"))
+        if cached is not None:
+            self._trace(rec.id, "model_cached")
+            (folder / "model.safetensors").write_bytes(cached)
+            return
+        source = rec.task.get("model_source") or {}
+        kind = source.get("kind") if rec.downloads == 0 else "full"
+        if kind == "seed":
+            self._info(f"task {rec.id}: the model is built here from the job's seed")
+            return  # desktop.task_runner builds it and checks it against model_hash
+        base = self.inputs.get(source.get("base")) if kind == "delta" else None
+        chain = source.get("chain")
+        if base is not None and isinstance(chain, list) and chain:
+            (folder / "model.base.safetensors").write_bytes(base)
+            held, size = str(source["base"]), 0
+            for i, step in enumerate(chain):
+                data = self._timed_get(lambda tid, b=held: self.client.get_model(tid, b), rec.id)
+                (folder / f"model.delta.{i}.safetensors").write_bytes(data)
+                held, size = str(step), size + len(data)
+            self._info(f"task {rec.id}: the model came as {len(chain)} delta(s), {size} bytes")
+            self._trace(rec.id, "model_delta")
+            return
+        (folder / "model.safetensors").write_bytes(self._timed_get(self.client.get_model, rec.id))
 
     def _fetch(self, rec: TaskRecord, hash_key: str, get: Callable[[str], bytes]) -> bytes:
         """An input from the cache when this node has had it (see desktop.input_cache),
@@ -679,7 +709,9 @@ class Agent:
             self._info(f"task {rec.id} interrupted: {result.detail}; it will run again later")
             return
         if result.status == CORRUPT_INPUT:
-            self.inputs.drop(rec.task.get("model_hash"), rec.task.get("shard_hash"))
+            source = rec.task.get("model_source") or {}
+            self.inputs.drop(rec.task.get("model_hash"), rec.task.get("shard_hash"),
+                             source.get("base"))  # fmt: skip
             if rec.downloads >= 2:
                 self._finish_failed(rec, "crashed", f"inputs corrupt after two downloads: "
                                     f"{result.detail}")  # fmt: skip

@@ -150,8 +150,11 @@ class MarketplaceClient:
             return None
         return dict(r.json()["task"])
 
-    def get_model(self, task_id: str) -> bytes:
-        return self._request("GET", f"agent/tasks/{task_id}/model").content
+    def get_model(self, task_id: str, base: str | None = None) -> bytes:
+        """The task's model; with `base` (a model hash this node holds) the one delta that
+        leads from it one round on (docs/agent-api.md, "Model delivery")."""
+        params = {"base": base} if base else None
+        return self._request("GET", f"agent/tasks/{task_id}/model", params=params).content
 
     def get_shard(self, task_id: str) -> bytes:
         return self._request("GET", f"agent/tasks/{task_id}/shard").content

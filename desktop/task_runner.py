@@ -1,7 +1,11 @@
 """The program that runs INSIDE the sandbox: one task, from files in its folder to files back.
 
-Reads task.json, model.safetensors and shard.safetensors from the task folder, trains with
-trainer.local.train_local and writes update.safetensors and result.json. Nothing else: no
+Reads task.json, the round's model and shard.safetensors from the task folder, trains with
+trainer.local.train_local and writes update.safetensors and result.json. The model comes as
+model.safetensors, or as model.base.safetensors plus model.delta.N.safetensors to apply in
+order, or not at all when the task's model_source says to build it from the seed; built or
+rebuilt, it is checked against the task's model hash and written out as model.safetensors
+for the agent's input cache. Nothing else: no
 network (there is none in the sandbox), no pickle, no user code; the model is built from the
 spec alone. Progress goes to stdout as JSON lines for the agent to relay.
 
@@ -100,6 +104,42 @@ def _read_checked(path: Path, expected: Any, keys: tuple[str, ...] | None = None
     return state
 
 
+def _global_model(folder: Path, task: dict[str, Any], spec: Any) -> Any:
+    """The round's model, however it came (see the module docstring), checked by hash."""
+    from trainer.delivery import apply_delta
+    from trainer.hashing import state_hash
+    from trainer.models import build_model
+    from trainer.updates import UpdateRejected, encode_state
+
+    whole = folder / "model.safetensors"
+    expected = task.get("model_hash")
+    if whole.exists():
+        return _read_checked(whole, expected)
+    source = task.get("model_source") or {}
+    base = folder / "model.base.safetensors"
+    if base.exists():
+        state = _read_checked(base, source.get("base"))
+        deltas = sorted(folder.glob("model.delta.*.safetensors"),
+                        key=lambda p: int(p.name.split(".")[2]))  # fmt: skip
+        try:
+            for delta in deltas:
+                state = apply_delta(state, delta.read_bytes())
+        except UpdateRejected as exc:
+            raise CorruptInput(f"{delta.name}: {exc}") from None
+        what = f"the model rebuilt from {len(deltas)} delta(s)"
+    elif source.get("kind") == "seed":
+        shape = tuple(int(d) for d in source.get("input_shape") or ())
+        model = build_model(spec.model, shape, int(source.get("num_classes") or 0), seed=spec.seed)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        what = "the model built from the job's seed"
+    else:
+        raise CorruptInput("the task folder holds no model")
+    if isinstance(expected, str) and state_hash(state) != expected:
+        raise CorruptInput(f"{what} does not match the task's model hash")
+    whole.write_bytes(encode_state(state))
+    return state
+
+
 def _byzantine(value: str) -> tuple[str, float] | None:
     """The attack `BYZANTINE_ENV` asks for, or None for an honest node."""
     if not value:
@@ -138,7 +178,7 @@ def run(folder: Path) -> int:
     from trainer.datasets import Dataset
     from trainer.device import best_device
     from trainer.local import train_local
-    from trainer.models import build_model
+    from trainer.models import ModelSpecError, build_model
     from trainer.spec import SpecError, parse_spec
     from trainer.updates import UpdateRejected, encode_state
 
@@ -157,9 +197,9 @@ def run(folder: Path) -> int:
     try:
         # the downloads are checked here, in the sandbox, and not by the agent: untrusted bytes
         # are parsed only where they can do no harm, and the agent never needs torch
-        global_state = _read_checked(folder / "model.safetensors", task.get("model_hash"))
+        global_state = _global_model(folder, task, spec)
         shard = _read_checked(folder / "shard.safetensors", task.get("shard_hash"), ("x", "y"))
-    except (OSError, UpdateRejected, CorruptInput) as exc:
+    except (OSError, UpdateRejected, CorruptInput, ModelSpecError) as exc:
         _write_json(folder / "result.json", {"status": "failed", "reason": CORRUPT_INPUT,
                                              "detail": str(exc)})  # fmt: skip
         return EXIT_BAD_INPUT

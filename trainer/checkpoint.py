@@ -1,9 +1,11 @@
 """Self-describing checkpoints: everything needed to resume a job, in one safetensors file.
 
-Tensors are stored as ``model/<name>`` and ``strategy/<name>``; everything else (the job
-spec, round counter, history, RNG bookkeeping, extras) travels as one JSON document in the
-safetensors metadata, next to content hashes that `load_checkpoint` re-checks. Writes are
-atomic: a crash mid-save leaves the previous checkpoint intact, never a half file.
+Tensors are stored as ``model/<name>``, ``strategy/<name>`` and, for jobs that deliver
+models as deltas, ``residual/<name>`` (what the last delta left out, trainer.delivery);
+everything else (the job spec, round counter, history, RNG bookkeeping, extras) travels as
+one JSON document in the safetensors metadata, next to content hashes that `load_checkpoint`
+re-checks. Writes are atomic: a crash mid-save leaves the previous checkpoint intact, never a
+half file.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from trainer.hashing import state_hash
 FORMAT = "gpuflex/checkpoint-v1"
 _MODEL = "model/"
 _STRATEGY = "strategy/"
+_RESIDUAL = "residual/"
 
 
 class CheckpointError(ValueError):
@@ -39,6 +42,8 @@ class Checkpoint:
     history: list[dict[str, Any]] = field(default_factory=list)  # per-round metrics
     rng: dict[str, Any] = field(default_factory=dict)  # JSON-able RNG/bookkeeping state
     extra: dict[str, Any] = field(default_factory=dict)  # JSON-able
+    # the delivery residual carried into the next round (trainer.delivery); empty without
+    residual: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _json_part(ckpt: Checkpoint) -> str:
@@ -63,12 +68,15 @@ def save_checkpoint(path: Path | str, ckpt: Checkpoint) -> None:
     strategy = prepare_for_save(ckpt.strategy_state)
     tensors = {_MODEL + k: v for k, v in model.items()}
     tensors |= {_STRATEGY + k: v for k, v in strategy.items()}
+    residual = prepare_for_save(ckpt.residual)
+    tensors |= {_RESIDUAL + k: v for k, v in residual.items()}
     metadata = {
         "format": FORMAT,
         "json": _json_part(ckpt),
         "model_hash": state_hash(model),
         # not required by the format, but strategy state is as much a part of resuming
         "strategy_hash": state_hash(strategy),
+        "residual_hash": state_hash(residual),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
@@ -95,19 +103,16 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def _split(
-    path: Path, tensors: dict[str, torch.Tensor]
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    model: dict[str, torch.Tensor] = {}
-    strategy: dict[str, torch.Tensor] = {}
+def _split(path: Path, tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    parts: dict[str, dict[str, torch.Tensor]] = {_MODEL: {}, _STRATEGY: {}, _RESIDUAL: {}}
     for name, tensor in tensors.items():
-        if name.startswith(_MODEL):
-            model[name.removeprefix(_MODEL)] = tensor
-        elif name.startswith(_STRATEGY):
-            strategy[name.removeprefix(_STRATEGY)] = tensor
-        else:
-            raise CheckpointError(f"{path}: unexpected tensor '{name}' (not model/ or strategy/)")
-    return model, strategy
+        prefix = next((p for p in parts if name.startswith(p)), None)
+        if prefix is None:
+            raise CheckpointError(
+                f"{path}: unexpected tensor '{name}' (not model/, strategy/ or residual/)"
+            )
+        parts[prefix][name.removeprefix(prefix)] = tensor
+    return parts
 
 
 def _check_hash(
@@ -152,9 +157,11 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
     if "model_hash" not in meta:
         raise CheckpointError(f"{path}: checkpoint metadata has no 'model_hash'")
     doc = _parse_json(path, meta.get("json"))
-    model, strategy = _split(path, _read_tensors(path))
+    parts = _split(path, _read_tensors(path))
+    model, strategy, residual = parts[_MODEL], parts[_STRATEGY], parts[_RESIDUAL]
     _check_hash(path, "model", meta["model_hash"], model)
     _check_hash(path, "strategy state", meta.get("strategy_hash"), strategy)
+    _check_hash(path, "delivery residual", meta.get("residual_hash"), residual)
     return Checkpoint(
         spec=doc["spec"],
         round=doc["round"],
@@ -163,6 +170,7 @@ def load_checkpoint(path: Path | str) -> Checkpoint:
         history=doc["history"],
         rng=doc["rng"],
         extra=doc["extra"],
+        residual=residual,
     )
 
 

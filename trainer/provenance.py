@@ -13,7 +13,9 @@ Two levels of checking:
   reloads the input model, the strategy state and each update by hash and re-runs the
   aggregation, which must reproduce the recorded output hash bit for bit. That holds on
   the same machine because float32 aggregation is deterministic for a fixed order of
-  updates; the record keeps that order and the replay uses it.
+  updates; the record keeps that order and the replay uses it. A round whose model was
+  delivered as a delta (trainer.delivery) records the codec and the residual it carried in,
+  and the replay applies the same encoding to the aggregate.
 """
 
 from __future__ import annotations
@@ -83,10 +85,13 @@ class RoundRecord:
     metrics: dict[str, float]
     prev_hash: str  # record_hash of the previous record, GENESIS for the first
     record_hash: str  # sha256 of canonical JSON of every other field
+    # delta-delivered rounds: {"codec", "block_size", "residual_hash" ("" for none)}; absent
+    # from the hashed body otherwise, so records of other rounds hash as they always did
+    delivery: dict[str, Any] | None = None
 
     def body(self) -> dict[str, Any]:
         """Every field except `record_hash`: what the record hash covers."""
-        return {
+        body = {
             "job": self.job,
             "round": self.round,
             "input_model_hash": self.input_model_hash,
@@ -98,6 +103,9 @@ class RoundRecord:
             "metrics": dict(self.metrics),
             "prev_hash": self.prev_hash,
         }
+        if self.delivery is not None:
+            body["delivery"] = dict(self.delivery)
+        return body
 
     def compute_hash(self) -> str:
         return _canonical_hash(self.body())
@@ -119,6 +127,7 @@ class RoundRecord:
             metrics=dict(data["metrics"]),
             prev_hash=str(data["prev_hash"]),
             record_hash=str(data["record_hash"]),
+            delivery=dict(data["delivery"]) if data.get("delivery") is not None else None,
         )
 
 
@@ -162,6 +171,7 @@ class ProvenanceChain:
         output_model_hash: str,
         metrics: Mapping[str, float],
         strategy_state_before: Mapping[str, torch.Tensor] | None = None,
+        delivery: Mapping[str, Any] | None = None,
     ) -> RoundRecord:
         """Add the record for one round, filling `prev_hash` and `record_hash`.
 
@@ -194,6 +204,7 @@ class ProvenanceChain:
             output_model_hash=output_model_hash,
             metrics=_float_metrics(metrics),
             prev_hash=self.head,
+            delivery=dict(delivery) if delivery is not None else None,
         )
         self._records.append(record)
         return record
@@ -340,6 +351,8 @@ def _replay_round(
     try:
         strategy.load_state_dict(state)
         result = strategy.aggregate(model, updates)
+        if record.delivery is not None:
+            result = _delivered(record, result, model, store, tag, problems)
     except Exception as exc:  # a verifier reports; it does not crash on bad inputs
         problems.append(f"{tag}: aggregation failed on replay: {type(exc).__name__}: {exc}")
         return problems, False
@@ -350,6 +363,26 @@ def _replay_round(
             f"recomputed {short(recomputed)}"
         )
     return problems, True
+
+
+def _delivered(
+    record: RoundRecord,
+    aggregate: dict[str, torch.Tensor],
+    model: dict[str, torch.Tensor],
+    store: ArtifactStore,
+    tag: str,
+    problems: list[str],
+) -> dict[str, torch.Tensor]:
+    """The canonical model a delta-delivered round adopted from its aggregate."""
+    from trainer.compression import CodecConfig
+    from trainer.delivery import deliver_step
+
+    d = record.delivery or {}
+    residual = None
+    if d.get("residual_hash"):
+        residual = _load(store, d["residual_hash"], "delivery residual", tag, problems)
+    codec = CodecConfig(str(d["codec"]), int(d["block_size"]))
+    return deliver_step(model, aggregate, codec, residual).state
 
 
 def verify_with_artifacts(
@@ -388,6 +421,7 @@ def record_round(
     updates: list[tuple[ClientUpdate, str]],
     new_state: Mapping[str, torch.Tensor],
     metrics: Mapping[str, float],
+    delivery: Mapping[str, Any] | None = None,
 ) -> RoundRecord:
     """Store a finished round's artifacts and append its record.
 
@@ -415,6 +449,11 @@ def record_round(
         for update, shard_hash in updates
     ]
     output_hash = keep(new_state)
+    recorded = None
+    if delivery is not None:  # {"codec", "block_size", "residual": the state carried in}
+        residual = delivery.get("residual")
+        recorded = {"codec": delivery["codec"], "block_size": delivery["block_size"],
+                    "residual_hash": keep(residual) if residual else ""}  # fmt: skip
     return chain.append(
         round=round,
         input_model_hash=input_hash,
@@ -423,4 +462,5 @@ def record_round(
         output_model_hash=output_hash,
         metrics=metrics,
         strategy_state_before=strategy_state_before,
+        delivery=recorded,
     )

@@ -7,8 +7,10 @@ Closing then, in this order:
 1. the statistical filter drops updates pointing away from the round's coordinate-wise
    median (a robust reference: one huge malicious update cannot drag it, a mean would);
 2. the strategy aggregates the rest;
-3. the new model is evaluated on the held-out split;
-4. the round's provenance record is appended (its artifacts to the store, when one is given).
+3. with a delivery codec, the model adopts the step as nodes will decode it from the round's
+   delta payload (trainer.delivery), the encoding error carried to the next round;
+4. the new model is evaluated on the held-out split;
+5. the round's provenance record is appended (its artifacts to the store, when one is given).
 `checkpoint_after` then gives what a coordinator saves to resume from. Pure PyTorch: no
 framework and no I/O beyond the artifact store the caller passes.
 """
@@ -27,7 +29,9 @@ from trainer.aggregation import ClientUpdate, Strategy
 from trainer.aggregation.functions import coordinate_median, flatten_state
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint
+from trainer.compression import CodecConfig
 from trainer.datasets import Dataset
+from trainer.delivery import deliver_step
 from trainer.evaluate import Evaluation, evaluate
 from trainer.provenance import ProvenanceChain, RoundRecord, record_round
 from trainer.spec import TargetSpec
@@ -57,6 +61,10 @@ class ClosedRound:
     dropped: dict[int, float]  # index -> cosine, for updates the filter dropped
     cosines: dict[int, float]  # index -> cosine to the median, for every update judged
     record: RoundRecord
+    # with a delivery codec: the delta from the round's input model to `state` that nodes
+    # download, and what it left out (the next round's `residual`); None when nothing moved
+    delta: bytes | None = None
+    residual: State | None = None
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -95,15 +103,25 @@ def close_round(
     store: ArtifactStore | None = None,
     target: TargetSpec | None = None,
     min_cosine: float | None = DEFAULT_MIN_COSINE,
+    delivery: CodecConfig | None = None,
+    residual: Mapping[str, torch.Tensor] | None = None,
 ) -> ClosedRound:
     """Filter, aggregate, evaluate and record round `number`. `updates` are (update, shard
-    label) pairs in the order provenance replays them; `model` is loaded with the result."""
+    label) pairs in the order provenance replays them; `model` is loaded with the result.
+    `delivery` (the job's download codec) and `residual` (the last round's `residual`) make
+    the new model the canonical one nodes rebuild from `delta`."""
     kept, dropped, cosines = statistical_filter([u.delta for u, _ in updates], min_cosine)
     used = [updates[i] for i in kept]
     before = {k: v.clone() for k, v in strategy.state_dict().items()}
     new_state = (
         strategy.aggregate(global_state, [u for u, _ in used]) if used else dict(global_state)
     )
+    delta, left, delivered = None, residual, None
+    if delivery is not None and used:  # a round without updates leaves the model as it was
+        step = deliver_step(global_state, new_state, delivery, residual)
+        new_state, delta, left = step.state, step.payload, step.residual
+        delivered = {"codec": delivery.name, "block_size": delivery.block_size,
+                     "residual": residual}  # fmt: skip
     model.load_state_dict(new_state)
     ev = evaluate(model, dataset)
     record = record_round(
@@ -116,9 +134,11 @@ def close_round(
         updates=used,
         new_state=new_state,
         metrics={"accuracy": ev.accuracy, "loss": ev.loss},
+        delivery=delivered,
     )
     reached = bool(target and ev.meets(target.metric, target.value))
-    return ClosedRound(new_state, ev, reached, kept, dropped, cosines, record)
+    return ClosedRound(new_state, ev, reached, kept, dropped, cosines, record, delta,
+                       dict(left) if left is not None else None)  # fmt: skip
 
 
 def checkpoint_after(
@@ -141,4 +161,5 @@ def checkpoint_after(
         history=history,
         rng={"seed": seed},
         extra={"provenance": chain.to_json(), "reached_target": closed.reached_target, **extra},
+        residual=dict(closed.residual or {}),
     )

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class SpecError(ValueError):
@@ -122,6 +130,12 @@ class RoundsSpec(_Strict):
     late_updates: Literal["drop", "stale"] = "drop"
 
 
+# Strategies that average the updates weighted by their num_samples. The robust ones
+# (trimmed_mean, median, krum) take unweighted order statistics on purpose, so that a node
+# cannot buy influence: they have no weight to scale. (tests check this against the strategies)
+SAMPLE_WEIGHTED = frozenset({"fedavg", "fedprox", "fedadam", "diloco"})
+
+
 class AggregationSpec(_Strict):
     strategy: Literal[
         "fedavg", "fedprox", "fedadam", "diloco", "trimmed_mean", "median", "krum"
@@ -136,6 +150,22 @@ class AggregationSpec(_Strict):
     byzantine: Annotated[int, Field(ge=0)] = 2
     krum_select: Annotated[int, Field(ge=1)] | None = None
     max_update_norm: Annotated[float, Field(gt=0.0)] = 1e4
+    # "health": each update weighs num_samples x its node's health score (trainer.adapt.health)
+    weighting: Literal["samples", "health"] = "samples"
+
+    @field_validator("weighting")
+    @classmethod
+    def _weighting_needs_weights(cls, value: str, info: ValidationInfo) -> str:
+        # a field validator (not a model one) so that the problem names aggregation.weighting;
+        # strategy is declared first, so it is in info.data once it validated
+        strategy = info.data.get("strategy")
+        if value != "samples" and strategy is not None and strategy not in SAMPLE_WEIGHTED:
+            allowed = ", ".join(sorted(SAMPLE_WEIGHTED))
+            raise ValueError(
+                f"{strategy} does not weight updates, so it cannot weight them by {value}; "
+                f"use one of {allowed}, or weighting: samples"
+            )
+        return value
 
 
 class ShardingSpec(_Strict):
@@ -147,6 +177,10 @@ class CompressionSpec(_Strict):
     codec: Literal["none", "fp16", "int8", "int4", "topk", "auto"] = "none"
     topk_fraction: Annotated[float, Field(gt=0.0, le=1.0)] = 0.05
     block_size: Annotated[int, Field(ge=8, le=65536)] = 256
+    # Global models to nodes: "none" downloads each round's model whole; "fp16"/"int8" send a
+    # delta against the model the node already holds (trainer.delivery); "auto" picks int8
+    # for network-aware jobs (adaptation.enabled) and "none" otherwise.
+    download_codec: Literal["auto", "none", "fp16", "int8"] = "auto"
 
 
 class AdaptationSpec(_Strict):

@@ -27,11 +27,13 @@ from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, TaskResu
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
 from marketplace.jobs.rounds import open_round, unit_states
 from marketplace.jobs.services import cancel_outstanding, fail_job
+from marketplace.jobs.weighting import weigh
 from marketplace.ledger.services import budget_stop_reason, charge_result, release_escrow
 from marketplace.nodes.services import record_verification
 from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from trainer.delivery import delivery_codec
 from trainer.hashing import state_hash
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round, staleness_weight
@@ -82,6 +84,20 @@ class Outcome:
     used: list[int]  # TaskResult ids aggregated, in order
     dropped: dict[int, float]  # TaskResult id -> cosine, rejected by statistics
     cosines: dict[int, float]  # TaskResult id -> cosine to the round's median update
+    delta_file: str = ""  # delta-delivered jobs: the payload from this round's model to `state`
+
+
+def delta_name(job: Job, state: State) -> str:
+    """Where the delta that leads to `state` is kept: named by the model it leads to, so a
+    re-run that reuses its checkpoint finds it again."""
+    return f"{files.job_dir(job.id)}/deltas/{state_hash(state)}.safetensors"
+
+
+def _stored_delta(job: Job, state: State) -> str:
+    from django.core.files.storage import default_storage
+
+    name = delta_name(job, state)
+    return name if default_storage.exists(name) else ""
 
 
 def _min_cosine() -> float:
@@ -132,6 +148,7 @@ def _compute(job: Job, rnd: Round) -> Outcome:
             last.get("used", []),
             {},
             {},
+            _stored_delta(job, previous.model_state),
         )
     global_state = load_model_file(rnd.input_model_file)
     results = [s.result for s in unit_states(rnd, at_deadline=True) if s.result is not None]
@@ -144,16 +161,20 @@ def _compute(job: Job, rnd: Round) -> Outcome:
         strategy.load_state_dict(previous.strategy_state)
         chain = ProvenanceChain.from_json(previous.extra["provenance"])
         history = list(previous.history)
-    updates = [
+    updates, weighting = weigh(job, rnd, [
         (ClientUpdate(str(r.node_id), _delta(r, rnd), r.num_samples, r.metrics),
          _shard_label(job, r))
         for r in results + late
-    ]  # fmt: skip
+    ])  # fmt: skip
     closed = close_round(
         number=rnd.number, global_state=global_state, updates=updates, strategy=strategy,
         model=new_model(job), dataset=job_dataset(job), chain=chain, store=artifact_store(),
         target=spec.rounds.target, min_cosine=_min_cosine(),
+        delivery=delivery_codec(spec), residual=previous.residual if previous else None,
     )  # fmt: skip
+    delta_file = ""
+    if closed.delta is not None:  # before the checkpoint: a re-run that reuses it finds this
+        delta_file = files.put(delta_name(job, closed.state), closed.delta, content_addressed=True)
     results += late
     ev, kept = closed.evaluation, [results[i] for i in closed.kept]
     metrics = {
@@ -166,6 +187,7 @@ def _compute(job: Job, rnd: Round) -> Outcome:
         "late_folded": sum(r.late for r in kept),
         "rejected": len(closed.dropped),
         "used": [r.pk for r in kept],
+        **weighting,
     }
     history.append(metrics)
     write_checkpoint(
@@ -179,7 +201,7 @@ def _compute(job: Job, rnd: Round) -> Outcome:
     dropped = {results[i].pk: c for i, c in closed.dropped.items()}
     cosines = {results[i].pk: c for i, c in closed.cosines.items()}
     return Outcome(closed.state, metrics, closed.reached_target, [r.pk for r in kept], dropped,
-                   cosines)  # fmt: skip
+                   cosines, delta_file)  # fmt: skip
 
 
 def run_aggregation(round_id: int) -> None:
@@ -227,7 +249,8 @@ def run_aggregation(round_id: int) -> None:
             fields += ["status", "error", "finished_at"]
         job.save(update_fields=fields)
         if job.is_active:
-            open_round(job, rnd.number + 1, outcome.state)
+            open_round(job, rnd.number + 1, outcome.state,
+                       delta=(outcome.delta_file, rnd.input_model_hash))  # fmt: skip
         else:
             cancel_outstanding(job)
             release_escrow(job)

@@ -37,6 +37,10 @@ def get(name: str) -> bytes:
         return fh.read()
 
 
+def size(name: str) -> int:
+    return default_storage.size(name)
+
+
 def delete_tree(names: list[str]) -> None:
     for name in names:
         with contextlib.suppress(Exception):

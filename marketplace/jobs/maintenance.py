@@ -24,8 +24,10 @@ from marketplace.jobs.rounds import (
     reserve_silos,
     round_deadline,
     start_aggregation,
+    two_round,
     unit_states,
 )
+from marketplace.jobs.sizing import plan_key
 from marketplace.jobs.uploads import release_task
 from marketplace.ledger.services import release_escrow
 from marketplace.nodes.services import mark_offline
@@ -68,9 +70,18 @@ def close_overdue_rounds() -> int:
                 start_aggregation(rnd)
                 closed += 1
             else:  # and anyone may take the work now: nobody the plan sat out is kept out
-                rnd.deadline, rnd.plan = round_deadline(rnd.job), {}
+                rnd.deadline, rnd.plan = round_deadline(rnd.job), _far_work_out(rnd)
                 rnd.save(update_fields=["deadline", "plan"])
     return closed
+
+
+def _far_work_out(rnd: Round) -> dict[str, Any]:
+    """What a stalled round keeps of its plan: only the entries of far nodes holding a
+    two-round task, which still says that task trains on past the close (and its upload is
+    taken then); the rest goes, so that every node may take the work and is sized anew."""
+    leased = Task.objects.filter(round=rnd, status=TaskStatus.LEASED, replica=0)
+    keys = {plan_key(t.node_id) for t in leased if two_round(rnd, t)}
+    return {key: entry for key, entry in rnd.plan.items() if key in keys}
 
 
 def restart_stuck_aggregations() -> int:

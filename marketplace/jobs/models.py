@@ -112,6 +112,11 @@ class Round(models.Model):
     status = models.CharField(max_length=16, choices=RoundStatus.choices, default=RoundStatus.OPEN)
     input_model_hash = models.CharField(max_length=64)
     input_model_file = models.CharField(max_length=300)
+    # jobs that deliver models as deltas (trainer.delivery): the payload that leads from the
+    # previous round's input model (`input_delta_base`) to this one; "" when there is none
+    input_delta_file = models.CharField(max_length=300, blank=True)
+    input_delta_base = models.CharField(max_length=64, blank=True)
+    input_delta_size = models.PositiveIntegerField(default=0)
     # adaptive jobs: the policy's plan for the nodes online at the opening ("n<node id>" ->
     # participate, steps, batch_size, codec, tier, health); a node it sits out takes no task
     plan = models.JSONField(default=dict, blank=True)
@@ -251,3 +256,31 @@ class TaskResult(models.Model):
     # it in with a staleness weight, then marks it aggregated
     late = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class ModelCopy(models.Model):
+    """The version of a job's model a node holds, as far as the server knows: the last one it
+    fetched or trained on. A claim sends that node a delta against it (jobs.delivery)."""
+
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="model_copies")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="model_copies")
+    round_number = models.PositiveIntegerField()
+    model_hash = models.CharField(max_length=64)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "job"], name="model_copy_one_per_node_job")
+        ]
+
+
+class ShardCopy(models.Model):
+    """A shard a node has downloaded: its claims prefer tasks on shards it holds, which its
+    input cache serves without a download."""
+
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="shard_copies")
+    shard = models.ForeignKey(Shard, on_delete=models.CASCADE, related_name="copies")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "shard"], name="shard_copy_unique")]

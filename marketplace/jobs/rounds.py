@@ -11,14 +11,16 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace.jobs import files
 from marketplace.jobs.models import Job, Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.jobs.models_io import State, store_model
 from marketplace.jobs.queue import enqueue_aggregation
 from marketplace.jobs.scheduling import nodes_that_may_work_on
 from marketplace.jobs.signals import bump_work_generation
-from marketplace.jobs.sizing import plan_cohort
+from marketplace.jobs.sizing import is_far, plan_cohort
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
+from trainer.aggregation import min_updates
 from trainer.local import derive_seed
 
 
@@ -28,14 +30,22 @@ def round_deadline(job: Job, now: datetime | None = None) -> datetime:
     return (now or timezone.now()) + timedelta(seconds=seconds)
 
 
-def open_round(job: Job, number: int, state: State) -> Round:
-    """Store the round's input model and create one pending task per shard."""
+def open_round(
+    job: Job, number: int, state: State, *, delta: tuple[str, str] | None = None
+) -> Round:
+    """Store the round's input model and create one pending task per shard. `delta` is
+    (stored payload, base model hash) for delta-delivered jobs: how nodes that hold the
+    previous round's model get this one (marketplace.jobs.delivery)."""
     model_hash, model_file = store_model(job, number, state)
+    delta_file, delta_base = delta if delta and delta[0] else ("", "")
     rnd = Round.objects.create(
         job=job,
         number=number,
         input_model_hash=model_hash,
         input_model_file=model_file,
+        input_delta_file=delta_file,
+        input_delta_base=delta_base,
+        input_delta_size=files.size(delta_file) if delta_file else 0,
         deadline=round_deadline(job),
         plan=_plan(job),
     )
@@ -100,6 +110,15 @@ class UnitState:
     unit: tuple[int | None, int | None]  # Task.unit
     settled: bool
     result: TaskResult | None  # the accepted result to aggregate (None: nothing usable)
+    # nothing in yet, and leased to a far node for two rounds: the round does not wait for it
+    far: bool = False
+
+
+def two_round(rnd: Round, task: Task) -> bool:
+    """A far node's two-round task: a primary leased to a node the round's plan has syncing
+    every other round (trainer.adapt). It trains on past its round's close whatever
+    `rounds.late_updates` says, and a later round folds its update in."""
+    return task.replica == 0 and task.status == TaskStatus.LEASED and is_far(rnd.plan, task.node_id)
 
 
 def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
@@ -117,6 +136,7 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
         accepted = [r for r in results if r.accepted]
         outstanding = any(t.status in (TaskStatus.PENDING, TaskStatus.LEASED) for t in group)
         verified = [r for r in accepted if r.verified]
+        far = not results and any(two_round(rnd, t) for t in group)
         # an unverified result is usable only when it is the unit's only one: two that were
         # never reconciled are a dispute, and either of them may be the bad one
         unverified = [r for r in accepted if r.verified is None]
@@ -124,7 +144,7 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
         if verified:
             states.append(UnitState(unit, True, verified[0]))
         elif outstanding:
-            states.append(UnitState(unit, at_deadline, usable))
+            states.append(UnitState(unit, at_deadline, usable, far))
         else:
             states.append(UnitState(unit, True, usable))
     return states
@@ -136,30 +156,51 @@ def quorum_units(quorum: float, units: int) -> int:
     return math.ceil(quorum * units - 1e-9)
 
 
-def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
-    quorum = rnd.job.parsed_spec.rounds.quorum
+def _settled_enough(quorum: float, states: list[UnitState]) -> bool:
     settled = sum(1 for s in states if s.settled)
     return settled >= quorum_units(quorum, len(states))
 
 
+def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
+    """The quorum of all units; or, when far nodes hold some for two rounds, the quorum of
+    the others alone (plan_round's on-time quorum), as long as those bring enough updates
+    to aggregate: a round never closes empty-handed only because its far work is out."""
+    spec = rnd.job.parsed_spec
+    if _settled_enough(spec.rounds.quorum, states):
+        return True
+    on_time = [s for s in states if not s.far]
+    if len(on_time) == len(states):
+        return False
+    usable = sum(1 for s in on_time if s.settled and s.result is not None)
+    return usable >= min_updates(spec.aggregation) and _settled_enough(spec.rounds.quorum, on_time)
+
+
 def start_aggregation(rnd: Round) -> None:
     """OPEN -> AGGREGATING (caller holds the round's row lock); the aggregation is enqueued
-    once this transaction commits. Work not started is cancelled. Work in flight is too,
-    unless the spec folds late updates (rounds.late_updates: stale): then a leased task for
-    a unit with no result yet trains on, and a later round folds its update in (FedBuff)."""
+    once this transaction commits. Work not started is cancelled, and work in flight too but
+    for what `kept_in_flight` keeps: a later round folds its update in (FedBuff)."""
     now = timezone.now()
     rnd.status = RoundStatus.AGGREGATING
     rnd.closed_at = now
     rnd.aggregating_since = now
     rnd.save(update_fields=["status", "closed_at", "aggregating_since"])
     outstanding = Task.objects.filter(round=rnd, status__in=[TaskStatus.PENDING, TaskStatus.LEASED])
-    in_flight: list[Any] = []
-    if rnd.job.parsed_spec.rounds.late_updates == "stale":
-        settled = {t.unit for t in Task.objects.filter(round=rnd, result__isnull=False)}
-        leased = outstanding.filter(status=TaskStatus.LEASED, replica=0)
-        in_flight = [t.pk for t in leased if t.unit not in settled]
-    outstanding.exclude(pk__in=in_flight).update(status=TaskStatus.CANCELLED)
+    outstanding.exclude(pk__in=kept_in_flight(rnd)).update(status=TaskStatus.CANCELLED)
     enqueue_aggregation(rnd.pk)
+
+
+def kept_in_flight(rnd: Round) -> list[Any]:
+    """The leased primaries of units with no result yet that train on past the close: all
+    of them with `rounds.late_updates: stale`, and a far node's two-round task whatever the
+    spec says (its round was never meant to wait for it). A unit that has a result (a
+    replica's) already has its update: its primary is not folded in a second time."""
+    stale = rnd.job.parsed_spec.rounds.late_updates == "stale"
+    leased = Task.objects.filter(round=rnd, status=TaskStatus.LEASED, replica=0)
+    kept = [t for t in leased if stale or two_round(rnd, t)]
+    if not kept:
+        return []
+    settled = {t.unit for t in Task.objects.filter(round=rnd, result__isnull=False)}
+    return [t.pk for t in kept if t.unit not in settled]
 
 
 def maybe_close(rnd: Round) -> bool:

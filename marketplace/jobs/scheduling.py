@@ -19,9 +19,19 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, Task, TaskStatus, Tier
+from marketplace.jobs.delivery import model_source
+from marketplace.jobs.models import (
+    Job,
+    JobStatus,
+    Round,
+    RoundStatus,
+    ShardCopy,
+    Task,
+    TaskStatus,
+    Tier,
+)
 from marketplace.jobs.signals import bump_work_generation, work_generation
-from marketplace.jobs.sizing import plan_key, plan_works, planned_work, size_work
+from marketplace.jobs.sizing import is_far, plan_key, plan_works, planned_work, size_work
 from marketplace.nodes.models import Node, NodeKind
 
 # re-check the database at least this often even when no new-work signal came
@@ -32,6 +42,15 @@ _FALLBACK_POLL_S = 2.0
 # task_pending_order serves exactly this order, so a claim reads a few index entries
 # instead of sorting every pending task.
 CLAIM_ORDER = ("replica", "round_id", "shard_id")
+
+
+def claim_order(node: Node) -> tuple[Any, ...]:
+    """CLAIM_ORDER, with the shards this node already holds first within a round: its input
+    cache serves them, so the node downloads nothing but the model (affinity, as in
+    caching-aware schedulers)."""
+    held = ShardCopy.objects.filter(node=node, shard=OuterRef("shard"))
+    replica, round_id, shard_id = CLAIM_ORDER
+    return (replica, round_id, Exists(held).desc(), shard_id)
 
 
 def eligible_tasks(node: Node) -> QuerySet[Task]:
@@ -58,14 +77,43 @@ def eligible_tasks(node: Node) -> QuerySet[Task]:
 
 def _sat_out(node: Node) -> list[int]:
     """Open rounds whose plan sits this node out (trainer.adapt: temporarily excluded for
-    poor health). Read in Python: one small query over the open rounds' plans."""
+    poor health), and those a far node's two-round work already spans (`_far_busy`). Read in
+    Python: one small query over the open rounds' plans."""
     key = plan_key(node.pk)
     plans = Round.objects.filter(status=RoundStatus.OPEN, job__status=JobStatus.RUNNING)
-    return [
-        pk
-        for pk, plan in plans.exclude(plan={}).values_list("pk", "plan")
-        if plan.get(key, {}).get("participate") is False
-    ]
+    out: list[int] = []
+    far: dict[tuple[Any, int], int] = {}  # (job id, round number) -> round id
+    for pk, job_id, number, plan in plans.exclude(plan={}).values_list(
+        "pk", "job_id", "number", "plan"
+    ):
+        if plan.get(key, {}).get("participate") is False:
+            out.append(pk)
+        elif is_far(plan, node.pk):
+            far[(job_id, number)] = pk
+    return out + _far_busy(node, far)
+
+
+def _far_busy(node: Node, far: dict[tuple[Any, int], int]) -> list[int]:
+    """Of the open rounds whose plan has this node syncing every other round, those its
+    two-round work spans: it took its task of the round already, or its two-round task of
+    the round before is still out or came in after that round closed. The simulator's far
+    node does one task per two rounds; the agent, working one task at a time, is busy then
+    anyway, and a lease it took there would only be folded in late once more."""
+    if not far:
+        return []
+    spans = Q()
+    for (job_id, number), pk in far.items():
+        spans |= Q(round_id=pk) | Q(round__job_id=job_id, round__number=number - 1)
+    tasks = Task.objects.filter(spans, node=node, status__in=[TaskStatus.LEASED, TaskStatus.DONE])
+    busy = set()
+    for job_id, number, plan, replica, status, late in tasks.values_list(
+        "round__job_id", "round__number", "round__plan", "replica", "status", "result__late"
+    ):
+        if (job_id, number) in far:
+            busy.add(far[(job_id, number)])  # its one task of this round
+        elif replica == 0 and is_far(plan, node.pk) and (status == TaskStatus.LEASED or late):
+            busy.add(far[(job_id, number + 1)])  # its two-round task runs into this round
+    return list(busy)
 
 
 def nodes_that_may_work_on(job: Job) -> QuerySet[Node]:
@@ -188,7 +236,7 @@ def claim_next(node: Node) -> Task | None:
                 task = None
                 pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
                 for group in preference(node):
-                    candidates = pool.filter(group).order_by(*CLAIM_ORDER)
+                    candidates = pool.filter(group).order_by(*claim_order(node))
                     if skip_locked:
                         candidates = candidates.select_for_update(skip_locked=True, of=("self",))
                     task = candidates.select_related("round__job", "shard").first()
@@ -243,6 +291,7 @@ def task_payload(task: Task) -> dict[str, Any]:
         "proximal_mu": job.proximal_mu,
         "deadline": task.lease_expires,
         "model_hash": task.round.input_model_hash,
+        "model_source": model_source(task),
         "shard_hash": task.shard.content_hash if task.shard else None,
     }
     if job.is_federated:

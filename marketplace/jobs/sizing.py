@@ -71,6 +71,7 @@ def _entry(p: NodePlan) -> dict[str, Any]:
         "codec": p.codec,
         "tier": p.tier.value,
         "health": round(p.health, 4),
+        "sync_every": p.sync_every,
     }
 
 
@@ -85,6 +86,17 @@ def plan_works(
 def plan_key(node_id: object) -> str:
     # never a bare number: JSON key lookups read those as array indexes
     return f"n{node_id}"
+
+
+def is_far(plan: dict[str, Any] | None, node_id: object) -> bool:
+    """Whether a round's plan has the node sync every other round (trainer.adapt: its
+    transfers take over `far_sync_factor` x the median's), so that its one task spans this
+    round and the next. Plans made before far nodes were planned say nothing: every node
+    synced each round."""
+    entry = plan.get(plan_key(node_id)) if plan and node_id is not None else None
+    if not isinstance(entry, dict) or not entry.get("participate"):
+        return False
+    return int(entry.get("sync_every") or 1) > 1
 
 
 def plan_cohort(job: Job, nodes: Sequence[Node]) -> tuple[dict[str, Any], dict[str, str]]:

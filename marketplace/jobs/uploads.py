@@ -12,10 +12,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace.jobs import files
+from marketplace.jobs.delivery import record_model
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
 from marketplace.jobs.models import Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.jobs.models_io import load_model_file
-from marketplace.jobs.rounds import maybe_close
+from marketplace.jobs.rounds import maybe_close, two_round
 from marketplace.jobs.signals import bump_work_generation
 from marketplace.jobs.verification import verify_unit
 from marketplace.nodes.models import Node
@@ -101,7 +102,7 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         if task.node_id != node.pk:
             raise NotFound("No such task is leased to this node.")
         late = rnd.status != RoundStatus.OPEN
-        if task.status != TaskStatus.LEASED or (late and not _takes_late(rnd)):
+        if task.status != TaskStatus.LEASED or (late and not _takes_late(rnd, task)):
             raise Conflict(f"The task is {task.status}; it no longer takes updates.")
         held_s = (timezone.now() - task.leased_at).total_seconds() if task.leased_at else 0.0
         TaskResult.objects.create(
@@ -119,15 +120,21 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         )
         task.status = TaskStatus.DONE
         task.save(update_fields=["status"])
+        # it trained on the round's model (built from the seed, perhaps): its next delta's base
+        record_model(node, rnd.job_id, rnd)
         if not late:  # a late one waits, unreplicated, for the next aggregation to fold it
             verify_unit(rnd, task)
             maybe_close(rnd)
     return 201
 
 
-def _takes_late(rnd: Round) -> bool:
-    """Its round closed while the task was in flight: kept for a later round to fold in."""
-    return rnd.job.is_active and rnd.job.parsed_spec.rounds.late_updates == "stale"
+def _takes_late(rnd: Round, task: Task) -> bool:
+    """Its round closed while the task was in flight: kept for a later round to fold in if
+    the spec folds late updates, or if it is a far node's two-round task (whatever the spec
+    says: the round was not meant to wait for it)."""
+    if not rnd.job.is_active:
+        return False
+    return rnd.job.parsed_spec.rounds.late_updates == "stale" or two_round(rnd, task)
 
 
 def release_task(task: Task, reason: str, *, lost: bool = False) -> None:

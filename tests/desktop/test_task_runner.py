@@ -92,3 +92,68 @@ def test_a_byzantine_node_flips_or_noises_the_update_it_would_have_sent(
     bad = _folder(tmp_path / "bad", digits_task("t-5", steps=3))
     assert task_runner.run(bad) == task_runner.EXIT_BAD_INPUT
     assert "unknown attack 'poison'" in _result(bad)["detail"]
+
+
+def _without_model(tmp_path: Path, t: FakeTask) -> Path:
+    folder = _folder(tmp_path, t)
+    (folder / "model.safetensors").unlink()
+    return folder
+
+
+def test_round_one_is_built_from_the_seed_and_checked(tmp_path: Path) -> None:
+    """model_source "seed": no download; the runner builds build_model(spec, seed) and checks
+    it against the task's model hash, then leaves it for the agent's input cache."""
+    t = digits_task("t-seed", steps=3)
+    t.task["model_source"] = {"kind": "seed", "input_shape": [64], "num_classes": 10}
+    folder = _without_model(tmp_path / "ok", t)
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    from trainer.hashing import state_hash
+
+    assert (
+        state_hash(decode_state((folder / "model.safetensors").read_bytes())[0])
+        == (t.task["model_hash"])
+    )
+    t.task["spec"]["seed"] = 5  # another seed builds other weights: caught, fetched whole
+    folder = _without_model(tmp_path / "other-seed", t)
+    assert task_runner.run(folder) == task_runner.EXIT_BAD_INPUT
+    result = _result(folder)
+    assert result["reason"] == task_runner.CORRUPT_INPUT
+    assert "built from the job's seed does not match" in result["detail"]
+
+
+def test_a_model_rebuilt_from_deltas_trains_like_the_whole_one(tmp_path: Path) -> None:
+    from trainer.compression import CodecConfig
+    from trainer.delivery import deliver_step
+    from trainer.hashing import state_hash
+    from trainer.updates import encode_state
+
+    t = digits_task("t-delta", steps=3)
+    base = t.reference
+    gen = torch.Generator().manual_seed(0)
+    steps, state = [], base
+    for _ in range(2):  # two rounds behind: a chain of two deltas
+        target = {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+        step = deliver_step(state, target, CodecConfig("int8", 256))
+        steps.append(step.payload)
+        state = step.state
+    whole = digits_task("t-delta", steps=3)
+    whole.model, whole.task["model_hash"] = encode_state(state), state_hash(state)
+    expected = _folder(tmp_path / "whole", whole)
+    assert task_runner.run(expected) == task_runner.EXIT_OK
+
+    t.task["model_hash"] = state_hash(state)
+    t.task["model_source"] = {"kind": "delta", "base": state_hash(base), "chain": ["a", "b"]}
+    folder = _without_model(tmp_path / "delta", t)
+    (folder / "model.base.safetensors").write_bytes(encode_state(base))
+    for i, payload in enumerate(steps):
+        (folder / f"model.delta.{i}.safetensors").write_bytes(payload)
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    got, want = _delta(folder), _delta(expected)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+    (folder / "model.safetensors").unlink()
+    (folder / "model.delta.1.safetensors").unlink()  # one step short of the round's model
+    assert task_runner.run(folder) == task_runner.EXIT_BAD_INPUT
+    result = _result(folder)
+    assert result["reason"] == task_runner.CORRUPT_INPUT
+    assert "rebuilt from 1 delta(s) does not match" in result["detail"]

@@ -76,3 +76,38 @@ def test_agents_train_a_job_to_completion(
     assert sum(agent.status().completed for agent in agents) >= 6
     if used == {"topk"}:  # each agent kept the job's error-feedback residual between tasks
         assert all(any((tmp_path / f"agent-{i}").rglob("feedback/*.safetensors")) for i in (0, 1))
+
+
+def test_agents_build_round_one_and_fetch_later_rounds_as_deltas(
+    live_server, make_user, submit, tmp_path, monkeypatch
+) -> None:
+    """Delta delivery end to end: each agent's sandboxed runner builds round 1's model from
+    the seed, rebuilds later ones from int8 deltas, and checks every one by hash (a wrong
+    model would fail the task as corrupt_input, and the job would not complete this way)."""
+    from marketplace.jobs.models import ModelCopy
+
+    _, provider_key = make_user("provider")
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["compression"] = {"download_codec": "int8"}
+    spec["rounds"] = {"max_rounds": 3}
+    job = submit(spec=spec, tier="platform")
+    url = live_server.url
+    agents = [
+        live_agent(tmp_path, f"agent-{i}", url, provider_key, monkeypatch, kind="platform")
+        for i in range(2)
+    ]
+    for agent in agents:
+        agent.start()
+    try:
+        _wait(lambda: Job.objects.get(pk=job["id"]).status == "completed", 240, "the job")
+    finally:
+        for agent in agents:
+            agent.stop()
+    logs = [e.message for agent in agents for e in agent.logs(500)]
+    assert any("built here from the job's seed" in m for m in logs)
+    assert any("came as 1 delta(s)" in m for m in logs), logs
+    assert not any("corrupt" in m for m in logs)
+    stored = Job.objects.get(pk=job["id"])
+    assert stored.rounds_done == 3
+    copies = ModelCopy.objects.filter(job=stored)
+    assert copies.count() == 2 and {c.round_number for c in copies} <= {2, 3}

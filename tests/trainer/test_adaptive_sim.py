@@ -85,7 +85,7 @@ def test_far_nodes_two_round_jobs_are_not_waited_for_in_their_first_round(spec) 
 def test_late_updates_are_folded_in_with_a_weight_or_dropped(spec, policy, folded) -> None:
     run = _run(spec, late_updates=policy)
     for node in run.nodes:
-        run.merge(node, "none", 0.0)
+        run.merge(node, 0.0)
     plan, _ = plan_round(run.spec, run.numel, [n.measurement(0.002) for n in run.nodes])
     for node in run.nodes:
         run.send(node, plan.nodes[node.node_id], 1)

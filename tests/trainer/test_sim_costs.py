@@ -97,7 +97,10 @@ def test_zero_costs_reproduce_the_pure_model(spec) -> None:
     aware, _ = run_network_aware(
         prepare(_aware(spec), 4, "wan", 0, costs=NO_FIXED_COSTS), ALL_ROUNDS
     )
-    expected = [0.7260050768003641, 1.2193836882075457, 1.7127622996147274]
+    # (since re-measured once: the spec grew two fields, so round 1's spec download is a few
+    # bytes longer, and later models reach nodes as the job's int8 delta chain, sized as the
+    # marketplace sends it, rather than as per-node deltas)
+    expected = [0.7269400965563793, 1.22132324600875, 1.7157063954611207]
     assert aware.sim_time_per_round == pytest.approx(expected, rel=1e-12)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainer.adapt.health import NodeMeasurement, Tier, classify, health
+from trainer.delivery import delivery_codec
 from trainer.spec import JobSpec
 
 # Codecs from most to least faithful; "auto" takes the first whose upload costs little
@@ -35,7 +36,7 @@ class NodePlan:
     steps: int
     batch_size: int
     codec: str  # for the node's upload
-    download_codec: str  # for the global model (a delta against the node's copy)
+    download_codec: str  # the job's for the global model (trainer.delivery), "none": whole
     sync_every: int  # 1, or 2 for far nodes
     expected_s: float  # download + compute + upload
 
@@ -81,9 +82,11 @@ def choose_codec(m: NodeMeasurement, numel: int, spec: JobSpec) -> str:
     return CODEC_ORDER[-1]
 
 
-def download_codec(upload_codec: str) -> str:
-    """Top-k would starve a node of most of the model; dense 8-bit deltas keep it close."""
-    return upload_codec if upload_codec in ("none", "fp16") else "int8"
+def download_codec(spec: JobSpec) -> str:
+    """How the job delivers the global model (trainer.delivery): a dense delta chain every
+    node rebuilds bit for bit (top-k would starve nodes of most of the model), or whole."""
+    codec = delivery_codec(spec)
+    return codec.name if codec is not None else "none"
 
 
 def plan_round(
@@ -116,8 +119,7 @@ def plan_round(
     codecs = {m.node_id: choose_codec(m, numel, spec) for m in active}
     up = {m.node_id: transfer_s(m, _bytes(codecs[m.node_id], numel, spec), True) for m in active}
     comm = {
-        m.node_id: up[m.node_id]
-        + transfer_s(m, _bytes(download_codec(codecs[m.node_id]), numel, spec), False)
+        m.node_id: up[m.node_id] + transfer_s(m, _bytes(download_codec(spec), numel, spec), False)
         for m in active
     }
     median_comm = statistics.median(comm.values())
@@ -165,7 +167,7 @@ def plan_round(
             steps=steps,
             batch_size=batches[nid],
             codec=codecs[nid],
-            download_codec=download_codec(codecs[nid]),
+            download_codec=download_codec(spec),
             sync_every=sync_every,
             # with overlap the download hides under the previous period's compute
             expected_s=(up[nid] if cfg.overlap else comm[nid]) + steps * step_time(m, batches[nid]),

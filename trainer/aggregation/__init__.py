@@ -28,6 +28,7 @@ from trainer.aggregation.strategies import (
     min_updates,
     round_size_problems,
 )
+from trainer.aggregation.weighting import health_weighted
 
 __all__ = [
     "ClientUpdate",
@@ -42,6 +43,7 @@ __all__ = [
     "build_strategy",
     "coordinate_median",
     "flatten_state",
+    "health_weighted",
     "krum_min_updates",
     "krum_scores",
     "mean",

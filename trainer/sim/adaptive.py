@@ -5,9 +5,12 @@ Time is event-driven per node. A node sends its update when its planned steps ar
 round closes once every expected update is in (vanished nodes noticed), or at its deadline
 once a quorum is in. Updates that miss it are dropped or folded into the next round with a
 staleness weight (FedBuff: 1/sqrt(1 + staleness)), as the spec says; far nodes' two-round
-jobs are always folded in. With `adaptation.overlap` a node keeps training while its update
-uploads and the next model downloads, then merges: new weights = new global model + the
-progress made since its send (Streaming DiLoCo's overlapped communication).
+jobs are always folded in. Models reach nodes as the marketplace sends them (trainer.delivery):
+round 1's is built from the seed, later ones come as the job's delta chain from the version
+the node holds, or whole when that is smaller or the job sends no deltas. With
+`adaptation.overlap` a node keeps training while its update uploads and the next model
+downloads, then merges: new weights = new global model + the progress made since its send
+(Streaming DiLoCo's overlapped communication).
 
 Fixed costs (`setup.costs`): every task pays `task_s` before its model download, so it delays
 when the model arrives (with overlap a node trains on through it, as through the download);
@@ -23,9 +26,10 @@ import time
 import torch
 
 from trainer.adapt import NodePlan, PolicyState, RoundPlan, plan_round
-from trainer.aggregation import ClientUpdate, build_strategy
+from trainer.aggregation import ClientUpdate, build_strategy, health_weighted
 from trainer.aggregation.functions import flatten_state
 from trainer.compression import CodecConfig, decode_any, encode_update
+from trainer.delivery import delivery_codec
 from trainer.hashing import state_hash
 from trainer.local import LocalResult, derive_seed, train_local
 from trainer.provenance import ProvenanceChain
@@ -35,7 +39,7 @@ from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.nodes import InFlight, SimNode, State, computing_in, time_in
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
-from trainer.updates import UpdateRejected
+from trainer.updates import UpdateRejected, encode_state
 
 
 class NetworkAwareRun:
@@ -57,6 +61,10 @@ class NetworkAwareRun:
             {"spec": self.spec.to_dict(), "model_hash": state_hash(self.global_state)}
         ).encode()
         self.version = 0
+        self.delivery = delivery_codec(self.spec)
+        self.residual: State | None = None  # what the last delta left out (trainer.delivery)
+        self.delta_bytes: dict[int, int] = {}  # version -> size of the delta leading to it
+        self._whole_bytes: int | None = None
         self.clock = 0.0
         self.policy = PolicyState()
         self.chain = ProvenanceChain(self.spec.name)
@@ -80,7 +88,7 @@ class NetworkAwareRun:
     def run(self, progress: ProgressFn | None = None) -> tuple[SimResult, State]:
         max_rounds = self.options.max_rounds or self.spec.rounds.max_rounds
         for node in self.nodes:  # everyone starts by fetching the initial model
-            self.merge(node, "none", start=0.0)
+            self.merge(node, start=0.0)
         for r in range(1, max_rounds + 1):
             if self.result.reached_target and self.options.stop_at_target:
                 break
@@ -106,15 +114,20 @@ class NetworkAwareRun:
         updates, rejected, stale = self.decode(received)
 
         closed = close_round(
-            number=r, global_state=self.global_state, updates=updates, strategy=self.strategy,
-            model=self.setup.model, dataset=self.setup.dataset, chain=self.chain,
-            target=self.spec.rounds.target, min_cosine=self.options.min_cosine,
+            number=r, global_state=self.global_state, updates=self.weigh(updates, plan),
+            strategy=self.strategy, model=self.setup.model, dataset=self.setup.dataset,
+            chain=self.chain, target=self.spec.rounds.target, min_cosine=self.options.min_cosine,
+            delivery=self.delivery, residual=self.residual,
         )  # fmt: skip
+        self.residual = closed.residual
         new_state, ev = closed.state, closed.evaluation
+        # agreement from the updates as sent: a low-health node's scaled-down delta must not
+        # also lower the agreement its next health score is computed from
         self.measure_agreement([updates[i] for i in closed.kept], new_state)
         rejected += len(closed.dropped)
         self.global_state = new_state
         self.version += 1
+        self.delta_bytes[self.version] = len(closed.delta) if closed.delta is not None else 0
         # verification, the aggregation queue, aggregation and opening the next round
         opened = close + self.setup.costs.round_s
         self.clock = opened
@@ -122,8 +135,7 @@ class NetworkAwareRun:
         delivered = {node.index for node, _ in received}
         for node in self.nodes:
             if node.job is None:  # delivered, dropped out or sat out: fetch the new model
-                codec = plan.nodes[node.node_id].download_codec
-                bytes_down += self.merge(node, codec, opened, node.index in delivered)
+                bytes_down += self.merge(node, opened, node.index in delivered)
         wall = opened - start
         computing = sum(computing_in(n, start, opened) for n in self.nodes)
         transferring = sum(time_in(n.transferring, start, opened) for n in self.nodes)
@@ -211,26 +223,23 @@ class NetworkAwareRun:
             proximal_mu=self.strategy.proximal_mu,
         )
 
-    def merge(self, node: SimNode, codec: str, start: float, keep_progress: bool = False) -> int:
-        """Send the node the global model: a delta against its copy, the whole model at first.
-
-        The coordinator tracks each node's copy exactly as the node decodes it, so quantization
-        error never accumulates: the next delta carries what the last one left out. A node that
-        dropped out (or sat out) loses its local progress and restarts from the new model.
+    def merge(self, node: SimNode, start: float, keep_progress: bool = False) -> int:
+        """Send the node the global model, as marketplace.jobs.delivery would: round 1's it
+        builds from the seed (it fetches only the spec and the hash to check), later ones come
+        as the delta chain from the version it holds, or whole when that is smaller or the job
+        sends no deltas. Every node then holds the canonical model exactly. A node that dropped
+        out (or sat out) loses its local progress and restarts from the new model.
         """
         if node.copy is None:
-            # Round 0 weights are a pure function of the spec and seed (build_model), so a
-            # node builds them itself and only fetches the spec and the model hash to check.
-            payload = self.spec_payload
-            node.copy = {k: v.clone() for k, v in self.global_state.items()}
+            nbytes = len(self.spec_payload)
         else:
-            diff = {k: self.global_state[k] - node.copy[k] for k in self.global_state}
-            payload = encode_update(diff, CodecConfig(codec, self.spec.compression.block_size))
-            decoded, _ = decode_any(payload, self.global_state)
-            node.copy = {k: node.copy[k] + decoded[k] for k in node.copy}
+            whole = self.whole_bytes()
+            chain = [self.delta_bytes[v] for v in range(node.version + 1, self.version + 1)]
+            nbytes = sum(chain) if self.delivery is not None and sum(chain) < whole else whole
+        node.copy = {k: v.clone() for k, v in self.global_state.items()}
         node.version = self.version
         # the node's next task pays its fixed cost before the download
-        fetched = self.setup.costs.task_s + node.profile.transfer_s(len(payload), upload=False)
+        fetched = self.setup.costs.task_s + node.profile.transfer_s(nbytes, upload=False)
         node.merge_at = start + fetched
         fresh_start = not (keep_progress and self.cfg.overlap)
         if fresh_start:
@@ -239,7 +248,12 @@ class NetworkAwareRun:
         if fresh_start:
             node.local = {k: v.clone() for k, v in node.copy.items()}
             node.last_send = node.merge_at
-        return len(payload)
+        return nbytes
+
+    def whole_bytes(self) -> int:
+        if self._whole_bytes is None:  # the model's size never changes
+            self._whole_bytes = len(encode_state(self.global_state))
+        return self._whole_bytes
 
     # ------------------------------------------------------------ coordinator side
 
@@ -306,6 +320,16 @@ class NetworkAwareRun:
             update = ClientUpdate(node.node_id, delta, job.num_samples, {"loss": job.loss})
             updates.append((update, node.shard_hash))
         return updates, rejected, stale
+
+    def weigh(
+        self, updates: list[tuple[ClientUpdate, str]], plan: RoundPlan
+    ) -> list[tuple[ClientUpdate, str]]:
+        """With `aggregation.weighting: health`, weigh each update by the health score this
+        round's plan gave its node (a node the plan did not score counts as healthy)."""
+        if self.spec.aggregation.weighting != "health":
+            return updates
+        scores = {nid: p.health for nid, p in plan.nodes.items()}
+        return health_weighted(updates, scores)[0]
 
     def measure_agreement(self, updates: list[tuple[ClientUpdate, str]], new: State) -> None:
         """Each contributor's cosine with the round's step: an input to its health score."""

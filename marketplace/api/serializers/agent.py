@@ -41,6 +41,19 @@ class ClaimQuerySerializer(serializers.Serializer):
     wait = serializers.FloatField(required=False, default=0.0, min_value=0.0, max_value=30.0)
 
 
+class ModelSourceSerializer(serializers.Serializer):
+    """docs/agent-api.md, "Model delivery": how the node gets the round's model."""
+
+    kind = serializers.ChoiceField(choices=["full", "seed", "delta"])
+    base = serializers.CharField(required=False, help_text="delta: the model hash it starts from")
+    chain = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="delta: the model hashes each step leads to, the task's model last",
+    )  # fmt: skip
+    input_shape = serializers.ListField(child=serializers.IntegerField(), required=False)
+    num_classes = serializers.IntegerField(required=False, help_text="seed: the model's classes")
+
+
 class TaskSerializer(serializers.Serializer):
     """docs/agent-api.md, "A task"."""
 
@@ -56,6 +69,7 @@ class TaskSerializer(serializers.Serializer):
     proximal_mu = serializers.FloatField()
     deadline = serializers.DateTimeField()
     model_hash = serializers.CharField()
+    model_source = ModelSourceSerializer()
     shard_hash = serializers.CharField(allow_null=True)
     local_dataset = serializers.CharField(required=False, help_text="federated tasks only")
 

@@ -25,6 +25,7 @@ from marketplace.api.serializers.agent import (
 )
 from marketplace.api.throttles import HeartbeatThrottle
 from marketplace.jobs import files
+from marketplace.jobs.delivery import model_bytes, record_model, record_shard
 from marketplace.jobs.errors import LocalDataset, TooLarge
 from marketplace.jobs.scheduling import claim_with_wait, extend_lease, task_payload
 from marketplace.jobs.uploads import accept_update, fail_task, task_for_node
@@ -74,13 +75,27 @@ class ClaimView(AgentView):
 
 
 class TaskModelView(AgentView):
-    @extend_schema(responses={(200, SAFETENSORS): OpenApiTypes.BINARY})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "base",
+                str,
+                description="a model hash the node holds: answer the one delta "
+                "that leads from it one round on (the task's model_source.chain)",
+            )
+        ],
+        responses={(200, SAFETENSORS): OpenApiTypes.BINARY},
+    )
     def get(self, request: Request, task_id: str) -> HttpResponse:
         node = self.node(request)
         task = task_for_node(node, task_id)
-        data = files.get(task.round.input_model_file)
+        data, leads_to = model_bytes(task, request.query_params.get("base"))
         count_traffic(node.pk, task.round.job_id, down=len(data))
-        return HttpResponse(data, content_type=SAFETENSORS)
+        if leads_to == task.round.input_model_hash:
+            record_model(node, task.round.job_id, task.round)
+        response = HttpResponse(data, content_type=SAFETENSORS)
+        response["X-GPUFlex-Model-Hash"] = leads_to
+        return response
 
 
 class TaskShardView(AgentView):
@@ -95,6 +110,7 @@ class TaskShardView(AgentView):
             )
         data = files.get(task.shard.file)
         count_traffic(node.pk, task.round.job_id, down=len(data))
+        record_shard(node, task.shard)
         return HttpResponse(data, content_type=SAFETENSORS)
 
 

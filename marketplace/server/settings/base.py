@@ -256,6 +256,8 @@ SPECTACULAR_SETTINGS = {
         "JobStatusEnum": "marketplace.jobs.models.JobStatus",
         "RoundStatusEnum": "marketplace.jobs.models.RoundStatus",
         "HeartbeatStateEnum": ["idle", "working", "paused", "waiting"],
+        "ModelSourceKindEnum": ["full", "seed", "delta"],
+        "NodeKindEnum": "marketplace.nodes.models.NodeKind",
     },
 }
 
