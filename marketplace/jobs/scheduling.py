@@ -225,33 +225,63 @@ def add_replica(
     return created
 
 
+# the most tasks one claim leases (`POST agent/claim?max=N`)
+MAX_CLAIM_BATCH = 8
+
+
 def claim_next(node: Node) -> Task | None:
     """Lease the next eligible task to `node`, or None."""
-    if node.reliability < settings.GPUFLEX["MIN_RELIABILITY"]:
-        return None
+    tasks = claim_batch(node, 1)
+    return tasks[0] if tasks else None
+
+
+def claim_batch(node: Node, count: int) -> list[Task]:
+    """Lease up to `count` eligible tasks to `node` in one transaction, best first: one
+    round trip, one read of the open rounds' plans and one locked scan for a node that runs
+    or prefetches several (a server with many GPUs). Never two replicas of one unit."""
+    if node.reliability < settings.GPUFLEX["MIN_RELIABILITY"] or count < 1:
+        return []
     skip_locked = connection.features.has_select_for_update_skip_locked
     for _ in range(8):  # only SQLite can lose the compare-and-set; retry a few times
         try:
             with transaction.atomic():
-                task = None
-                pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
-                for group in preference(node):
-                    candidates = pool.filter(group).order_by(*claim_order(node))
-                    if skip_locked:
-                        candidates = candidates.select_for_update(skip_locked=True, of=("self",))
-                    task = candidates.select_related("round__job", "shard").first()
-                    if task is not None:
-                        break
-                if task is None:
-                    return None
-                if _lease(task, node):
-                    return Task.objects.select_related("round__job", "shard").get(pk=task.pk)
+                won, lost = _lease_best(node, count, skip_locked)
+                if won or not lost:
+                    by_id = Task.objects.select_related("round__job", "shard").in_bulk(won)
+                    return [by_id[pk] for pk in won]
         except IntegrityError:
             continue  # raced into a unit this node already holds; pick another
-    return None
+    return []
 
 
-def claim_with_wait(node: Node, wait: float) -> Task | None:
+def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], bool]:
+    """(ids leased, whether a compare-and-set was lost) within the caller's transaction."""
+    pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
+    won: list[Any] = []
+    units: set[tuple[Any, ...]] = set()
+    lost = False
+    for group in preference(node):
+        if len(won) >= count:
+            break
+        candidates = pool.filter(group).order_by(*claim_order(node))
+        if skip_locked:
+            candidates = candidates.select_for_update(skip_locked=True, of=("self",))
+        # a few spares: replicas of one unit are skipped, and SQLite may lose a lease
+        for task in candidates.select_related("round__job", "shard")[: 2 * count + 2]:
+            unit = (task.round_id, *task.unit)
+            if len(won) >= count:
+                break
+            if unit in units:
+                continue
+            if _lease(task, node):
+                won.append(task.pk)
+                units.add(unit)
+            else:
+                lost = True
+    return won, lost
+
+
+def claim_with_wait(node: Node, wait: float, count: int = 1) -> list[Task]:
     """Long poll: try, then sleep with backoff until new work is signalled or `wait` ends.
 
     Between tries the database is only asked again when the work-generation counter moved
@@ -261,18 +291,18 @@ def claim_with_wait(node: Node, wait: float) -> Task | None:
     delay = 0.05
     seen = work_generation()
     last_db = time.monotonic()
-    task = claim_next(node)
-    while task is None:
+    tasks = claim_batch(node, count)
+    while not tasks:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return None
+            return []
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.25)  # a counter read: a new round is seen within 0.25 s
         generation = work_generation()
         if generation != seen or time.monotonic() - last_db >= _FALLBACK_POLL_S:
             seen, last_db = generation, time.monotonic()
-            task = claim_next(node)
-    return task
+            tasks = claim_batch(node, count)
+    return tasks
 
 
 def task_payload(task: Task) -> dict[str, Any]:

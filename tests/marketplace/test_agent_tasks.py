@@ -167,3 +167,27 @@ def test_reported_compute_time_is_capped_by_the_lease(leased) -> None:
     held = (result.created_at - result.task.leased_at).total_seconds()
     assert 0 <= result.compute_s <= held + 1e-3
     assert result.metrics == {"compute_s": 1e9, "loss": 1.0}
+
+
+def test_a_claim_leases_a_batch_of_distinct_units(make_agent, submit) -> None:
+    """`claim?max=N`: up to N tasks in one claim, each leased once, never two replicas of
+    one unit to one node; `task` is the first of `tasks`."""
+    agent = make_agent(kind="volunteer")  # untrusted: each lease adds a replica to verify
+    submit(tier="hybrid")
+    response = agent.client.post("/api/v1/agent/claim?max=8")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    tasks = body["tasks"]
+    assert body["task"] == tasks[0] and len(tasks) == 3  # three shards, one unit each
+    leased = Task.objects.filter(pk__in=[t["id"] for t in tasks])
+    assert {t.status for t in leased} == {"leased"} and {t.node_id for t in leased} == {
+        agent.node_id
+    }
+    assert len({(t.round_id, t.shard_id) for t in leased}) == 3
+    assert Task.objects.filter(replica__gt=0, status="pending").count() == 3  # for others
+    assert agent.claim() is None  # the replicas are never this node's
+
+
+def test_a_claim_batch_is_bounded(make_agent) -> None:
+    response = make_agent().client.post("/api/v1/agent/claim?max=9")
+    assert response.status_code == 400 and "max" in response.json()["detail"]

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from marketplace.jobs.models import Task
-from marketplace.jobs.scheduling import claim_next
+from marketplace.jobs.scheduling import claim_batch
 from marketplace.nodes.models import Node
 from tests.marketplace.helpers import SMALL_SPEC
 
@@ -18,15 +18,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 THREADS = 8
 
 
-def hammer(node_ids: list[int], claimed: list[tuple[int, str]], errors: list[BaseException]):
+def hammer(
+    node_ids: list[int], claimed: list[tuple[int, str]], errors: list[BaseException], batch: int
+) -> None:
     barrier = threading.Barrier(len(node_ids))
 
     def run(node_id: int) -> None:
         try:
             node = Node.objects.get(pk=node_id)
             barrier.wait()
-            while (task := claim_next(node)) is not None:
-                claimed.append((node_id, str(task.pk)))
+            while tasks := claim_batch(node, batch):
+                claimed.extend((node_id, str(task.pk)) for task in tasks)
         except BaseException as exc:  # reported to the main thread
             errors.append(exc)
         finally:
@@ -39,14 +41,14 @@ def hammer(node_ids: list[int], claimed: list[tuple[int, str]], errors: list[Bas
         t.join()
 
 
-@pytest.mark.parametrize("kind", ["platform", "volunteer"])
-def test_no_task_is_leased_twice(make_agent, submit, kind: str) -> None:
+@pytest.mark.parametrize(("kind", "batch"), [("platform", 1), ("volunteer", 1), ("volunteer", 5)])
+def test_no_task_is_leased_twice(make_agent, submit, kind: str, batch: int) -> None:
     agents = [make_agent(kind=kind) for _ in range(THREADS)]
     spec = SMALL_SPEC | {"sharding": {"method": "random", "num_shards": 60}}
     submit(spec, tier=kind if kind == "platform" else "volunteer")
     claimed: list[tuple[int, str]] = []
     errors: list[BaseException] = []
-    hammer([a.node_id for a in agents], claimed, errors)
+    hammer([a.node_id for a in agents], claimed, errors, batch)
     assert not errors, errors
     counts = Counter(task_id for _, task_id in claimed)
     assert counts and max(counts.values()) == 1, "a task was leased twice"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from marketplace.jobs.scheduling import MAX_CLAIM_BATCH
 from marketplace.jobs.uploads import FAIL_REASONS
 
 
@@ -39,6 +40,10 @@ class HeartbeatReplySerializer(serializers.Serializer):
 
 class ClaimQuerySerializer(serializers.Serializer):
     wait = serializers.FloatField(required=False, default=0.0, min_value=0.0, max_value=30.0)
+    max = serializers.IntegerField(
+        required=False, default=1, min_value=1, max_value=MAX_CLAIM_BATCH,
+        help_text="lease up to this many tasks in one claim",
+    )  # fmt: skip
 
 
 class ModelSourceSerializer(serializers.Serializer):
@@ -75,7 +80,8 @@ class TaskSerializer(serializers.Serializer):
 
 
 class ClaimReplySerializer(serializers.Serializer):
-    task = TaskSerializer()
+    task = TaskSerializer(help_text="the first (best) of `tasks`")
+    tasks = TaskSerializer(many=True, help_text="every task this claim leased (see `max`)")
 
 
 class FailSerializer(serializers.Serializer):

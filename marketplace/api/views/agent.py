@@ -59,7 +59,10 @@ class HeartbeatView(AgentView):
 class ClaimView(AgentView):
     @extend_schema(
         request=None,
-        parameters=[OpenApiParameter("wait", float, description="long poll seconds, at most 30")],
+        parameters=[
+            OpenApiParameter("wait", float, description="long poll seconds, at most 30"),
+            OpenApiParameter("max", int, description="lease up to this many tasks, at most 8"),
+        ],
         responses={200: ClaimReplySerializer, 204: OpenApiResponse(description="no work came")},
     )
     def post(self, request: Request) -> Response:
@@ -68,10 +71,11 @@ class ClaimView(AgentView):
         node = self.node(request)
         touch(node)
         wait = min(query.validated_data["wait"], settings.GPUFLEX["MAX_CLAIM_WAIT_S"])
-        task = claim_with_wait(node, wait)
-        if task is None:
+        tasks = claim_with_wait(node, wait, query.validated_data["max"])
+        if not tasks:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        return Response(ClaimReplySerializer({"task": task_payload(task)}).data)
+        payloads = [task_payload(t) for t in tasks]
+        return Response(ClaimReplySerializer({"task": payloads[0], "tasks": payloads}).data)
 
 
 class TaskModelView(AgentView):
