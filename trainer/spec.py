@@ -171,6 +171,16 @@ class AggregationSpec(_Strict):
 class ShardingSpec(_Strict):
     method: Literal["random", "stratified", "capability", "length", "prepartitioned"] = "stratified"
     num_shards: Annotated[int, Field(ge=1, le=100_000)] | None = None
+    # Re-cut the training split at round boundaries into one shard per node online to work
+    # on the job, when that cohort changes (the marketplace: docs/job-spec.md). `num_shards`
+    # is then round 1's count. method "capability" re-cuts whether or not this is set.
+    elastic: bool = False
+
+    @property
+    def reshards(self) -> bool:
+        """Whether rounds re-cut the shards: a capability split only means something once
+        the nodes whose throughput sizes it are known, which is at a round's opening."""
+        return self.elastic or self.method == "capability"
 
 
 class CompressionSpec(_Strict):

@@ -89,14 +89,23 @@ class Job(models.Model):
 
 
 class Shard(models.Model):
+    """One cut of a job's training split. Generation 0 is cut at submission; elastic jobs
+    re-cut the split at round boundaries as a new generation (marketplace.jobs.resharding),
+    and keep the older ones: earlier rounds' tasks, verification and provenance name them."""
+
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="shards")
+    generation = models.PositiveIntegerField(default=0)
     index = models.PositiveIntegerField()
     file = models.CharField(max_length=300)
     content_hash = models.CharField(max_length=64)
     size = models.PositiveIntegerField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["job", "index"], name="shard_unique_index")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "generation", "index"], name="shard_unique_index"
+            )
+        ]
 
 
 class RoundStatus(models.TextChoices):

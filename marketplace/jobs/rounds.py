@@ -15,6 +15,7 @@ from marketplace.jobs import files
 from marketplace.jobs.models import Job, Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.jobs.models_io import State, store_model
 from marketplace.jobs.queue import enqueue_aggregation
+from marketplace.jobs.resharding import round_shards
 from marketplace.jobs.scheduling import nodes_that_may_work_on
 from marketplace.jobs.signals import bump_work_generation
 from marketplace.jobs.sizing import is_far, plan_cohort
@@ -22,6 +23,7 @@ from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
 from trainer.aggregation import min_updates
 from trainer.local import derive_seed
+from trainer.spec import JobSpec
 
 
 def round_deadline(job: Job, now: datetime | None = None) -> datetime:
@@ -52,13 +54,25 @@ def open_round(
     if job.is_federated:
         reserve_silos(rnd)
     else:
-        seed = job.parsed_spec.seed
+        spec = job.parsed_spec
+        # elastic jobs may re-cut their shards here, for the nodes online now
+        shards = round_shards(job, number, fewest_shards(spec))
         Task.objects.bulk_create(
-            Task(round=rnd, shard=shard, replica=0, seed=derive_seed(seed, number, shard.index))
-            for shard in job.shards.order_by("index")
+            Task(round=rnd, shard=s, replica=0, seed=derive_seed(spec.seed, number, s.index))
+            for s in shards
         )
     transaction.on_commit(bump_work_generation)
     return rnd
+
+
+def fewest_shards(spec: JobSpec) -> int:
+    """The fewest shards whose quorum still brings the updates the strategy needs to
+    aggregate a round (the rule submission checks): an elastic job is never re-cut below."""
+    need = min_updates(spec.aggregation)
+    count = need
+    while quorum_units(spec.rounds.quorum, count) < need:
+        count += 1
+    return count
 
 
 def _plan(job: Job) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 
 from marketplace.accounts.models import User
-from marketplace.jobs import files
+from marketplace.jobs import files, resharding
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.jobs.rounds import open_round, quorum_units
@@ -28,13 +28,12 @@ from marketplace.ledger.services import check_credit, hold_budget
 from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
 from trainer.models import ModelSpecError, build_model, describe_model
-from trainer.sharding import ShardingError, plan_shards
+from trainer.sharding import ShardingError
 from trainer.spec import JobSpec, SpecError, parse_spec
-from trainer.updates import encode_state
 
 UPLOAD_KINDS = {"csv": ".csv", "npz": ".npz", "parquet": ".parquet"}
 BUILTIN_KINDS = {"digits"}
-SHARDING_METHODS = {"random", "stratified"}
+SHARDING_METHODS = {"random", "stratified", "capability"}
 # What the trainer accepts but the marketplace cannot run yet, and why (docs/job-spec.md).
 REFUSED_KINDS = {
     "image_folder": "an image folder cannot be uploaded yet; the marketplace takes one csv, "
@@ -43,9 +42,6 @@ REFUSED_KINDS = {
     "parquet file",
 }
 REFUSED_SHARDING = {
-    "capability": "it sizes shards by node throughput, but the marketplace cuts shards at "
-    "submission, before any node is known; use 'stratified' with adaptation.enabled, which "
-    "sizes each node's work instead",
     "length": "it needs sequence data (dataset kind 'text'), which the marketplace cannot take yet",
     "prepartitioned": "it is for federated jobs, whose nodes hold their own data (name it "
     "in federated_dataset)",
@@ -97,6 +93,10 @@ def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
             problems.append(("sharding.method", "a federated job uses 'prepartitioned' data"))
         if spec.local.steps is None:
             problems.append(("local.steps", "a federated job needs steps (silo sizes are unknown)"))
+        if spec.sharding.elastic:
+            problems.append(
+                ("sharding.elastic", "a federated job's silos hold their own data: none to re-cut")
+            )
     elif method not in SHARDING_METHODS:
         reason = REFUSED_SHARDING.get(method, "the marketplace cannot cut shards this way")
         problems.append(
@@ -184,7 +184,7 @@ def _plan(spec: JobSpec, dataset: Dataset) -> list:
         settings.GPUFLEX["DEFAULT_SHARDS"], dataset.num_train
     )
     try:
-        plans = plan_shards(dataset, num_shards, method=spec.sharding.method, seed=spec.seed)
+        plans = resharding.cut(spec, dataset, num_shards)  # capability: equal, nobody known yet
     except ShardingError as exc:
         raise _spec_error([("sharding.num_shards", str(exc))]) from None
     _check_round_size(spec, len(plans))
@@ -231,15 +231,7 @@ def _store(
                 f"{base}/dataset{UPLOAD_KINDS[spec.dataset.kind]}", dataset_bytes
             )
             written.append(dataset_file)
-        shard_rows = []
-        for plan in plans:
-            idx = torch.from_numpy(plan.indices)
-            tensors = {"x": dataset.x_train[idx], "y": dataset.y_train[idx]}
-            if dataset.lengths_train is not None:
-                tensors["lengths"] = dataset.lengths_train[idx]
-            name = files.put(f"{base}/shards/{plan.index}.safetensors", encode_state(tensors))
-            written.append(name)
-            shard_rows.append((plan, name))
+        shard_rows = resharding.write(job_id, 0, dataset, plans, written)
         with transaction.atomic():
             job = Job.objects.create(
                 id=job_id,
@@ -258,10 +250,7 @@ def _store(
                 proximal_mu=build_strategy(spec.aggregation).proximal_mu,
             )
             hold_budget(job)  # re-checked under the account's lock
-            Shard.objects.bulk_create(
-                Shard(job=job, index=p.index, file=n, content_hash=p.content_hash, size=p.size)
-                for p, n in shard_rows
-            )
+            Shard.objects.bulk_create(shard_rows)
             rnd = open_round(job, 1, state)
             written.append(rnd.input_model_file)
     except BaseException:

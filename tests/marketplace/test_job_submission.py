@@ -90,9 +90,18 @@ def test_unparseable_spec_text(buyer) -> None:
 
 
 def test_unsupported_sharding_method_is_refused(buyer) -> None:
-    response = post(buyer, SMALL_SPEC | {"sharding": {"method": "capability"}})
+    response = post(buyer, SMALL_SPEC | {"sharding": {"method": "length"}})
     assert response.status_code == 400
     assert response.json()["problems"][0]["field"] == "sharding.method"
+
+
+def test_capability_sharding_is_accepted_with_an_equal_first_cut(buyer) -> None:
+    """Nobody is known at submission: equal shares; rounds re-cut them by throughput."""
+    response = post(buyer, SMALL_SPEC | {"sharding": {"method": "capability", "num_shards": 3}})
+    assert response.status_code == 201, response.content
+    sizes = sorted(Job.objects.get().shards.values_list("size", flat=True))
+    assert len(sizes) == 3 and sizes[-1] - sizes[0] <= 1
+    assert set(Shard.objects.values_list("generation", flat=True)) == {0}
 
 
 def test_csv_upload_creates_a_job_with_shards(buyer) -> None:

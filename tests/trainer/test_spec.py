@@ -83,6 +83,26 @@ def test_spec_round_trips_through_its_dict() -> None:
     assert spec.replace(seed=5).seed == 5
 
 
+@pytest.mark.parametrize(
+    ("sharding", "reshards"),
+    [
+        ({}, False),
+        ({"method": "random"}, False),
+        ({"method": "random", "elastic": True}, True),
+        ({"method": "capability"}, True),  # throughput means something once nodes are known
+    ],
+)
+def test_elastic_sharding_defaults_off_and_capability_implies_it(sharding, reshards) -> None:
+    spec = parse_spec({"name": "x", "sharding": sharding})
+    assert spec.sharding.elastic is sharding.get("elastic", False)
+    assert spec.sharding.reshards is reshards
+
+
+def test_elastic_must_be_a_boolean() -> None:
+    with pytest.raises(SpecError, match=r"sharding\.elastic"):
+        parse_spec({"name": "x", "sharding": {"elastic": "sometimes"}})
+
+
 def test_precision_accumulation_and_checkpointing_defaults() -> None:
     spec = parse_spec({"name": "x"})
     assert spec.local.precision == "auto" and spec.local.grad_accum_steps == 1
