@@ -10,6 +10,13 @@
 Loop: register (once, with the provider key) → heartbeat (own thread) → claim (long poll) →
 download → train in the sandbox → validate → upload, or report the failure with its reason.
 Every step is journaled first (desktop.journal), so a crash anywhere resumes where it was.
+
+Overlap (tasks marked `overlap`, docs/agent-api.md): once the update is written it uploads
+in a background thread while the sandbox trains on from the local weights (a continuation,
+see desktop.task_runner); the loop meanwhile claims and downloads the next task. Before that
+task trains, the continuation is stopped gracefully and its progress (local now − local at
+send) goes into the task's folder when the task is the same job's, at most one round on.
+Progress is best effort and never journaled: whatever cannot be used is dropped.
 """
 
 from __future__ import annotations
@@ -51,14 +58,15 @@ from desktop.journal import Journal, TaskRecord
 from desktop.netprobe import NetProbe, NetworkFigures
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
 from desktop.probe import probe
-from desktop.sandbox import Limits, Sandbox, SandboxResult
-from desktop.task_runner import BYZANTINE_ENV, CORRUPT_INPUT
+from desktop.sandbox import Limits, Sandbox, SandboxResult, task_argv
+from desktop.task_runner import BYZANTINE_ENV, CONTINUE, CORRUPT_INPUT, LOCAL, PROGRESS, STOP
 
 log = logging.getLogger("gpuflex.agent")
 
 TASK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # ids become folder names: no traversal
 MAX_TRAIN_ATTEMPTS = 3  # a task that kills the sandbox this often is reported, not retried
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
+CONTINUED = ".continue"  # a continuation's folder: the task's id and this (see Continuation)
 
 
 class State(StrEnum):
@@ -82,7 +90,9 @@ class TaskStatus:
     id: str
     job_id: str
     round: int
-    phase: str  # "downloading" | "training" | "uploading"
+    # "downloading" | "training" | "uploading"; for overlap: "uploading, training on" and,
+    # once uploaded, "training on" (until the job's next task is in)
+    phase: str
     progress: float  # 0..1 of training
     started: float
 
@@ -131,6 +141,17 @@ class AgentStatus:
 
 
 Event = tuple[str, Any]  # ("log", LogEntry) | ("state", AgentStatus) | ("task_done", dict)
+
+
+@dataclass
+class Continuation:
+    """Training on from an overlap task's local weights while its update uploads."""
+
+    rec: TaskRecord  # the task whose update was sent
+    folder: Path  # its own folder: the task's is the upload's, and goes when that is done
+    stop: threading.Event = field(default_factory=threading.Event)  # a graceful stop wanted
+    thread: threading.Thread | None = None
+    uploader: threading.Thread | None = None
 
 
 def registration_hardware(hw: HardwareReport, s: Settings) -> dict[str, Any]:
@@ -198,6 +219,8 @@ class Agent:
         self.netprobe = NetProbe()
         self.client: MarketplaceClient | None = None
         self.simnet: SimulatedNetwork | None = None
+        self._continuation: Continuation | None = None
+        self._uploading: set[str] = set()  # overlap tasks whose upload runs in the background
 
     # ----------------------------------------------------------------- public API
 
@@ -350,6 +373,7 @@ class Agent:
             self._error(f"agent stopped on an unexpected error: {type(exc).__name__}: {exc}")
             self._set(state=State.ERROR, reason=str(exc))
         finally:
+            self._end_overlap()
             if self.client is not None:
                 self.client.close()
             if self._sandbox is not None:
@@ -388,6 +412,8 @@ class Agent:
             )
         self.paths.tasks.mkdir(parents=True, exist_ok=True)
         self._sandbox.prewarm(self.paths.tasks)  # torch imported before the first task comes
+        for left in self.paths.tasks.glob(f"*{CONTINUED}"):  # a crash cut it short: dropped
+            shutil.rmtree(left, ignore_errors=True)
         transport = self._transport
         if s.network_profile:
             node = simulated_link(s.node_name or "node")
@@ -488,11 +514,12 @@ class Agent:
                 self._sleep(self.idle_sleep_s * 5)
                 continue
             try:
-                pending = self.journal.open()
+                pending = [r for r in self.journal.open() if r.id not in self._uploading]
                 if pending:
                     self._process(pending[0])
                 else:
-                    self._set(state=State.IDLE, reason="", task=None)
+                    if not self._overlap_shown():  # else the status shows the continuation
+                        self._set(state=State.IDLE, reason="", task=None)
                     task = self.client.claim(self.claim_wait_s)
                     if task is not None:
                         self._trace(str(task.get("id", "")), "claimed")
@@ -565,8 +592,10 @@ class Agent:
                 self._warn(f"task {rec.id} is no longer ours ({exc.code}); dropping it")
                 self._done(rec, "lost", ok=False)
                 return
+            self._hand_progress(rec)
             rec = self.journal.record(rec.id, "ready", downloads=rec.downloads + 1)
         if rec.state == "ready":
+            self._halt_continuation()  # the sandbox trains one thing at a time
             if rec.attempts >= MAX_TRAIN_ATTEMPTS:
                 self._finish_failed(rec, "crashed", f"gave up after {rec.attempts} attempts")
                 return
@@ -576,7 +605,10 @@ class Agent:
                 self._process(rec)
                 return
         if rec.state == "trained":
-            self._upload(rec)
+            if self._may_overlap(rec):
+                self._upload_and_continue(rec)
+            else:
+                self._upload(rec)
 
     def _deadline_passed(self, task: dict[str, Any]) -> bool:
         raw = task.get("deadline")
@@ -770,9 +802,11 @@ class Agent:
             f"{metrics.get('compute_s', 0):.1f} s"
         )
 
-    def _upload(self, rec: TaskRecord) -> None:
+    def _upload(self, rec: TaskRecord, background: bool = False) -> None:
+        """`background`: beside the loop, for an overlap task (see _upload_and_continue)."""
         assert self.client is not None
-        self._set(state=State.WORKING, task=self._task_status(rec, "uploading", 1.0))
+        if not background:
+            self._set(state=State.WORKING, task=self._task_status(rec, "uploading", 1.0))
         try:
             data = (self._folder(rec.id) / "update.safetensors").read_bytes()
         except OSError:
@@ -792,7 +826,7 @@ class Agent:
                 raise
             outcome = {404: "lost", 409: "conflict", 422: "rejected"}.get(exc.status or 0, "error")
             self._error(f"task {rec.id}: upload refused ({exc})")
-            self._done(rec, outcome, ok=False)
+            self._done(rec, outcome, ok=False, background=background)
             return
         self.netprobe.transfer(len(data), time.monotonic() - t0, upload=True,
                                rtt_s=self.netprobe.latest_rtt_s())  # fmt: skip
@@ -802,7 +836,7 @@ class Agent:
             target = self._residual_file(rec)
             target.parent.mkdir(parents=True, exist_ok=True)
             residual.replace(target)
-        self._done(rec, "uploaded", ok=True)
+        self._done(rec, "uploaded", ok=True, background=background)
 
     def _finish_failed(self, rec: TaskRecord, reason: str, detail: str) -> None:
         assert self.client is not None
@@ -815,15 +849,190 @@ class Agent:
             self._warn(f"task {rec.id}: failure report refused ({exc})")
         self._done(rec, f"failed:{reason}", ok=False)
 
-    def _done(self, rec: TaskRecord, outcome: str, ok: bool) -> None:
+    def _done(self, rec: TaskRecord, outcome: str, ok: bool, background: bool = False) -> None:
         self.journal.record(rec.id, "done", outcome=outcome)
         shutil.rmtree(self._folder(rec.id), ignore_errors=True)
         st = self.status()
-        self._set(
-            task=None, state=State.IDLE,
-            completed=st.completed + (1 if ok else 0), failed=st.failed + (0 if ok else 1),
-        )  # fmt: skip
+        counts = {"completed": st.completed + (1 if ok else 0),
+                  "failed": st.failed + (0 if ok else 1)}  # fmt: skip
+        if not background:
+            self._set(task=None, state=State.IDLE, **counts)
+        elif st.task is not None and st.task.id == rec.id:  # the loop's own task is its own
+            self._set(task=replace(st.task, phase="training on"), **counts)
+        else:
+            self._set(**counts)
         self._emit(("task_done", {"id": rec.id, "outcome": outcome, "ok": ok}))
+
+    # ----------------------------------------------------------------- internals: overlap
+
+    def _may_overlap(self, rec: TaskRecord) -> bool:
+        """An overlap task whose runner left its local weights, with the agent free to go on."""
+        return (
+            rec.task.get("overlap") is True
+            and (self._folder(rec.id) / LOCAL).is_file()
+            and not (self._stop.is_set() or self._paused.is_set())
+        )
+
+    def _upload_and_continue(self, rec: TaskRecord) -> None:
+        """Upload in the background while a continuation trains on; the loop goes on to claim
+        and download the next task. The journal still says `trained` until the upload is in,
+        so a crash sends the very same bytes again; the continuation is never journaled."""
+        self._halt_continuation()
+        src = self._folder(rec.id)
+        folder = self.paths.tasks / f"{rec.id}{CONTINUED}"
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            for name in ("task.json", "shard.safetensors"):
+                _link_or_copy(src / name, folder / name)
+            (src / LOCAL).replace(folder / LOCAL)
+            (folder / CONTINUE).write_text(json.dumps({"task": rec.id}), encoding="utf-8")
+        except OSError as exc:  # best effort: the upload is what counts
+            self._warn(f"task {rec.id}: cannot train on while uploading ({exc})")
+            shutil.rmtree(folder, ignore_errors=True)
+            self._upload(rec)
+            return
+        cont = Continuation(rec, folder)
+        cont.thread = threading.Thread(target=self._continue, args=(cont,), daemon=True,
+                                       name="gpuflex-continuation")  # fmt: skip
+        cont.uploader = threading.Thread(target=self._background_upload, args=(rec,),
+                                         daemon=True, name="gpuflex-upload")  # fmt: skip
+        self._uploading.add(rec.id)
+        self._continuation = cont
+        self._set(state=State.WORKING, task=self._task_status(rec, "uploading, training on", 0.0))
+        self._info(f"task {rec.id}: uploading, training on meanwhile")
+        cont.thread.start()
+        cont.uploader.start()
+
+    def _background_upload(self, rec: TaskRecord) -> None:
+        try:
+            self._upload(rec, background=True)
+        except (ApiError, Stopped) as exc:  # still `trained`: the loop sends it again
+            self._warn(f"task {rec.id}: upload interrupted ({exc}); it will be sent again")
+        finally:
+            self._uploading.discard(rec.id)
+            self._wake.set()
+
+    def _continue(self, cont: Continuation) -> None:
+        """Run the continuation; keep its progress for the job's next task (_hand_progress)."""
+        assert self._sandbox is not None
+        rec = cont.rec
+        graceful = self._should_stop(
+            lambda: "stop" if cont.stop.is_set() or self._paused.is_set() else None, []
+        )
+
+        def should_stop() -> str | None:
+            if self._stop.is_set():
+                return "the agent is stopping"  # no time to be graceful: its progress goes
+            if graceful():
+                cont.stop.set()
+                self._sandbox.signal(cont.folder, STOP)  # again until seen: it may be moving
+            return None
+
+        def on_event(event: dict[str, Any]) -> None:
+            progress = event.get("progress")
+            st = self.status().task
+            if isinstance(progress, int | float) and st is not None and st.id == rec.id:
+                self._set(task=replace(st, progress=float(progress)))
+
+        try:
+            result = self._sandbox.run(cont.folder, task_argv(cont.folder.resolve()),
+                                       should_stop, on_event)  # fmt: skip
+            self._keep_progress(cont, result)
+        except Exception as exc:  # best effort: a continuation never stops the agent
+            log.exception("continuation failed")
+            self._warn(f"task {rec.id}: training on failed ({exc}); its progress is dropped")
+        finally:
+            shutil.rmtree(cont.folder, ignore_errors=True)
+            self._wake.set()
+
+    def _keep_progress(self, cont: Continuation, result: SandboxResult) -> None:
+        try:
+            outcome = json.loads((cont.folder / "result.json").read_text(encoding="utf-8"))
+            steps = int(outcome["metrics"]["steps"])
+        except (OSError, ValueError, TypeError, KeyError):
+            outcome, steps = {}, 0
+        rec = cont.rec
+        if not result.ok or outcome.get("status") != "ok" or steps < 1 or self._stop.is_set():
+            why = result.detail or "no steps done"
+            self._info(f"task {rec.id}: trained on without usable progress ({why})")
+            return
+        target = self._progress_file(str(rec.task.get("job_id", "")))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"job_id": rec.task.get("job_id"), "round": rec.task.get("round"), "task": rec.id}
+        target.with_suffix(".json").write_text(json.dumps(meta), encoding="utf-8")
+        (cont.folder / PROGRESS).replace(target)
+        self._info(f"task {rec.id}: trained on {steps} step(s) while uploading")
+
+    def _progress_file(self, job_id: str) -> Path:
+        """A continuation's progress for the job's next task, kept beside top-k's residuals."""
+        job = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id or "job")[:128]
+        return self.paths.tasks.parent / "progress" / f"{job}.safetensors"
+
+    def _hand_progress(self, rec: TaskRecord) -> None:
+        """Before `rec` trains: stop the continuation and give `rec` its progress when `rec`
+        is an overlap task of the same job at most one round on; any other progress is stale
+        (the job changed, or rounds passed) and dropped."""
+        self._halt_continuation()
+        store = self._progress_file("x").parent
+        if not store.is_dir():
+            return
+        job, rnd = str(rec.task.get("job_id", "")), int(rec.task.get("round", 0) or 0)
+        for meta_file in store.glob("*.json"):
+            data = meta_file.with_suffix(".safetensors")
+            try:
+                meta = json.loads(meta_file.read_text(encoding="utf-8"))
+                fresh = (rec.task.get("overlap") is True and str(meta["job_id"]) == job
+                         and 0 <= rnd - int(meta["round"]) <= 1)  # fmt: skip
+            except (OSError, ValueError, TypeError, KeyError):
+                fresh = False
+            if fresh and data.is_file():
+                shutil.copyfile(data, self._folder(rec.id) / PROGRESS)
+                self._info(f"task {rec.id}: starts from the model plus the progress made "
+                           f"since task {meta['task']} was sent")  # fmt: skip
+            data.unlink(missing_ok=True)
+            meta_file.unlink(missing_ok=True)
+
+    def _halt_continuation(self) -> None:
+        """Stop a running continuation gracefully (the runner stops before its next step and
+        keeps the steps done) and wait for it; its upload goes on."""
+        cont = self._continuation
+        if cont is None or cont.thread is None:
+            return
+        if cont.thread.is_alive():
+            cont.stop.set()
+            assert self._sandbox is not None
+            self._sandbox.signal(cont.folder, STOP)
+            cont.thread.join()
+        self._continuation = None
+
+    def _overlap_shown(self) -> bool:
+        """While nothing else runs, the status shows the continuation, if one trains or its
+        task uploads."""
+        cont = self._continuation
+        if cont is None:
+            return False
+        training = cont.thread is not None and cont.thread.is_alive()
+        uploading = cont.rec.id in self._uploading
+        if not (training or uploading):
+            return False
+        phase = "uploading, training on" if uploading and training else (
+            "uploading" if uploading else "training on")  # fmt: skip
+        st = self.status().task
+        progress = st.progress if st is not None and st.id == cont.rec.id else 0.0
+        self._set(state=State.WORKING, reason="",
+                  task=self._task_status(cont.rec, phase, progress))  # fmt: skip
+        return True
+
+    def _end_overlap(self) -> None:
+        """On the way out: the continuation (killed, as the agent stops) and the upload."""
+        cont = self._continuation
+        if cont is None:
+            return
+        for t in (cont.thread, cont.uploader):
+            if t is not None and t is not threading.current_thread():
+                t.join(30.0)
+        self._continuation = None
 
     # ----------------------------------------------------------------- internals: heartbeats
 
@@ -875,3 +1084,11 @@ class Agent:
             self._set(network=self.netprobe.figures().to_dict())
         except (ApiError, Stopped) as exc:
             log.debug("heartbeat failed: %s", exc)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A second name for an input (no copy of a large shard), or a copy where links fail."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

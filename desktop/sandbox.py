@@ -258,6 +258,15 @@ class Sandbox:
         except psutil.Error:
             return pids | {proc.pid}
 
+    def signal(self, folder: Path, name: str) -> None:
+        """Put an empty file `name` in a task's folder wherever it is now (a warm task's
+        folder lives in the worker's folder while it runs), for the task to notice."""
+        folder = folder.resolve()
+        for place in (folder.parent / WARM_DIR / folder.name, folder):
+            with contextlib.suppress(OSError):
+                if place.is_dir():
+                    (place / name).touch()
+
     def close(self) -> None:
         """Stop the warm worker, if one runs (the agent calls this when it stops)."""
         if self._worker is not None:

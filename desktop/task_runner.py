@@ -9,6 +9,15 @@ for the agent's input cache. Nothing else: no
 network (there is none in the sandbox), no pickle, no user code; the model is built from the
 spec alone. Progress goes to stdout as JSON lines for the agent to relay.
 
+Overlap (a task with `overlap: true`, docs/agent-api.md): the runner also writes the final
+local weights as local.safetensors, and a task folder the agent put progress.safetensors in
+starts from the global model + that progress (the merge) instead of the global model; its
+update is still local final − global model. A folder with continue.json (the agent's request)
+is a continuation instead: it trains on from local.safetensors on the task's shard until a
+file named `stop` appears in the folder (checked before every step, so the steps done are
+kept) or it has trained the task's steps, then writes progress.safetensors = local now −
+local at send, checked like an update, and result.json with the steps it did.
+
 Exit codes: 0 ok, 3 out of memory, 4 bad input, 1 anything else.
 """
 
@@ -28,6 +37,12 @@ EXIT_CRASHED = 1
 EXIT_OOM = 3
 EXIT_BAD_INPUT = 4
 
+
+# overlap (see the module docstring): the files the agent and the runner exchange
+LOCAL = "local.safetensors"
+PROGRESS = "progress.safetensors"
+CONTINUE = "continue.json"
+STOP = "stop"
 
 # result.json's reason when a download does not match the task's hash: the agent fetches it again
 CORRUPT_INPUT = "corrupt_input"
@@ -170,13 +185,98 @@ def attack(delta: dict[str, Any], mode: str, scale: float, seed: int) -> dict[st
     return out
 
 
-def run(folder: Path) -> int:
-    _emit(phase="started", t=time.time())  # the bench splits sandbox start from imports
+class _StopRequested(Exception):
+    """Raised before a step of a continuation once the agent has asked it to stop."""
+
+
+def _device() -> Any:
+    """The device to train on, with the GPU memory cap the agent asked for."""
     import torch
 
-    from trainer.compression import CodecConfig, ErrorFeedback, decode_any, encode_update
-    from trainer.datasets import Dataset
     from trainer.device import best_device
+
+    device = best_device(os.environ.get("GPUFLEX_DEVICE") or None)  # "cuda:N", never bare
+    if device.type == "cuda":
+        fraction = float(os.environ.get("GPUFLEX_GPU_MEMORY_FRACTION", "0.9"))
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return device
+
+
+def _dataset(shard: dict[str, Any], spec: Any, state: dict[str, Any]) -> Any:
+    """The shard as a training set; the class count read off `state` (raises BadInput)."""
+    import torch
+
+    from trainer.datasets import Dataset
+
+    x, y = shard["x"], shard["y"]
+    lm = x.dtype == torch.int64 and y.dim() == 2
+    input_shape = tuple(int(d) for d in x.shape[1:])
+    num_classes = 256 if lm else _num_classes(spec, input_shape, state)
+    return Dataset(
+        name="shard", task="language_model" if lm else "classification",
+        x_train=x, y_train=y, x_test=x[:0], y_test=y[:0], num_classes=num_classes,
+        input_shape=input_shape, lengths_train=shard.get("lengths"),
+    )  # fmt: skip
+
+
+def _watch_steps(model: Any, steps: int, accum: int, stop: Path | None) -> dict[str, Any]:
+    """Hooks on `model`: progress events for the agent's progress bar (train_local has no
+    callback; one forward per micro-batch, `accum` of them make a step), and with `stop`, a
+    graceful stop before the step that would start once that file exists. Returns the count
+    of training forwards, `n`."""
+    total = steps * accum
+    seen = {"n": 0, "t": 0.0}
+
+    def on_forward(module: Any, args: Any, out: Any) -> None:
+        if module.training:
+            seen["n"] += 1
+            now = time.monotonic()
+            if now - seen["t"] > 0.25 or seen["n"] == total:
+                seen["t"] = now
+                _emit(progress=min(1.0, seen["n"] / total), step=seen["n"] // accum)
+
+    def before_forward(module: Any, args: Any) -> None:
+        # only between steps: the weights then hold exactly the steps done
+        if module.training and seen["n"] % accum == 0 and stop is not None and stop.exists():
+            raise _StopRequested
+
+    model.register_forward_hook(on_forward)
+    if stop is not None:
+        model.register_forward_pre_hook(before_forward)
+    return seen
+
+
+def _added(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return {k: a[k] + b[k] for k in a}
+
+
+def _progress(path: Path, global_state: dict[str, Any], max_norm: float | None) -> Any:
+    """The progress a continuation made since the last send, to merge into this task's start;
+    None when there is none, or when it does not pass an update's checks (it is the node's
+    own history, best effort: such progress is dropped, and the task starts from the model)."""
+    from trainer.compression import decode_any
+    from trainer.updates import UpdateRejected
+
+    if not path.exists():
+        return None
+    try:
+        return decode_any(path.read_bytes(), global_state, max_norm)[0]
+    except (OSError, ValueError, UpdateRejected) as exc:
+        _emit(note=f"progress dropped: {exc}")
+        return None
+
+
+def _write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def run(folder: Path) -> int:
+    if (folder / CONTINUE).exists():
+        return run_continuation(folder)
+    _emit(phase="started", t=time.time())  # the bench splits sandbox start from imports
+    from trainer.compression import CodecConfig, ErrorFeedback, decode_any, encode_update
     from trainer.local import train_local
     from trainer.models import ModelSpecError, build_model
     from trainer.spec import SpecError, parse_spec
@@ -205,45 +305,23 @@ def run(folder: Path) -> int:
         return EXIT_BAD_INPUT
     _emit(phase="imported", t=time.time())  # and inputs read
 
-    device = best_device(os.environ.get("GPUFLEX_DEVICE") or None)  # "cuda:N", never bare
-    if device.type == "cuda":
-        fraction = float(os.environ.get("GPUFLEX_GPU_MEMORY_FRACTION", "0.9"))
-        torch.cuda.set_per_process_memory_fraction(fraction, device)
-    x, y = shard["x"], shard["y"]
-    lm = x.dtype == torch.int64 and y.dim() == 2
-    input_shape = tuple(int(d) for d in x.shape[1:])
+    device = _device()
     try:
-        num_classes = 256 if lm else _num_classes(spec, input_shape, global_state)
+        data = _dataset(shard, spec, global_state)
     except BadInput as exc:
         _write_json(folder / "result.json",
                     {"status": "failed", "reason": "crashed", "detail": str(exc)})  # fmt: skip
         return EXIT_BAD_INPUT
-    data = Dataset(
-        name="shard", task="language_model" if lm else "classification",
-        x_train=x, y_train=y, x_test=x[:0], y_test=y[:0], num_classes=num_classes,
-        input_shape=input_shape, lengths_train=shard.get("lengths"),
-    )  # fmt: skip
-    model = build_model(spec.model, input_shape, num_classes, seed=spec.seed).to(device)
+    model = build_model(spec.model, data.input_shape, data.num_classes, seed=spec.seed).to(device)
     steps = int(task.get("steps") or 0) or None
-
-    # train_local has no callback; a forward hook counts training steps for the progress bar
-    # (one forward per micro-batch: grad_accum_steps of them make a step)
-    accum = spec.local.grad_accum_steps
-    total = (steps or 1) * accum
-    seen = {"n": 0, "t": 0.0}
-
-    def on_forward(module: Any, args: Any, out: Any) -> None:
-        if module.training:
-            seen["n"] += 1
-            now = time.monotonic()
-            if now - seen["t"] > 0.25 or seen["n"] == total:
-                seen["t"] = now
-                _emit(progress=min(1.0, seen["n"] / total), step=seen["n"] // accum)
-
-    model.register_forward_hook(on_forward)
+    _watch_steps(model, steps or 1, spec.local.grad_accum_steps, None)
     _emit(progress=0.0, step=0, device=str(device))
+    overlap = bool(task.get("overlap"))
+    max_norm = spec.aggregation.max_update_norm
+    progress = _progress(folder / PROGRESS, global_state, max_norm) if overlap else None
+    start = global_state if progress is None else _added(global_state, progress)  # the merge
     result = train_local(
-        model, global_state, data, spec, seed=int(task.get("seed", 0)), steps=steps,
+        model, start, data, spec, seed=int(task.get("seed", 0)), steps=steps,
         batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
     )  # fmt: skip
     _emit(phase="trained", t=time.time())
@@ -251,33 +329,89 @@ def run(folder: Path) -> int:
     # ran in different precisions (a CPU's fp32, a GPU's bf16) by a rule measured for that
     metadata = {"task_id": str(task.get("id", "")), "precision": result.precision,
                 "device": device.type}  # fmt: skip
-    delta = result.delta
+    # local final − global model: with a merge, the progress is part of what this node sends
+    delta = result.delta if progress is None else _added(result.delta, progress)
     if byzantine is not None:
         # corrupted before encoding: well formed, checked below and sent as an honest one is
         delta = attack(delta, *byzantine, seed=int(task.get("seed", 0)))
     update = encode_update(delta, codec, feedback, metadata)
     try:  # never hand over what the server would reject
-        decode_any(update, global_state, spec.aggregation.max_update_norm)
+        decode_any(update, global_state, max_norm)
     except UpdateRejected as exc:
         _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
                     "detail": f"the task produced an unusable update: {exc}"})  # fmt: skip
         return EXIT_CRASHED
+    if overlap:  # what a continuation trains on from while the update uploads
+        _write_bytes(folder / LOCAL, encode_state(_added(start, result.delta)))
     (folder / "update.tmp").write_bytes(update)
     (folder / "update.tmp").replace(folder / "update.safetensors")
     if feedback.residual is not None:  # what top-k left out, carried to this job's next task
         residual = encode_state({"residual": feedback.residual})
         (folder / "residual.next.safetensors").write_bytes(residual)
-    _write_json(
-        folder / "result.json",
-        {
-            "status": "ok",
-            "metrics": {"loss": result.loss, "steps": result.steps,
-                        "samples": result.num_samples, "compute_s": result.compute_s},
-            "device": str(device),
-            "precision": result.precision,
-        },
-    )  # fmt: skip
+    outcome = {
+        "status": "ok",
+        "metrics": {"loss": result.loss, "steps": result.steps,
+                    "samples": result.num_samples, "compute_s": result.compute_s},
+        "device": str(device),
+        "precision": result.precision,
+    }  # fmt: skip
+    if overlap:
+        outcome["merged"] = progress is not None
+    _write_json(folder / "result.json", outcome)
     _emit(progress=1.0, step=result.steps, phase="encoded", t=time.time())
+    return EXIT_OK
+
+
+def run_continuation(folder: Path) -> int:
+    """Train on from local.safetensors while the update uploads (see the module docstring)."""
+    _emit(phase="started", t=time.time())
+    from trainer.compression import CodecConfig, decode_any, encode_update
+    from trainer.local import train_local
+    from trainer.models import ModelSpecError, build_model
+    from trainer.spec import SpecError, parse_spec
+    from trainer.updates import UpdateRejected, decode_state
+
+    try:
+        task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
+        spec = parse_spec(task["spec"], "task spec")
+        local, _ = decode_state((folder / LOCAL).read_bytes())
+        shard = _read_checked(folder / "shard.safetensors", task.get("shard_hash"), ("x", "y"))
+        data = _dataset(shard, spec, local)
+    except (OSError, KeyError, ValueError, SpecError, UpdateRejected, ModelSpecError) as exc:
+        detail = f"bad continuation input: {exc}"
+        _write_json(folder / "result.json",
+                    {"status": "failed", "reason": "crashed", "detail": detail})  # fmt: skip
+        return EXIT_BAD_INPUT
+    device = _device()
+    model = build_model(spec.model, data.input_shape, data.num_classes, seed=spec.seed).to(device)
+    cap = int(task.get("steps") or 0) or None
+    accum = spec.local.grad_accum_steps
+    seen = _watch_steps(model, cap or 1, accum, folder / STOP)
+    started = time.perf_counter()
+    stopped = False
+    try:
+        # another seed than the task's: other batches than the ones the update was made of
+        done = train_local(
+            model, local, data, spec, seed=int(task.get("seed", 0)) + 1, steps=cap,
+            batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
+        ).steps  # fmt: skip
+    except _StopRequested:
+        stopped, done = True, seen["n"] // accum
+    now = model.state_dict()
+    progress = {k: now[k].detach().cpu() - local[k].cpu() for k in local}
+    meta = {"task_id": str(task.get("id", "")), "kind": "progress", "steps": str(done)}
+    payload = encode_update(progress, CodecConfig("none"), None, meta)
+    try:  # as an update would be: the next task merges it into its start
+        decode_any(payload, local, spec.aggregation.max_update_norm)
+    except UpdateRejected as exc:
+        _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
+                    "detail": f"the continuation made unusable progress: {exc}"})  # fmt: skip
+        return EXIT_CRASHED
+    _write_bytes(folder / PROGRESS, payload)
+    compute_s = time.perf_counter() - started
+    _write_json(folder / "result.json", {"status": "ok", "stopped": stopped,
+                "metrics": {"steps": done, "compute_s": compute_s}})  # fmt: skip
+    _emit(step=done, phase="continued", t=time.time())
     return EXIT_OK
 
 

@@ -305,6 +305,23 @@ def claim_with_wait(node: Node, wait: float, count: int = 1) -> list[Task]:
     return tasks
 
 
+def overlap_allowed(task: Task) -> bool:
+    """Whether the node may train on while this task's update uploads and merge that progress
+    into its next task of the job (docs/agent-api.md, "Overlap"): the job asks for it, and
+    the update is the node's alone to shape. Not for federated jobs, not under clipped
+    (private) updates, whose bound the merged progress would escape, and not for a unit that
+    is replicated: replicas are compared bit for bit, and merged progress is node history
+    (as top-k's residual is, see `_lease`)."""
+    job = task.round.job
+    spec = job.parsed_spec
+    if not (spec.adaptation.enabled and spec.adaptation.overlap) or job.is_federated:
+        return False
+    if spec.privacy.clip_norm is not None or task.replica != 0:
+        return False
+    replicas = Task.objects.filter(round_id=task.round_id, shard_id=task.shard_id, replica__gt=0)
+    return not replicas.exists()
+
+
 def task_payload(task: Task) -> dict[str, Any]:
     """The task as docs/agent-api.md defines it."""
     job = task.round.job
@@ -323,6 +340,7 @@ def task_payload(task: Task) -> dict[str, Any]:
         "model_hash": task.round.input_model_hash,
         "model_source": model_source(task),
         "shard_hash": task.shard.content_hash if task.shard else None,
+        "overlap": overlap_allowed(task),
     }
     if job.is_federated:
         # proposed addition to docs/agent-api.md: train on this named local dataset

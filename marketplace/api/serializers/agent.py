@@ -77,6 +77,11 @@ class TaskSerializer(serializers.Serializer):
     model_source = ModelSourceSerializer()
     shard_hash = serializers.CharField(allow_null=True)
     local_dataset = serializers.CharField(required=False, help_text="federated tasks only")
+    overlap = serializers.BooleanField(
+        required=False, default=False,
+        help_text="train on while the update uploads and merge that progress into the job's "
+        "next task (docs/agent-api.md, Overlap)",
+    )  # fmt: skip
 
 
 class ClaimReplySerializer(serializers.Serializer):
