@@ -8,10 +8,10 @@ modes, and the server's own counters say what it cost.
 
 `plain` is plain FedAvg: fp32 updates (codec none), the spec's equal local work on every node,
 no adaptation, every update awaited (quorum 1.0). `aware` is `gpuflex demo`'s network-aware
-job as the marketplace runs it today: the adaptation policy sizes each node's work and picks
-its upload codec, and a round closes on 4 of 5 updates. Overlapped communication is switched
-off in the submitted spec, since the marketplace does not overlap, so that the simulator's
-prediction is for what runs. Models reach nodes the same way in both (trainer.delivery):
+job: the adaptation policy sizes each node's work and picks its upload codec, a round closes
+on 4 of 5 updates, and agents keep training while their updates upload and the next task's
+inputs arrive, merging that progress into their next task (`adaptation.overlap`, as the
+simulator models it). Models reach nodes the same way in both (trainer.delivery):
 plain FedAvg downloads each round's model whole; the network-aware job builds round 1's from
 the seed and fetches later ones as int8 deltas against the version the node holds. The real
 agents also download their shards (once per node and shard: their input cache keeps them and
@@ -74,9 +74,8 @@ def spec_for(mode: str) -> dict[str, Any]:
     if mode == "plain":
         return plain_variant(spec).to_dict()
     if mode == "aware":
-        # what the marketplace runs: sized work and codecs, quorum rounds, no overlap
-        adaptation = {**spec.adaptation.model_dump(mode="json"), "overlap": False}
-        return spec.replace(adaptation=adaptation).to_dict()
+        # the demo's job as it is: sized work and codecs, quorum rounds, overlap on
+        return spec.to_dict()
     raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
 
 

@@ -32,6 +32,8 @@ NODES = (
 )
 SPEC = Path(__file__).resolve().parents[2] / "examples" / "demo-digits.yaml"
 MARKER = ".gpuflex-demo"
+# how long the demo waits for its agents to come online before it submits the job
+AGENTS_READY_S = 90.0
 
 
 @dataclass
@@ -102,6 +104,8 @@ def run(opts: Options) -> dict[str, Any]:
             cluster.configure_agent(plan, people["provider"].key)
             cluster.start_agent(plan)
         print(f"marketplace at {cluster.url}; {len(opts.nodes)} agents started", file=out)
+        online = _wait_for_agents(len(opts.nodes), AGENTS_READY_S)
+        print(f"{online} of {len(opts.nodes)} agents online", file=out)
         spec = yaml.safe_load(opts.spec.read_text(encoding="utf-8"))
         spec["rounds"]["target"]["value"] = opts.target
         with Client(cluster.url, people["buyer"].key) as client:
@@ -120,6 +124,18 @@ def run(opts: Options) -> dict[str, Any]:
         return summary
     finally:
         cluster.close()
+
+
+def _wait_for_agents(count: int, timeout_s: float) -> int:
+    """Submit once the agents are online (registered, benchmarked, heartbeating), as the
+    simulator's nodes are at time 0: round 1 then times training, not agent start-up, and
+    its plan covers every node. After `timeout_s` the demo goes on with those that are."""
+    from marketplace.nodes.selectors import online_nodes
+
+    end = time.monotonic() + timeout_s
+    while (online := online_nodes().count()) < count and time.monotonic() < end:
+        time.sleep(0.25)
+    return online
 
 
 def _interrupt(signum: int, frame: Any) -> None:

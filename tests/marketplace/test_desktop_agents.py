@@ -30,6 +30,22 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _run_to_completion(job_id, url, provider_key, tmp_path, monkeypatch, kind) -> list:
+    """Two real agents of `kind` work until the job completes; returns them, stopped."""
+    agents = [
+        live_agent(tmp_path, f"agent-{i}", url, provider_key, monkeypatch, kind=kind)
+        for i in range(2)
+    ]
+    for agent in agents:
+        agent.start()
+    try:
+        _wait(lambda: Job.objects.get(pk=job_id).status == "completed", 240, "the job")
+    finally:
+        for agent in agents:
+            agent.stop()
+    return agents
+
+
 # Volunteers on a hybrid job: every task of a new node is replicated and verified.
 # Platform nodes on a platform job: no replicas, so top-k with error feedback is used as is.
 @pytest.mark.parametrize(
@@ -47,17 +63,8 @@ def test_agents_train_a_job_to_completion(
     spec = copy.deepcopy(SMALL_SPEC)
     spec["compression"] = {"codec": codec, "topk_fraction": 0.2}
     job = submit(spec=spec, tier=tier)
-    agents = [
-        live_agent(tmp_path, f"agent-{i}", live_server.url, provider_key, monkeypatch, kind=kind)
-        for i in range(2)
-    ]
-    for agent in agents:
-        agent.start()
-    try:
-        _wait(lambda: Job.objects.get(pk=job["id"]).status == "completed", 240, "the job")
-    finally:
-        for agent in agents:
-            agent.stop()
+    agents = _run_to_completion(job["id"], live_server.url, provider_key, tmp_path, monkeypatch,
+                                kind)  # fmt: skip
     stored = Job.objects.get(pk=job["id"])
     assert stored.rounds_done == 2 and stored.model_hash
     tasks = Task.objects.filter(round__job=stored)
@@ -91,18 +98,8 @@ def test_agents_build_round_one_and_fetch_later_rounds_as_deltas(
     spec["compression"] = {"download_codec": "int8"}
     spec["rounds"] = {"max_rounds": 3}
     job = submit(spec=spec, tier="platform")
-    url = live_server.url
-    agents = [
-        live_agent(tmp_path, f"agent-{i}", url, provider_key, monkeypatch, kind="platform")
-        for i in range(2)
-    ]
-    for agent in agents:
-        agent.start()
-    try:
-        _wait(lambda: Job.objects.get(pk=job["id"]).status == "completed", 240, "the job")
-    finally:
-        for agent in agents:
-            agent.stop()
+    agents = _run_to_completion(job["id"], live_server.url, provider_key, tmp_path, monkeypatch,
+                                "platform")  # fmt: skip
     logs = [e.message for agent in agents for e in agent.logs(500)]
     assert any("built here from the job's seed" in m for m in logs)
     assert any("came as 1 delta(s)" in m for m in logs), logs
