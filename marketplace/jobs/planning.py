@@ -1,14 +1,15 @@
 """Bulk assignment of pending tasks to idle nodes, in memory.
 
 The same rules as `scheduling.eligible_tasks` (tier, price, memory, reliability, never two
-replicas of one unit on one node, platform nodes take replicas first), applied to many
+replicas of one unit on one node, platform nodes take replicas first, no task in a round the
+job's plan keeps the node from: `scheduling.sat_out`), applied to many
 nodes at once: tasks are grouped by job, so each decision costs O(jobs), not O(tasks).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -51,11 +52,13 @@ def plan_assignments(
     slots: int = 1,
     min_reliability: float = 0.0,
     held: Iterable[tuple[tuple[int, int], int]] = (),
+    sat_out: Mapping[int, Set[int]] | None = None,
 ) -> list[tuple[object, int]]:
     """(task id, node id) pairs: each node gets up to `slots` tasks, each task one node.
 
     `tasks` come in priority order (oldest job first); `held` lists (unit, node) pairs
-    already leased, so no node is given a second replica of a unit it holds.
+    already leased, so no node is given a second replica of a unit it holds; `sat_out` maps
+    a node to the rounds it must take no task of.
     """
     # per job, two queues: primaries and replicas, each in priority order
     queues: dict[object, tuple[deque[TaskView], deque[TaskView]]] = {}
@@ -68,7 +71,7 @@ def plan_assignments(
         for node in ordered:
             if node.reliability < min_reliability:
                 continue
-            task = _take(queues, node, holding)
+            task = _take(queues, node, holding, (sat_out or {}).get(node.id, frozenset()))
             if task is not None:
                 plan.append((task.id, node.id))
                 holding.add((task.unit, node.id))
@@ -79,12 +82,14 @@ def _take(
     queues: dict[object, tuple[deque[TaskView], deque[TaskView]]],
     node: NodeView,
     holding: set[tuple[tuple[int, int], int]],
+    barred: Set[int],
 ) -> TaskView | None:
     order = (1, 0) if node.kind == NodeKind.PLATFORM else (0, 1)
     for which in order:
         for pair in queues.values():
             queue = pair[which]
-            if not queue or not _eligible_job(queue[0], node):
+            # a job has one open round at a time: its queue is all of one round
+            if not queue or not _eligible_job(queue[0], node) or queue[0].unit[0] in barred:
                 continue
             # skip (rarely more than one) units this node already holds, keeping their order
             skipped = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -77,20 +78,30 @@ def eligible_tasks(node: Node) -> QuerySet[Task]:
 
 def _sat_out(node: Node) -> list[int]:
     """Open rounds whose plan sits this node out (trainer.adapt: temporarily excluded for
-    poor health), and those a far node's two-round work already spans (`_far_busy`). Read in
-    Python: one small query over the open rounds' plans."""
-    key = plan_key(node.pk)
+    poor health), and those a far node's two-round work already spans (`_far_busy`)."""
+    return sorted(sat_out([node]).get(node.pk, set()))
+
+
+def sat_out(nodes: Sequence[Node]) -> dict[int, set[int]]:
+    """node id -> the open rounds `_sat_out` keeps it from: the one rule for the live claim
+    and the bulk planner (`lease_batch`). Read in Python: one small query over the open
+    rounds' plans, and one more per node that some plan has syncing every other round."""
     plans = Round.objects.filter(status=RoundStatus.OPEN, job__status=JobStatus.RUNNING)
-    out: list[int] = []
-    far: dict[tuple[Any, int], int] = {}  # (job id, round number) -> round id
-    for pk, job_id, number, plan in plans.exclude(plan={}).values_list(
-        "pk", "job_id", "number", "plan"
-    ):
-        if plan.get(key, {}).get("participate") is False:
-            out.append(pk)
-        elif is_far(plan, node.pk):
-            far[(job_id, number)] = pk
-    return out + _far_busy(node, far)
+    rows = list(plans.exclude(plan={}).values_list("pk", "job_id", "number", "plan"))
+    out: dict[int, set[int]] = {}
+    for node in nodes:
+        key = plan_key(node.pk)
+        rounds: set[int] = set()
+        far: dict[tuple[Any, int], int] = {}  # (job id, round number) -> round id
+        for pk, job_id, number, plan in rows:
+            if plan.get(key, {}).get("participate") is False:
+                rounds.add(pk)
+            elif is_far(plan, node.pk):
+                far[(job_id, number)] = pk
+        rounds.update(_far_busy(node, far))
+        if rounds:
+            out[node.pk] = rounds
+    return out
 
 
 def _far_busy(node: Node, far: dict[tuple[Any, int], int]) -> list[int]:
@@ -402,6 +413,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
             slots=slots,
             min_reliability=settings.GPUFLEX["MIN_RELIABILITY"],
             held=(((r, s), n) for r, s, n in held),
+            sat_out=sat_out(nodes),
         )
         by_id = {r[0]: r for r in rows}
         by_node = {n.pk: n for n in nodes}

@@ -87,3 +87,32 @@ def test_lease_batch_without_row_locks_uses_compare_and_set(make_agent, submit, 
     assert lease_batch(nodes, slots=10) == 4
     assert Task.objects.get(pk=taken["id"]).node_id == agents[0].node_id
     assert Task.objects.filter(node_id=agents[1].node_id, status="leased", attempts=1).count() == 4
+
+
+def test_a_node_is_given_nothing_of_a_round_it_sits_out() -> None:
+    tasks = [task(0), task(1)]  # both of round 1 (TaskView.unit[0])
+    nodes = [node(0), node(1)]
+    plan = plan_assignments(tasks, nodes, slots=2, sat_out={0: {1}})
+    assert {n for _, n in plan} == {1} and len(plan) == 2
+    assert plan_assignments(tasks, nodes, slots=2, sat_out={0: {2}}) != plan  # another round
+
+
+@pytest.mark.django_db(transaction=True)
+def test_lease_batch_applies_the_claims_sit_out_rule(make_agent, submit) -> None:
+    """One rule for who may take a task: a node the round's plan sits out (poor health) gets
+    nothing from the bulk planner either, as a claim would give it nothing."""
+    from marketplace.jobs.models import Round
+    from marketplace.jobs.sizing import plan_key
+
+    agents = [make_agent(kind="platform") for _ in range(2)]
+    submit(SMALL_SPEC | {"sharding": {"method": "random", "num_shards": 4}}, tier="platform")
+    rnd = Round.objects.get()
+    entry = {"participate": False, "steps": 1, "batch_size": 32, "codec": "none"}
+    rnd.plan = {plan_key(agents[0].node_id): entry}
+    rnd.save(update_fields=["plan"])
+    assert agents[0].claim() is None  # the live claim's rule
+    nodes = list(Node.objects.filter(pk__in=[a.node_id for a in agents]))
+    assert lease_batch(nodes, slots=4) == 4
+    assert set(Task.objects.filter(status="leased").values_list("node_id", flat=True)) == {
+        agents[1].node_id
+    }
