@@ -676,10 +676,14 @@ class Agent:
             return cached
         return self._timed_get(get, rec.id)
 
+    def _job_file(self, kind: str, job_id: object) -> Path:
+        """A file kept per job between its tasks, under data/`kind` (the id made a safe name)."""
+        job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(job_id or "job"))[:128]
+        return self.paths.tasks.parent / kind / f"{job}.safetensors"
+
     def _residual_file(self, rec: TaskRecord) -> Path:
         """Top-k's error-feedback residual for the task's job, kept between its tasks."""
-        job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(rec.task.get("job_id", "job")))[:128]
-        return self.paths.tasks.parent / "feedback" / f"{job}.safetensors"
+        return self._job_file("feedback", rec.task.get("job_id", "job"))
 
     def _timed_get(self, get: Callable[[str], bytes], tid: str) -> bytes:
         t0 = time.monotonic()
@@ -966,15 +970,14 @@ class Agent:
 
     def _progress_file(self, job_id: str) -> Path:
         """A continuation's progress for the job's next task, kept beside top-k's residuals."""
-        job = re.sub(r"[^A-Za-z0-9_.-]", "_", job_id or "job")[:128]
-        return self.paths.tasks.parent / "progress" / f"{job}.safetensors"
+        return self._job_file("progress", job_id)
 
     def _hand_progress(self, rec: TaskRecord) -> None:
         """Before `rec` trains: stop the continuation and give `rec` its progress when `rec`
         is an overlap task of the same job at most one round on; any other progress is stale
         (the job changed, or rounds passed) and dropped."""
         self._halt_continuation()
-        store = self._progress_file("x").parent
+        store = self._progress_file("").parent
         if not store.is_dir():
             return
         job, rnd = str(rec.task.get("job_id", "")), int(rec.task.get("round", 0) or 0)

@@ -70,9 +70,7 @@ def _emit(**event: Any) -> None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    tmp.replace(path)
+    _write_bytes(path, json.dumps(data).encode("utf-8"))
 
 
 def _num_classes(spec: Any, input_shape: tuple[int, ...], state: dict[str, Any]) -> int:
@@ -343,8 +341,7 @@ def run(folder: Path) -> int:
         return EXIT_CRASHED
     if overlap:  # what a continuation trains on from while the update uploads
         _write_bytes(folder / LOCAL, encode_state(_added(start, result.delta)))
-    (folder / "update.tmp").write_bytes(update)
-    (folder / "update.tmp").replace(folder / "update.safetensors")
+    _write_bytes(folder / "update.safetensors", update)
     if feedback.residual is not None:  # what top-k left out, carried to this job's next task
         residual = encode_state({"residual": feedback.residual})
         (folder / "residual.next.safetensors").write_bytes(residual)
