@@ -66,6 +66,7 @@ log = logging.getLogger("gpuflex.agent")
 TASK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # ids become folder names: no traversal
 MAX_TRAIN_ATTEMPTS = 3  # a task that kills the sandbox this often is reported, not retried
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
+LINK_PROBE_BYTES = 32 * 1024  # times a 0.3 Mbit/s link in about a second (desktop.netprobe)
 CONTINUED = ".continue"  # a continuation's folder: the task's id and this (see Continuation)
 
 
@@ -361,6 +362,7 @@ class Agent:
             self._setup()
             if not self._register():
                 return
+            self._probe_link()
             self._hb_thread = threading.Thread(
                 target=self._heartbeats, name="gpuflex-heartbeat", daemon=True
             )
@@ -490,6 +492,26 @@ class Agent:
                 self.client._request("GET", "agent/me", attempts=1)
             self.netprobe.rtt(time.monotonic() - t0)
         return self.netprobe.figures()
+
+    def _probe_link(self) -> None:
+        """Time the link both ways before the first heartbeat, so the marketplace plans this
+        node's first round (its upload codec, its share of the round) on measured rates
+        rather than a guess. Transfers made for tasks keep the figures current after."""
+        assert self.client is not None
+        try:
+            t0 = time.monotonic()
+            self._timed(self.client.probe_down(LINK_PROBE_BYTES), t0, upload=False)
+            data = os.urandom(LINK_PROBE_BYTES)
+            t0 = time.monotonic()
+            self.client.probe_up(data)
+            self._timed(data, t0, upload=True)
+        except ApiError as exc:  # an older server, a throttle: plan on a guess
+            self._info(f"link test skipped ({exc})")
+            return
+        figures = self.netprobe.figures()
+        self._set(network=figures.to_dict())
+        self._info(f"link: {figures.down_mbps} Mbit/s down, {figures.up_mbps} Mbit/s up, "
+                   f"{figures.rtt_ms} ms")  # fmt: skip
 
     def _own_pids(self) -> set[int]:
         return self._sandbox.current_pids() if self._sandbox is not None else set()
@@ -688,9 +710,15 @@ class Agent:
     def _timed_get(self, get: Callable[[str], bytes], tid: str) -> bytes:
         t0 = time.monotonic()
         data = get(tid)
-        self.netprobe.transfer(len(data), time.monotonic() - t0, upload=False,
-                               rtt_s=self.netprobe.latest_rtt_s())  # fmt: skip
+        self._timed(data, t0, upload=False)
         return data
+
+    def _timed(self, data: bytes, t0: float, upload: bool) -> None:
+        """A transfer for the link's rate: the bytes that crossed the network, which for a
+        gzip-encoded download are fewer than `data` holds."""
+        wire = getattr(data, "wire_bytes", len(data))
+        self.netprobe.transfer(wire, time.monotonic() - t0, upload=upload,
+                               rtt_s=self.netprobe.latest_rtt_s())  # fmt: skip
 
     def _train(self, rec: TaskRecord) -> None:
         assert self._sandbox is not None
@@ -828,12 +856,13 @@ class Agent:
         except ApiError as exc:
             if isinstance(exc, Unavailable):
                 raise
+            if exc.status in (409, 422):  # refused once the body was in: it timed the link
+                self._timed(data, t0, upload=True)
             outcome = {404: "lost", 409: "conflict", 422: "rejected"}.get(exc.status or 0, "error")
             self._error(f"task {rec.id}: upload refused ({exc})")
             self._done(rec, outcome, ok=False, background=background)
             return
-        self.netprobe.transfer(len(data), time.monotonic() - t0, upload=True,
-                               rtt_s=self.netprobe.latest_rtt_s())  # fmt: skip
+        self._timed(data, t0, upload=True)
         self._info(f"task {rec.id} uploaded" + (" (already accepted)" if code == 200 else ""))
         residual = self._folder(rec.id) / "residual.next.safetensors"
         if residual.exists():  # only once the server has the update it complements

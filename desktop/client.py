@@ -150,14 +150,25 @@ class MarketplaceClient:
             return None
         return dict(r.json()["task"])
 
-    def get_model(self, task_id: str, base: str | None = None) -> bytes:
+    def get_model(self, task_id: str, base: str | None = None) -> Download:
         """The task's model; with `base` (a model hash this node holds) the one delta that
         leads from it one round on (docs/agent-api.md, "Model delivery")."""
         params = {"base": base} if base else None
-        return self._request("GET", f"agent/tasks/{task_id}/model", params=params).content
+        return Download.of(self._request("GET", f"agent/tasks/{task_id}/model", params=params))
 
-    def get_shard(self, task_id: str) -> bytes:
-        return self._request("GET", f"agent/tasks/{task_id}/shard").content
+    def get_shard(self, task_id: str) -> Download:
+        return Download.of(self._request("GET", f"agent/tasks/{task_id}/shard"))
+
+    def probe_down(self, nbytes: int) -> Download:
+        """`nbytes` random bytes from the server: the link test (docs/agent-api.md)."""
+        r = self._request("GET", "agent/probe", params={"bytes": nbytes}, attempts=2)
+        return Download.of(r)
+
+    def probe_up(self, data: bytes) -> None:
+        self._request(
+            "POST", "agent/probe", content=data, attempts=2,
+            headers={"Content-Type": "application/octet-stream"},
+        )  # fmt: skip
 
     def put_update(self, task_id: str, data: bytes, metrics: dict[str, float]) -> int:
         """201 on acceptance, 200 when these bytes were already accepted (a retry)."""
@@ -179,6 +190,19 @@ class MarketplaceClient:
 
     def me(self) -> dict[str, Any]:
         return dict(self._request("GET", "agent/me", attempts=2).json())
+
+
+class Download(bytes):
+    """A download's body, decoded, and `wire_bytes`: what crossed the network (less, when
+    the server sent it gzip-encoded), which is what a link's rate is timed on."""
+
+    wire_bytes: int
+
+    @classmethod
+    def of(cls, r: httpx.Response) -> Download:
+        body = cls(r.content)
+        body.wire_bytes = r.num_bytes_downloaded or len(body)
+        return body
 
 
 def _api_error(r: httpx.Response) -> ApiError:
@@ -255,14 +279,19 @@ class SimulatedNetwork(httpx.BaseTransport):
         up = len(request.content) + sum(len(k) + len(v) for k, v in request.headers.raw)
         delay = self.node.transfer_s(up, upload=True)
         response = self.inner.handle_request(request)
-        body = response.read()
+        try:  # the bytes as sent (gzip-encoded, say): what the link carries
+            body = b"".join(response.iter_raw())
+        finally:
+            response.close()
         # the RTT is paid once per request, not again for the answer
         delay += self.node.transfer_s(len(body), upload=False) - self.node.rtt_s
         self.injected["delay_s"] += delay
         self.sleep(delay * self.time_scale)
+        # as a stream, not content: the client decodes it once and counts the raw bytes
         return httpx.Response(
-            response.status_code, headers=response.headers, content=body, request=request
-        )
+            response.status_code, headers=response.headers, stream=httpx.ByteStream(body),
+            request=request,
+        )  # fmt: skip
 
     def close(self) -> None:
         self.inner.close()

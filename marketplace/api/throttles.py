@@ -19,3 +19,7 @@ class KeyRateThrottle(SimpleRateThrottle):
 
 class HeartbeatThrottle(KeyRateThrottle):
     scope = "heartbeat"
+
+
+class ProbeThrottle(KeyRateThrottle):
+    scope = "probe"  # an agent probes its link as it starts, not as it works

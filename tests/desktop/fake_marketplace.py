@@ -9,6 +9,7 @@ closes connections without answering.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 import time
@@ -192,6 +193,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if time.monotonic() >= end:
                     return self._reply(204)
                 time.sleep(0.05)
+        if path == "agent/probe":  # the link test: random bytes down, any body up
+            if self.command == "GET":
+                n = int(parse_qs(url.query).get("bytes", ["32768"])[0])
+                return self._reply(200, raw=os.urandom(n))
+            return self._reply(200, {"received": len(body)})
         if path == "agent/me":
             return self._reply(200, {"id": node, "name": node, "state": "idle",
                                      "reliability": 1.0, "earnings": m.earnings})  # fmt: skip

@@ -72,6 +72,21 @@ def test_claims_trains_and_uploads_through_outages(market, logged_in, isolated_d
     assert rec is not None and rec.state == "done" and rec.outcome == "uploaded"
 
 
+def test_the_link_is_timed_before_the_first_heartbeat(market, logged_in, isolated_dirs, fake_bench):
+    """The first round is planned on measured rates: the agent's link test runs as it starts,
+    and its very first heartbeat carries them."""
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: market.heartbeats, what="a heartbeat")
+    finally:
+        agent.stop()
+    network = market.heartbeats[0]["network"]
+    assert network["up_mbps"] > 0 and network["down_mbps"] > 0
+    probes = [(m, p.split("?")[0]) for m, p, s in market.requests if s == 200]
+    assert ("GET", "/api/v1/agent/probe") in probes and ("POST", "/api/v1/agent/probe") in probes
+
+
 def _huge_lm_task(task_id: str) -> FakeTask:
     """A task whose model (a 48-layer, 4096-wide transformer) cannot fit a small memory cap."""
     t = digits_task(task_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import random
 
 import httpx
@@ -88,3 +89,39 @@ def test_simulated_disconnects_follow_the_trainer_model() -> None:
 def test_unknown_profile_is_an_error() -> None:
     with pytest.raises(ValueError, match="unknown network profile"):
         SimulatedNetwork("moon")
+
+
+def gzip_server(body: bytes) -> httpx.MockTransport:
+    """A server that sends `body` gzip-encoded, as the marketplace sends shards."""
+    packed = gzip.compress(body)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, headers={"Content-Encoding": "gzip", "Content-Length": str(len(packed))},
+            stream=httpx.ByteStream(packed),
+        )  # fmt: skip
+
+    return httpx.MockTransport(handle)
+
+
+def test_a_gzip_encoded_download_is_decoded_once_and_timed_on_its_wire_bytes() -> None:
+    body = bytes(40_000)  # compresses to a few dozen bytes
+    slept: list[float] = []
+    net = SimulatedNetwork("wan", node=3, seed=0, inner=gzip_server(body), sleep=slept.append)
+    net._rng.random = lambda: 1.0  # type: ignore[method-assign]  # no simulated packet loss
+    c = MarketplaceClient("http://market", "k", transport=net, backoff=FAST)
+    shard = c.get_shard("t-1")
+    assert shard == body
+    assert 0 < shard.wire_bytes < 200
+    # the link carried the encoded bytes: one RTT and well under the 40 kB's transfer time
+    assert slept[-1] < net.node.transfer_s(4_000, upload=False)
+    plain = MarketplaceClient("http://market", "k", transport=gzip_server(body), backoff=FAST)
+    got = plain.get_model("t-1")
+    assert got == body and got.wire_bytes == shard.wire_bytes
+
+
+def test_the_link_probe_moves_the_bytes_asked_for(market) -> None:
+    c = MarketplaceClient(market.url, market.register_node(), backoff=FAST)
+    down = c.probe_down(20_000)
+    assert len(down) == down.wire_bytes == 20_000
+    c.probe_up(b"\x01" * 20_000)

@@ -3,6 +3,8 @@ per node and job, and the demo summary's traffic and utilization read from them.
 
 from __future__ import annotations
 
+import gzip
+
 import pytest
 
 from marketplace.demo.summary import print_summary, summarize
@@ -131,3 +133,43 @@ def test_a_job_short_of_its_target_has_no_time_to_it(make_agent, submit) -> None
     assert s["status"] == "completed" and not s["reached_target"]
     assert s["time_to_target_s"] is None and s["job_wall_s"] > 0
     assert set(s["bytes_up_per_node"]) == set(s["bytes_down_per_node"]) and s["utilization"] >= 0
+
+
+def test_downloads_go_gzip_encoded_where_accepted_and_it_pays(make_agent, submit) -> None:
+    agent = make_agent(kind="platform")
+    job = submit(tier="platform")
+    task = agent.claim()
+    url = f"/api/v1/agent/tasks/{task['id']}"
+    plain = agent.shard(task["id"])
+    assert "Content-Encoding" not in plain and "Accept-Encoding" in plain["Vary"]
+    packed = agent.client.get(f"{url}/shard", HTTP_ACCEPT_ENCODING="br, gzip;q=0.9")
+    assert packed["Content-Encoding"] == "gzip"
+    assert gzip.decompress(packed.content) == plain.content
+    assert len(packed.content) < len(plain.content) / 2  # digits pixels repeat
+    # a model's random weights would shrink by less than an eighth: sent as they are
+    model = agent.client.get(f"{url}/model", HTTP_ACCEPT_ENCODING="gzip")
+    assert "Content-Encoding" not in model and model.content == agent.model(task["id"]).content
+    # the counters hold the bytes on the wire
+    down = len(plain.content) + len(packed.content) + 2 * len(model.content)
+    assert traffic(agent, job["id"]) == (0, down)
+
+
+def test_the_link_probe_moves_random_bytes_outside_any_job(make_agent, submit, buyer) -> None:
+    agent = make_agent(kind="platform")
+    submit(tier="platform")
+    got = agent.client.get("/api/v1/agent/probe?bytes=50000", HTTP_ACCEPT_ENCODING="gzip")
+    assert got.status_code == 200 and len(got.content) == 50000
+    assert "Content-Encoding" not in got  # random: nothing to gain
+    assert len(agent.client.get("/api/v1/agent/probe").content) == 32 * 1024
+    sent = agent.client.post(
+        "/api/v1/agent/probe", data=b"\x07" * 40000, content_type="application/octet-stream"
+    )
+    assert sent.status_code == 200 and sent.json() == {"received": 40000}
+    too_many = agent.client.get("/api/v1/agent/probe?bytes=10000000")
+    assert too_many.status_code == 400 and "bytes" in too_many.json()["detail"]
+    too_big = agent.client.post(
+        "/api/v1/agent/probe", data=b"\x00" * 300_000, content_type="application/octet-stream"
+    )
+    assert too_big.status_code == 413 and "262144" in too_big.json()["detail"]
+    assert not NodeTraffic.objects.exists()  # the link test is no job's traffic
+    assert buyer.get("/api/v1/agent/probe").status_code == 403  # node keys only

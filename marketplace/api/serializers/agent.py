@@ -46,6 +46,15 @@ class ClaimQuerySerializer(serializers.Serializer):
     )  # fmt: skip
 
 
+class ProbeQuerySerializer(serializers.Serializer):
+    MAX_BYTES = 256 * 1024  # enough to time a fast link, too little to load the server
+
+    bytes = serializers.IntegerField(
+        required=False, default=32 * 1024, min_value=1, max_value=MAX_BYTES,
+        help_text="how many random bytes to answer",
+    )  # fmt: skip
+
+
 class ModelSourceSerializer(serializers.Serializer):
     """docs/agent-api.md, "Model delivery": how the node gets the round's model."""
 

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import os
+
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpResponse
@@ -14,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from marketplace.api.encoding import encoded_response
 from marketplace.api.permissions import IsNode
 from marketplace.api.serializers.agent import (
     ClaimQuerySerializer,
@@ -22,8 +25,9 @@ from marketplace.api.serializers.agent import (
     HeartbeatReplySerializer,
     HeartbeatSerializer,
     MeSerializer,
+    ProbeQuerySerializer,
 )
-from marketplace.api.throttles import HeartbeatThrottle
+from marketplace.api.throttles import HeartbeatThrottle, ProbeThrottle
 from marketplace.jobs import files
 from marketplace.jobs.delivery import model_bytes, record_model, record_shard
 from marketplace.jobs.errors import LocalDataset, TooLarge
@@ -94,10 +98,10 @@ class TaskModelView(AgentView):
         node = self.node(request)
         task = task_for_node(node, task_id)
         data, leads_to = model_bytes(task, request.query_params.get("base"))
-        count_traffic(node.pk, task.round.job_id, down=len(data))
+        response = encoded_response(request, data, SAFETENSORS)
+        count_traffic(node.pk, task.round.job_id, down=len(response.content))
         if leads_to == task.round.input_model_hash:
             record_model(node, task.round.job_id, task.round)
-        response = HttpResponse(data, content_type=SAFETENSORS)
         response["X-GPUFlex-Model-Hash"] = leads_to
         return response
 
@@ -112,10 +116,10 @@ class TaskShardView(AgentView):
                 f"This task trains on your local dataset {task.round.job.federated_dataset!r}; "
                 "there is no shard to download."
             )
-        data = files.get(task.shard.file)
-        count_traffic(node.pk, task.round.job_id, down=len(data))
+        response = encoded_response(request, files.get(task.shard.file), SAFETENSORS)
+        count_traffic(node.pk, task.round.job_id, down=len(response.content))
         record_shard(node, task.shard)
-        return HttpResponse(data, content_type=SAFETENSORS)
+        return response
 
 
 class TaskUpdateView(AgentView):
@@ -148,6 +152,29 @@ class TaskFailView(AgentView):
         body.is_valid(raise_exception=True)
         fail_task(self.node(request), task_id, **body.validated_data)
         return Response({"released": True})
+
+
+class ProbeView(AgentView):
+    """The link test an agent runs as it starts, so that its first round is planned on its
+    measured up and down rates rather than a guess. The bytes are random (no encoding
+    shrinks them) and belong to no job's traffic."""
+
+    throttle_classes = [ProbeThrottle]
+
+    @extend_schema(
+        parameters=[ProbeQuerySerializer], responses={(200, SAFETENSORS): OpenApiTypes.BINARY}
+    )
+    def get(self, request: Request) -> HttpResponse:
+        query = ProbeQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return HttpResponse(os.urandom(query.validated_data["bytes"]), content_type=SAFETENSORS)
+
+    @extend_schema(request={SAFETENSORS: OpenApiTypes.BINARY}, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request) -> Response:
+        limit = ProbeQuerySerializer.MAX_BYTES
+        if int(request.META.get("CONTENT_LENGTH") or 0) > limit:
+            raise TooLarge(f"A link probe carries at most {limit} bytes.")
+        return Response({"received": len(request.body)})
 
 
 class MeView(AgentView):

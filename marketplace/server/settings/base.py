@@ -241,6 +241,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {
         "key": os.environ.get("GPUFLEX_THROTTLE_KEY", "6000/min"),
         "heartbeat": os.environ.get("GPUFLEX_THROTTLE_HEARTBEAT", "120/min"),
+        "probe": os.environ.get("GPUFLEX_THROTTLE_PROBE", "60/hour"),
     },
     "UNAUTHENTICATED_USER": None,
 }
