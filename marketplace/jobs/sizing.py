@@ -2,18 +2,20 @@
 
 Plain jobs give every node the spec's equal work (what FedAvg does). Jobs whose spec enables
 `adaptation` are sized by `trainer.adapt.plan_round`, the same pure function the simulator
-uses: steps, batch and upload codec from each node's benchmark, its network as the agent
-last measured it, and its verification record.
+uses: steps, batch and upload codec from each node's step time (what its recent tasks on the
+job took, or its benchmark before it has any), its network as the agent last measured it, and
+its verification record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from marketplace.jobs.models import Job
+from marketplace.jobs.models import Job, TaskResult
 from marketplace.nodes.models import Node, NodeState
 from trainer.adapt import NodeMeasurement, NodePlan, PolicyState, RoundPlan, Tier, plan_round
 from trainer.local import planned_steps
@@ -25,6 +27,7 @@ DEFAULT_RTT_MS = 100.0
 DEFAULT_MBPS = 20.0
 DEFAULT_STEP_S = 2e-3
 PEERS = 256  # the round's likely cohort the period is planned against
+OBSERVED_TASKS = 5  # a node's recent tasks its step time is taken from
 
 
 @dataclass(frozen=True)
@@ -56,10 +59,12 @@ def _plan(
     num_classes: int,
     nodes: Sequence[Node],
     tiers: dict[str, str] | None = None,
+    step_s: Mapping[object, float] | None = None,
 ) -> tuple[RoundPlan, PolicyState]:
     numel = model_numel(spec.model.model_dump_json(), tuple(input_shape), num_classes)
     state = PolicyState(tiers={k: Tier(v) for k, v in (tiers or {}).items()})
-    return plan_round(spec, numel, [measurement(n, spec) for n in nodes], state)
+    step_s = step_s or {}
+    return plan_round(spec, numel, [measurement(n, spec, step_s.get(n.pk)) for n in nodes], state)
 
 
 def _entry(p: NodePlan) -> dict[str, Any]:
@@ -102,7 +107,8 @@ def is_far(plan: dict[str, Any] | None, node_id: object) -> bool:
 def plan_cohort(job: Job, nodes: Sequence[Node]) -> tuple[dict[str, Any], dict[str, str]]:
     """One round's plan for the nodes online at its opening, and the policy's tiers after
     it: what `open_round` stores on the round and the job (see Round.plan)."""
-    plan, state = _plan(job.parsed_spec, job.input_shape, job.num_classes, nodes, job.policy_tiers)
+    plan, state = _plan(job.parsed_spec, job.input_shape, job.num_classes, nodes,
+                        job.policy_tiers, observed_step_s(job, nodes))  # fmt: skip
     entries = {plan_key(nid): _entry(p) for nid, p in plan.nodes.items()}
     return entries, {nid: t.value for nid, t in state.tiers.items()}
 
@@ -114,13 +120,39 @@ def planned_work(entry: dict[str, Any], spec: JobSpec) -> Work:
     return Work(steps=int(steps), batch_size=int(entry["batch_size"]), codec=str(entry["codec"]))
 
 
-def measurement(node: Node, spec: JobSpec) -> NodeMeasurement:
+def observed_step_s(job: Job, nodes: Sequence[Node]) -> dict[object, float]:
+    """Seconds per step each node took on this job's recent tasks (the median of its last
+    OBSERVED_TASKS accepted results): what the plan sizes its next work on, in place of the
+    benchmark it ran as it started, which a busy machine or a cold start can get several
+    fold wrong. Nodes new to the job are missing: the benchmark stands for them."""
+    ids = [n.pk for n in nodes]
+    rows = (
+        TaskResult.objects.filter(
+            task__round__job=job, node_id__in=ids, accepted=True, compute_s__gt=0, task__steps__gt=0
+        )
+        .order_by("-created_at")
+        .values_list("node_id", "compute_s", "task__steps", "metrics")[: OBSERVED_TASKS * len(ids)]
+    )
+    per_node: dict[object, list[float]] = {}
+    for node_id, compute_s, leased, metrics in rows:
+        reported = metrics.get("steps") if isinstance(metrics, dict) else None
+        # the steps it says it took (an overlapping node merges more), else those it was given
+        steps = reported if isinstance(reported, int | float) and reported >= 1 else leased
+        seen = per_node.setdefault(node_id, [])
+        if len(seen) < OBSERVED_TASKS:
+            seen.append(compute_s / steps)
+    return {nid: statistics.median(v) for nid, v in per_node.items()}
+
+
+def measurement(node: Node, spec: JobSpec, step_s: float | None = None) -> NodeMeasurement:
+    """What the policy knows of a node: its measured link, its step time (observed on the
+    job when given, else from its benchmark) and its record."""
     net = {**node.network, **node.live_network}
     rtt_ms = float(net.get("rtt_ms") or DEFAULT_RTT_MS)
     reports = node.verified_ok + node.verified_bad
     return NodeMeasurement(
         node_id=str(node.pk),
-        step_s=step_seconds(node.benchmark, spec),
+        step_s=step_s if step_s is not None else step_seconds(node.benchmark, spec),
         rtt_s=max(rtt_ms, 0.1) / 1000,
         up_bps=float(net.get("up_mbps") or DEFAULT_MBPS) * 1e6,
         down_bps=float(net.get("down_mbps") or DEFAULT_MBPS) * 1e6,

@@ -79,3 +79,22 @@ def test_the_round_plan_sits_out_an_unhealthy_node_until_the_round_would_stall(
     tick()
     assert Round.objects.get(pk=first.pk).plan == {}
     assert bad.claim() is not None
+
+
+def test_the_next_round_is_sized_on_the_step_time_nodes_showed(make_agent, submit) -> None:
+    """Three nodes with one benchmark get equal work; once their tasks show that one steps
+    4x as fast as the others, the next round's plan gives it about 4x the steps."""
+    bench = {"train_samples_per_s": {"mlp": 16000}}
+    agents = [make_agent(kind="platform", benchmark=bench) for _ in range(3)]
+    submit(spec=_adaptive_spec("int8"), tier="platform")
+    first = [agent.claim() for agent in agents]
+    assert len({task["steps"] for task in first}) == 1
+    for agent, task, per_step in zip(agents, first, (0.0005, 0.002, 0.002), strict=True):
+        payload, metrics = agent.train(task)
+        # held long enough that the server takes its compute_s as it is (it clamps to the lease)
+        Task.objects.filter(pk=task["id"]).update(leased_at=timezone.now() - timedelta(minutes=5))
+        metrics |= {"compute_s": per_step * metrics["steps"]}
+        assert agent.upload(task["id"], payload, metrics).status_code == 201
+    fast, slow, _ = (agent.claim() for agent in agents)
+    assert fast["round"] == slow["round"] == 2
+    assert fast["steps"] == pytest.approx(4 * slow["steps"], rel=0.2)
