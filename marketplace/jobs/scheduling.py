@@ -20,7 +20,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from marketplace.jobs.delivery import model_source
+from marketplace.jobs.delivery import model_source, record_model
 from marketplace.jobs.models import (
     Job,
     JobStatus,
@@ -336,6 +336,11 @@ def overlap_allowed(task: Task) -> bool:
 def task_payload(task: Task) -> dict[str, Any]:
     """The task as docs/agent-api.md defines it."""
     job = task.round.job
+    source = model_source(task)
+    if source["kind"] == "seed":
+        # the node builds round 1's model itself as it starts the task: it holds it from
+        # now on, whatever becomes of its update, and later rounds can come as deltas
+        record_model(task.node_id, job, task.round)
     payload = {
         "id": str(task.id),
         "job_id": str(job.id),
@@ -349,7 +354,7 @@ def task_payload(task: Task) -> dict[str, Any]:
         "proximal_mu": job.proximal_mu,
         "deadline": task.lease_expires,
         "model_hash": task.round.input_model_hash,
-        "model_source": model_source(task),
+        "model_source": source,
         "shard_hash": task.shard.content_hash if task.shard else None,
         "overlap": overlap_allowed(task),
     }

@@ -59,6 +59,25 @@ def test_round_one_is_built_from_the_seed(make_agent, submit) -> None:
     assert state_hash(model.state_dict()) == task["model_hash"]  # what the runner checks
 
 
+def test_a_node_handed_the_seed_model_gets_the_next_round_as_a_delta(make_agent, submit) -> None:
+    """Round 1's model is built on the node, never downloaded: the server counts it held
+    from the hand-out, so a node whose round-1 update never counted (cancelled, late,
+    failed) still gets round 2 as a delta, not whole."""
+    a, b = make_agent(kind="platform"), make_agent(kind="platform")
+    job = submit(spec=DELTA_SPEC, tier="platform")
+    seeded = b.claim()
+    assert seeded["model_source"]["kind"] == "seed"
+    fail = b.client.post(f"/api/v1/agent/tasks/{seeded['id']}/fail",
+                         {"reason": "crashed", "detail": "test"}, format="json")  # fmt: skip
+    assert fail.status_code == 200
+    _work_round(a, 3)  # round 1 closes without b's update
+    r1, r2 = (Round.objects.get(job=job["id"], number=n) for n in (1, 2))
+    task = b.claim()
+    assert task["round"] == 2
+    assert task["model_source"] == {"kind": "delta", "base": r1.input_model_hash,
+                                    "chain": [r2.input_model_hash]}  # fmt: skip
+
+
 def test_later_rounds_come_as_deltas_against_the_nodes_copy(make_agent, submit) -> None:
     a, b = make_agent(kind="platform"), make_agent(kind="platform")
     job = submit(spec=DELTA_SPEC, tier="platform")
