@@ -66,6 +66,7 @@ log = logging.getLogger("gpuflex.agent")
 TASK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # ids become folder names: no traversal
 MAX_TRAIN_ATTEMPTS = 3  # a task that kills the sandbox this often is reported, not retried
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
+HEARTBEAT_TASKS = 32  # the most task_ids a heartbeat names (docs/agent-api.md)
 LINK_PROBE_BYTES = 32 * 1024  # times a 0.3 Mbit/s link in about a second (desktop.netprobe)
 CONTINUED = ".continue"  # a continuation's folder: the task's id and this (see Continuation)
 
@@ -1099,6 +1100,11 @@ class Agent:
         if st.task is not None:
             body["task_id"] = st.task.id
             body["progress"] = round(st.task.progress, 4)
+        # every lease this node holds stays alive while it does: prefetched tasks and the one
+        # whose update uploads too (the server takes at most HEARTBEAT_TASKS)
+        held = [r.id for r in self.journal.open()]
+        if held:
+            body["task_ids"] = held[:HEARTBEAT_TASKS]
         try:
             t0 = time.monotonic()
             answer = self.client.heartbeat(body)

@@ -107,8 +107,11 @@ class Journal:
     def get(self, task_id: str) -> TaskRecord | None:
         return self.tasks.get(task_id)
 
+    # under the lock: the heartbeat thread reads while the work loop records
     def open(self) -> list[TaskRecord]:
-        return [r for r in self.tasks.values() if r.state != "done"]
+        with self._lock:
+            return [r for r in self.tasks.values() if r.state != "done"]
 
     def finished(self) -> list[TaskRecord]:
-        return [r for r in self.tasks.values() if r.state == "done"]
+        with self._lock:
+            return [r for r in self.tasks.values() if r.state == "done"]

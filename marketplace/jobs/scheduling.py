@@ -154,23 +154,25 @@ def _needs_replica(node: Node) -> bool:
     return random.random() < conf["REPLICATION_SHARE"]
 
 
-def extend_lease(node: Node, task_id: str | None) -> bool:
-    """A heartbeat naming the task its node trains keeps that task's lease: a task may run
-    longer than LEASE_TIMEOUT_S while its node is alive, and a node that goes silent still
-    loses it. One conditional UPDATE, which writes only once half the lease is gone."""
-    if not task_id:
-        return False
-    try:
-        uuid.UUID(str(task_id))
-    except ValueError:
-        return False  # not one of ours: nothing to keep
+def extend_lease(node: Node, *task_ids: str | None) -> int:
+    """A heartbeat naming the tasks its node holds keeps their leases: a task may run longer
+    than LEASE_TIMEOUT_S while its node is alive (and a node holds several at once: the one
+    it trains, those it prefetched, the one whose update uploads), while a node that goes
+    silent still loses them. One conditional UPDATE, which writes only the leases that have
+    less than half their time left. Returns how many it extended."""
+    ids = []
+    for task_id in task_ids:
+        try:
+            ids.append(uuid.UUID(str(task_id)))
+        except ValueError:
+            continue  # not one of ours: nothing to keep
+    if not ids:
+        return 0
     timeout = timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
     now = timezone.now()
-    return bool(
-        Task.objects.filter(
-            pk=task_id, node=node, status=TaskStatus.LEASED, lease_expires__lt=now + timeout / 2
-        ).update(lease_expires=now + timeout)
-    )
+    return Task.objects.filter(
+        pk__in=ids, node=node, status=TaskStatus.LEASED, lease_expires__lt=now + timeout / 2
+    ).update(lease_expires=now + timeout)
 
 
 def _lease(task: Task, node: Node) -> bool:
@@ -238,6 +240,8 @@ def add_replica(
 
 # the most tasks one claim leases (`POST agent/claim?max=N`)
 MAX_CLAIM_BATCH = 8
+# the most tasks one heartbeat keeps leased (its `task_ids`): a few claim batches' worth
+MAX_HEARTBEAT_TASKS = 32
 
 
 def claim_next(node: Node) -> Task | None:

@@ -380,3 +380,34 @@ def test_inputs_come_from_the_cache_by_content_hash(market, logged_in, isolated_
     # the runner says the inputs are corrupt, not which: both are fetched anew
     assert _gets(market, "shard") == _gets(market, "model") == 2
     assert shard.read_bytes() == first.shard  # checked again, and kept again
+
+
+class _BeatRecorder:
+    """Stands in for the client: keeps each heartbeat's body."""
+
+    node_key = "gfx_n_test"
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, object]] = []
+
+    def heartbeat(self, body: dict[str, object]) -> dict[str, object]:
+        self.bodies.append(body)
+        return {"heartbeat_interval_s": 5.0}
+
+
+def test_a_heartbeat_names_every_task_the_node_holds(logged_in, isolated_dirs, fake_bench):
+    """Prefetched tasks and one whose update still uploads keep their leases as the trained
+    one does: the heartbeat names all the journal's open tasks (at most HEARTBEAT_TASKS),
+    and none it has finished."""
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    recorder = _BeatRecorder()
+    agent.client = recorder  # type: ignore[assignment]
+    agent.journal.record("t-done", "claimed", task={"id": "t-done"})
+    agent.journal.record("t-done", "done", outcome="uploaded")
+    for i in range(40):
+        agent.journal.record(f"t-{i}", "claimed", task={"id": f"t-{i}"})
+    agent.journal.record("t-0", "ready")
+    agent._heartbeat_once()
+    held = recorder.bodies[-1]["task_ids"]
+    assert held == [f"t-{i}" for i in range(32)]
+    assert "t-done" not in held

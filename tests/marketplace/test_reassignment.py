@@ -105,3 +105,21 @@ def test_claiming_brings_an_offline_node_back(make_agent, submit) -> None:
     assert Node.objects.get(pk=agent.node_id).state == "idle"
     tick()  # its fresh lease is not reclaimed: the claim counted as a heartbeat
     assert Task.objects.get(pk=task["id"]).status == "leased"
+
+
+def test_one_heartbeat_keeps_every_lease_it_names(make_agent, submit) -> None:
+    """A node holding several tasks (a claim batch, a prefetch, an upload in flight) keeps all
+    of them with one heartbeat's `task_ids`; another node's task among them is left alone."""
+    worker, other = make_agent(kind="platform"), make_agent(kind="platform")
+    submit(tier="platform")
+    first, second, theirs = worker.claim(), worker.claim(), other.claim()
+    ids = [first["id"], second["id"], theirs["id"]]
+    soon = timezone.now() + timedelta(seconds=10)
+    Task.objects.filter(pk__in=ids).update(lease_expires=soon)
+    reply = worker.heartbeat("working", task_id=first["id"], task_ids=[*ids, "not-a-task"])
+    assert reply.status_code == 200
+    for pk in ids[:2]:
+        assert Task.objects.get(pk=pk).lease_expires > soon
+    assert Task.objects.get(pk=theirs["id"]).lease_expires == soon
+    too_many = worker.heartbeat("working", task_ids=[first["id"]] * 33)
+    assert too_many.status_code == 400 and "task_ids" in too_many.json()["detail"]

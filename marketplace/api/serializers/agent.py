@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from marketplace.jobs.scheduling import MAX_CLAIM_BATCH
+from marketplace.jobs.scheduling import MAX_CLAIM_BATCH, MAX_HEARTBEAT_TASKS
 from marketplace.jobs.uploads import FAIL_REASONS
 
 
@@ -26,7 +26,15 @@ class HeartbeatSerializer(serializers.Serializer):
         required=False, allow_blank=True, default="", max_length=200,
         help_text="why the node is paused or waiting (its work policy), in words",
     )  # fmt: skip
-    task_id = serializers.CharField(required=False, allow_null=True, max_length=64)
+    task_id = serializers.CharField(
+        required=False, allow_null=True, max_length=64, help_text="the task the node trains"
+    )
+    task_ids = serializers.ListField(
+        child=serializers.CharField(max_length=64), required=False, default=list,
+        max_length=MAX_HEARTBEAT_TASKS,
+        help_text="every task the node holds (training, prefetched, uploading): their leases "
+        "are extended while the node is alive",
+    )  # fmt: skip
     progress = serializers.FloatField(required=False, allow_null=True, min_value=0, max_value=1)
     metrics = HeartbeatMetricsSerializer(required=False, default=dict)
     network = HeartbeatNetworkSerializer(required=False, default=dict)

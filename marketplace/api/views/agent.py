@@ -55,8 +55,9 @@ class HeartbeatView(AgentView):
         body = HeartbeatSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         node = self.node(request)
+        held = body.validated_data.pop("task_ids")
         reply = record_heartbeat(node, **body.validated_data)
-        extend_lease(node, body.validated_data.get("task_id"))
+        extend_lease(node, body.validated_data.get("task_id"), *held)
         return Response(HeartbeatReplySerializer(reply).data)
 
 
