@@ -2,7 +2,8 @@
 
 The same rules as `scheduling.eligible_tasks` (tier, price, memory, reliability, never two
 replicas of one unit on one node, platform nodes take replicas first, no task in a round the
-job's plan keeps the node from: `scheduling.sat_out`), applied to many
+job's plan keeps the node from, no replica in a round it syncs every other round:
+`scheduling.plan_rules`), applied to many
 nodes at once: tasks are grouped by job, so each decision costs O(jobs), not O(tasks).
 """
 
@@ -24,6 +25,19 @@ class NodeView:
     price: Decimal
     memory_gb: float
     reliability: float
+
+
+@dataclass(frozen=True)
+class PlanRules:
+    """What the open rounds' plans (trainer.adapt) keep one node from."""
+
+    sat_out: Set[int] = frozenset()  # rounds it takes no task of
+    # rounds whose plan has it syncing every other round: it takes no replica there, whose
+    # result would come in after the round it verifies has closed
+    far: Set[int] = frozenset()
+
+    def bars(self, round_id: int, replica: int) -> bool:
+        return round_id in self.sat_out or (replica > 0 and round_id in self.far)
 
 
 @dataclass(frozen=True)
@@ -52,13 +66,13 @@ def plan_assignments(
     slots: int = 1,
     min_reliability: float = 0.0,
     held: Iterable[tuple[tuple[int, int], int]] = (),
-    sat_out: Mapping[int, Set[int]] | None = None,
+    rules: Mapping[int, PlanRules] | None = None,
 ) -> list[tuple[object, int]]:
     """(task id, node id) pairs: each node gets up to `slots` tasks, each task one node.
 
     `tasks` come in priority order (oldest job first); `held` lists (unit, node) pairs
-    already leased, so no node is given a second replica of a unit it holds; `sat_out` maps
-    a node to the rounds it must take no task of.
+    already leased, so no node is given a second replica of a unit it holds; `rules` maps a
+    node to what the rounds' plans keep it from.
     """
     # per job, two queues: primaries and replicas, each in priority order
     queues: dict[object, tuple[deque[TaskView], deque[TaskView]]] = {}
@@ -71,7 +85,7 @@ def plan_assignments(
         for node in ordered:
             if node.reliability < min_reliability:
                 continue
-            task = _take(queues, node, holding, (sat_out or {}).get(node.id, frozenset()))
+            task = _take(queues, node, holding, (rules or {}).get(node.id, PlanRules()))
             if task is not None:
                 plan.append((task.id, node.id))
                 holding.add((task.unit, node.id))
@@ -82,14 +96,16 @@ def _take(
     queues: dict[object, tuple[deque[TaskView], deque[TaskView]]],
     node: NodeView,
     holding: set[tuple[tuple[int, int], int]],
-    barred: Set[int],
+    rules: PlanRules,
 ) -> TaskView | None:
     order = (1, 0) if node.kind == NodeKind.PLATFORM else (0, 1)
     for which in order:
         for pair in queues.values():
             queue = pair[which]
             # a job has one open round at a time: its queue is all of one round
-            if not queue or not _eligible_job(queue[0], node) or queue[0].unit[0] in barred:
+            if not queue or not _eligible_job(queue[0], node):
+                continue
+            if rules.bars(queue[0].unit[0], queue[0].replica):
                 continue
             # skip (rarely more than one) units this node already holds, keeping their order
             skipped = []

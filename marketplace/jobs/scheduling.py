@@ -31,6 +31,7 @@ from marketplace.jobs.models import (
     TaskStatus,
     Tier,
 )
+from marketplace.jobs.planning import NodeView, PlanRules, TaskView, plan_assignments
 from marketplace.jobs.signals import bump_work_generation, work_generation
 from marketplace.jobs.sizing import is_far, plan_key, plan_works, planned_work, size_work
 from marketplace.nodes.models import Node, NodeKind
@@ -56,7 +57,8 @@ def claim_order(node: Node) -> tuple[Any, ...]:
 
 def eligible_tasks(node: Node) -> QuerySet[Task]:
     """Pending tasks this node may run: job running, tier, price, memory, never a second
-    replica of a unit it already holds, and not in a round its job's policy sits it out of."""
+    replica of a unit it already holds, and nothing the rounds' plans keep it from
+    (`plan_rules`)."""
     mine = Task.objects.filter(round=OuterRef("round"), shard=OuterRef("shard"), node=node)
     qs = (
         Task.objects.filter(
@@ -68,7 +70,10 @@ def eligible_tasks(node: Node) -> QuerySet[Task]:
         )
         .filter(Q(reserved_for__isnull=True) | Q(reserved_for=node))
         .exclude(Exists(mine))
-        .exclude(round__in=_sat_out(node))
+    )
+    rules = _plan_rules(node)
+    qs = qs.exclude(round__in=sorted(rules.sat_out)).exclude(
+        round__in=sorted(rules.far), replica__gt=0
     )
     if node.kind == NodeKind.PLATFORM:
         # volunteer-tier jobs still use platform nodes to verify volunteers' results
@@ -76,19 +81,20 @@ def eligible_tasks(node: Node) -> QuerySet[Task]:
     return qs.exclude(round__job__tier=Tier.PLATFORM)
 
 
-def _sat_out(node: Node) -> list[int]:
-    """Open rounds whose plan sits this node out (trainer.adapt: temporarily excluded for
-    poor health), and those a far node's two-round work already spans (`_far_busy`)."""
-    return sorted(sat_out([node]).get(node.pk, set()))
+def _plan_rules(node: Node) -> PlanRules:
+    return plan_rules([node]).get(node.pk, PlanRules())
 
 
-def sat_out(nodes: Sequence[Node]) -> dict[int, set[int]]:
-    """node id -> the open rounds `_sat_out` keeps it from: the one rule for the live claim
-    and the bulk planner (`lease_batch`). Read in Python: one small query over the open
-    rounds' plans, and one more per node that some plan has syncing every other round."""
+def plan_rules(nodes: Sequence[Node]) -> dict[int, PlanRules]:
+    """node id -> what the open rounds' plans keep it from: the one rule for the live claim
+    (`eligible_tasks`) and the bulk planner (`lease_batch`). A node sits out the rounds its
+    plan excludes it from (trainer.adapt: poor health) and those a far node's two-round work
+    already spans (`_far_busy`), and takes no replica in a round it syncs every other round.
+    Read in Python: one small query over the open rounds' plans, and one more per node that
+    some plan has syncing every other round."""
     plans = Round.objects.filter(status=RoundStatus.OPEN, job__status=JobStatus.RUNNING)
     rows = list(plans.exclude(plan={}).values_list("pk", "job_id", "number", "plan"))
-    out: dict[int, set[int]] = {}
+    out: dict[int, PlanRules] = {}
     for node in nodes:
         key = plan_key(node.pk)
         rounds: set[int] = set()
@@ -99,8 +105,8 @@ def sat_out(nodes: Sequence[Node]) -> dict[int, set[int]]:
             elif is_far(plan, node.pk):
                 far[(job_id, number)] = pk
         rounds.update(_far_busy(node, far))
-        if rounds:
-            out[node.pk] = rounds
+        if rounds or far:
+            out[node.pk] = PlanRules(frozenset(rounds), frozenset(far.values()))
     return out
 
 
@@ -193,8 +199,15 @@ def _lease(task: Task, node: Node) -> bool:
             num_classes=job.num_classes,
         )
         steps, batch, codec = work.steps, work.batch_size, work.codec
-    # federated tasks train on data only their node has: a replica could not agree
-    replicable = task.shard_id is not None and job.tier != Tier.PLATFORM
+    # federated tasks train on data only their node has: a replica could not agree; and a
+    # far node's two-round task is not replicated: a replica's on-time result would settle
+    # the unit and the far node's update, folded in a round later, would be thrown away
+    # (the statistical filter still screens it when it is folded in)
+    replicable = (
+        task.shard_id is not None
+        and job.tier != Tier.PLATFORM
+        and not is_far(task.round.plan, node.pk)
+    )
     replicate = task.replica == 0 and replicable and _needs_replica(node)
     if replicate and codec == "topk":
         # top-k's error feedback makes an upload depend on the node's earlier tasks, so two
@@ -376,7 +389,6 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
     Rows are read as tuples, never as model instances: this is the hot path for big fleets.
     """
     from marketplace.jobs.models import Job
-    from marketplace.jobs.planning import NodeView, TaskView, plan_assignments
 
     now = timezone.now()
     expires = now + timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
@@ -422,7 +434,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
             slots=slots,
             min_reliability=settings.GPUFLEX["MIN_RELIABILITY"],
             held=(((r, s), n) for r, s, n in held),
-            sat_out=sat_out(nodes),
+            rules=plan_rules(nodes),
         )
         by_id = {r[0]: r for r in rows}
         by_node = {n.pk: n for n in nodes}

@@ -162,6 +162,39 @@ def test_a_stalled_round_keeps_the_far_task_out_of_its_quorum(make_agent, submit
     assert _round(job, 2).metrics["late_folded"] == 1
 
 
+def _volunteers(make_agent) -> tuple[list[Agent], Agent]:
+    """As `_fleet`, but untrusted volunteers: every task they take is replicated."""
+    near = [make_agent(benchmark=BENCHMARK, network=NEAR) for _ in range(2)]
+    return near, make_agent(benchmark=BENCHMARK, network=FAR)
+
+
+def test_a_far_task_is_not_replicated(make_agent, submit) -> None:
+    """A replica's on-time result would settle the unit, and the far node's update, folded
+    in a round later, would be thrown away: its two-round task goes unreplicated."""
+    near, far = _volunteers(make_agent)
+    job = submit(spec=_spec("stale", shards=3), tier="hybrid")
+    assert _round(job, 1).plan[f"n{far.node_id}"]["sync_every"] == 2
+    two_round = far.claim()
+    unit = Task.objects.get(pk=two_round["id"])
+    assert Task.objects.filter(round=unit.round, shard=unit.shard).count() == 1
+    mine = near[0].claim()  # a near volunteer's task is replicated as ever
+    near_unit = Task.objects.get(pk=mine["id"])
+    assert Task.objects.filter(round=near_unit.round, shard=near_unit.shard).count() == 2
+
+
+def test_a_far_node_takes_no_replica_in_its_far_round(make_agent, submit) -> None:
+    """Its result would come after the round it verifies closed: the replicas go to the near
+    nodes, each never one of its own unit."""
+    near, far = _volunteers(make_agent)
+    job = submit(spec=_spec("stale", shards=2), tier="hybrid")
+    primaries = [agent.claim() for agent in near]
+    assert {Task.objects.get(pk=t["id"]).replica for t in primaries} == {0}
+    assert Task.objects.filter(round=_round(job, 1), replica=1, status="pending").count() == 2
+    assert far.claim() is None
+    replicas = [agent.claim() for agent in near]
+    assert {Task.objects.get(pk=t["id"]).replica for t in replicas} == {1}
+
+
 def test_plans_without_sync_every_have_no_far_nodes() -> None:
     entry = {"participate": True, "steps": 8, "batch_size": 32, "codec": "none"}
     assert not is_far({"n1": entry}, 1)  # stored before far nodes were planned

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from marketplace.jobs.models import Task
-from marketplace.jobs.planning import NodeView, TaskView, plan_assignments
+from marketplace.jobs.planning import NodeView, PlanRules, TaskView, plan_assignments
 from marketplace.jobs.scheduling import lease_batch
 from marketplace.nodes.models import Node
 from tests.marketplace.helpers import SMALL_SPEC
@@ -92,9 +92,20 @@ def test_lease_batch_without_row_locks_uses_compare_and_set(make_agent, submit, 
 def test_a_node_is_given_nothing_of_a_round_it_sits_out() -> None:
     tasks = [task(0), task(1)]  # both of round 1 (TaskView.unit[0])
     nodes = [node(0), node(1)]
-    plan = plan_assignments(tasks, nodes, slots=2, sat_out={0: {1}})
+    plan = plan_assignments(tasks, nodes, slots=2, rules={0: PlanRules(sat_out={1})})
     assert {n for _, n in plan} == {1} and len(plan) == 2
-    assert plan_assignments(tasks, nodes, slots=2, sat_out={0: {2}}) != plan  # another round
+    other_round = plan_assignments(tasks, nodes, slots=2, rules={0: PlanRules(sat_out={2})})
+    assert other_round != plan
+
+
+def test_a_far_node_is_given_no_replica_of_its_far_round() -> None:
+    """A replica's result verifies its round; a node syncing every other round would bring
+    it after that round closed. It still takes primaries there, and replicas elsewhere."""
+    tasks = [task(0, replica=1), task(1, replica=0)]
+    far = {0: PlanRules(far={1})}
+    assert plan_assignments(tasks, [node(0)], slots=2, rules=far) == [(1, 0)]
+    elsewhere = {0: PlanRules(far={2})}
+    assert len(plan_assignments(tasks, [node(0)], slots=2, rules=elsewhere)) == 2
 
 
 @pytest.mark.django_db(transaction=True)
