@@ -217,6 +217,18 @@ def kept_in_flight(rnd: Round) -> list[Any]:
     return [t.pk for t in kept if t.unit not in settled]
 
 
+def close_after_far_leases(tasks: list[Task]) -> int:
+    """A round whose other units all settled waits for nobody once a far node leases its
+    two-round task (`quorum_reached` leaves it out): close it now rather than at the next
+    maintenance tick or upload. Returns how many rounds closed."""
+    rounds = {t.round_id for t in tasks if t.replica == 0 and is_far(t.round.plan, t.node_id)}
+    closed = 0
+    for pk in sorted(rounds):
+        with transaction.atomic():
+            closed += maybe_close(Round.objects.select_for_update().get(pk=pk))
+    return closed
+
+
 def maybe_close(rnd: Round) -> bool:
     """Close the round if quorum is reached; the caller holds the round's row lock."""
     if rnd.status != RoundStatus.OPEN:

@@ -162,6 +162,20 @@ def test_a_stalled_round_keeps_the_far_task_out_of_its_quorum(make_agent, submit
     assert _round(job, 2).metrics["late_folded"] == 1
 
 
+def test_the_far_lease_closes_a_round_that_waited_only_for_it(make_agent, submit) -> None:
+    """The near nodes settled every other unit; the round waited for the last one. Once the
+    far node leases it for two rounds, nothing is left to wait for: the claim closes it."""
+    near, far = _fleet(make_agent)
+    job = submit(spec=_spec("stale", shards=3), tier="platform")
+    for agent in near:
+        assert agent.work(agent.claim()).status_code == 201
+    assert _round(job, 1).status == "open"
+    two_round = far.claim()
+    assert two_round is not None and two_round["round"] == 1
+    assert _round(job, 1).status != "open"
+    assert Task.objects.get(pk=two_round["id"]).status == "leased"
+
+
 def _volunteers(make_agent) -> tuple[list[Agent], Agent]:
     """As `_fleet`, but untrusted volunteers: every task they take is replicated."""
     near = [make_agent(benchmark=BENCHMARK, network=NEAR) for _ in range(2)]

@@ -31,6 +31,7 @@ from marketplace.api.throttles import HeartbeatThrottle, ProbeThrottle
 from marketplace.jobs import files
 from marketplace.jobs.delivery import model_bytes, record_model, record_shard
 from marketplace.jobs.errors import LocalDataset, TooLarge
+from marketplace.jobs.rounds import close_after_far_leases
 from marketplace.jobs.scheduling import claim_with_wait, extend_lease, task_payload
 from marketplace.jobs.uploads import accept_update, fail_task, task_for_node
 from marketplace.ledger.selectors import node_earnings
@@ -79,6 +80,7 @@ class ClaimView(AgentView):
         tasks = claim_with_wait(node, wait, query.validated_data["max"])
         if not tasks:
             return Response(status=status.HTTP_204_NO_CONTENT)
+        close_after_far_leases(tasks)
         payloads = [task_payload(t) for t in tasks]
         return Response(ClaimReplySerializer({"task": payloads[0], "tasks": payloads}).data)
 
