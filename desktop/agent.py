@@ -920,7 +920,8 @@ class Agent:
             for name in ("task.json", "shard.safetensors"):
                 _link_or_copy(src / name, folder / name)
             (src / LOCAL).replace(folder / LOCAL)
-            (folder / CONTINUE).write_text(json.dumps({"task": rec.id}), encoding="utf-8")
+            marker = {"task": rec.id, "pace": self.compute_scale}  # see task_runner._pace
+            (folder / CONTINUE).write_text(json.dumps(marker), encoding="utf-8")
         except OSError as exc:  # best effort: the upload is what counts
             self._warn(f"task {rec.id}: cannot train on while uploading ({exc})")
             shutil.rmtree(folder, ignore_errors=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -217,13 +218,16 @@ def _dataset(shard: dict[str, Any], spec: Any, state: dict[str, Any]) -> Any:
     )  # fmt: skip
 
 
-def _watch_steps(model: Any, steps: int, accum: int, stop: Path | None) -> dict[str, Any]:
+def _watch_steps(
+    model: Any, steps: int, accum: int, stop: Path | None, pace: float = 1.0
+) -> dict[str, Any]:
     """Hooks on `model`: progress events for the agent's progress bar (train_local has no
     callback; one forward per micro-batch, `accum` of them make a step), and with `stop`, a
-    graceful stop before the step that would start once that file exists. Returns the count
-    of training forwards, `n`."""
+    graceful stop before the step that would start once that file exists. `pace` > 1 holds
+    each step back to `pace` x the time it took, as a GPU that many times slower would (the
+    agent's `compute_scale`, a bench device). Returns the count of training forwards, `n`."""
     total = steps * accum
-    seen = {"n": 0, "t": 0.0}
+    seen = {"n": 0, "t": 0.0, "step": time.monotonic()}
 
     def on_forward(module: Any, args: Any, out: Any) -> None:
         if module.training:
@@ -235,11 +239,18 @@ def _watch_steps(model: Any, steps: int, accum: int, stop: Path | None) -> dict[
 
     def before_forward(module: Any, args: Any) -> None:
         # only between steps: the weights then hold exactly the steps done
-        if module.training and seen["n"] % accum == 0 and stop is not None and stop.exists():
+        if not module.training or seen["n"] % accum:
+            return
+        if pace > 1.0 and seen["n"]:
+            until = time.monotonic() + (pace - 1.0) * (time.monotonic() - seen["step"])
+            while time.monotonic() < until and not (stop is not None and stop.exists()):
+                time.sleep(min(0.02, max(0.0, until - time.monotonic())))
+        if stop is not None and stop.exists():
             raise _StopRequested
+        seen["step"] = time.monotonic()
 
     model.register_forward_hook(on_forward)
-    if stop is not None:
+    if stop is not None or pace > 1.0:
         model.register_forward_pre_hook(before_forward)
     return seen
 
@@ -359,6 +370,18 @@ def run(folder: Path) -> int:
     return EXIT_OK
 
 
+def _pace(folder: Path) -> float:
+    """The continuation's `pace` (continue.json): how many times slower than this machine
+    the agent simulates its GPU. The agent slows its tasks itself, after they ran; a
+    continuation is stopped by time (its upload's end), so its steps must be slowed as they
+    happen."""
+    try:
+        pace = float(json.loads((folder / CONTINUE).read_text(encoding="utf-8")).get("pace", 1))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 1.0
+    return pace if math.isfinite(pace) and pace > 1.0 else 1.0
+
+
 def run_continuation(folder: Path) -> int:
     """Train on from local.safetensors while the update uploads (see the module docstring)."""
     _emit(phase="started", t=time.time())
@@ -383,7 +406,8 @@ def run_continuation(folder: Path) -> int:
     model = build_model(spec.model, data.input_shape, data.num_classes, seed=spec.seed).to(device)
     cap = int(task.get("steps") or 0) or None
     accum = spec.local.grad_accum_steps
-    seen = _watch_steps(model, cap or 1, accum, folder / STOP)
+    pace = _pace(folder)
+    seen = _watch_steps(model, cap or 1, accum, folder / STOP, pace)
     started = time.perf_counter()
     stopped = False
     try:

@@ -167,3 +167,52 @@ def test_progress_that_fails_an_updates_checks_is_dropped(tmp_path: Path) -> Non
     assert task_runner.run(folder) == task_runner.EXIT_OK
     assert json.loads((folder / "result.json").read_text())["merged"] is False
     assert _same(folder / "update.safetensors", plain / "update.safetensors")
+
+
+class _Clock:
+    """time for the runner's hooks: it moves only when a step computes or the hook sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_a_paced_continuation_steps_as_a_slower_gpu_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `pace` 3 (the agent's compute_scale) each step is held back to 3x the time it
+    took, so a continuation stopped by its upload's end has done a third of the steps; a
+    stop file ends the wait at once."""
+    clock = _Clock()
+    monkeypatch.setattr(task_runner, "time", clock)
+    model = torch.nn.Linear(2, 2)
+    stop = tmp_path / task_runner.STOP
+    task_runner._watch_steps(model, steps=10, accum=1, stop=stop, pace=3.0)
+    x = torch.zeros(1, 2)
+    starts = []
+    for _ in range(3):
+        model(x)
+        starts.append(clock.now)
+        clock.now += 1.0  # the step's compute
+    assert starts == [0.0, 3.0, 6.0]  # each 1 s step takes 3 s
+    stop.touch()
+    with pytest.raises(task_runner._StopRequested):
+        model(x)
+    assert clock.now == 7.0  # no wait once it is asked to stop (it would have been 9)
+
+
+@pytest.mark.parametrize(
+    ("marker", "pace"),
+    [({"pace": 4}, 4.0), ({}, 1.0), ({"pace": "nan"}, 1.0), ({"pace": 0.5}, 1.0), ([], 1.0)],
+)
+def test_the_continuation_reads_its_pace(tmp_path: Path, marker: object, pace: float) -> None:
+    (tmp_path / task_runner.CONTINUE).write_text(json.dumps(marker))
+    assert task_runner._pace(tmp_path) == pace
