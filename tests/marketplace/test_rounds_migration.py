@@ -1,6 +1,7 @@
 """The move of the round, task and result models from jobs to their own app (#13) keeps the
 rows: a database as it was before the move (jobs 0008) migrates forward with its rounds,
-tasks, results, the nodes' copies and the ledger's link to a result, now in rounds_* tables.
+tasks, results, the nodes' copies and the ledger's link to a result, now in rounds_* tables,
+and with the moved models' content types (and so the permissions on them).
 
 It runs on the suite's own database (PostgreSQL or SQLite), migrating it back and forth, and
 leaves it migrated to the latest state whatever happens."""
@@ -12,6 +13,8 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.contrib.auth.models import Permission
+from django.contrib.contenttypes.models import ContentType
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
@@ -70,6 +73,13 @@ def _old_rows(apps) -> dict[str, object]:
     apps.get_model("ledger", "Transaction").objects.create(
         key="charge-before-the-move", kind="charge", job=job, node=node, task_result=result
     )
+    # a permission on a moved model: its content type moves along
+    content_type, _ = apps.get_model("contenttypes", "ContentType").objects.get_or_create(
+        app_label="jobs", model="round"
+    )
+    apps.get_model("auth", "Permission").objects.create(
+        codename="audit_round", name="Can audit rounds", content_type=content_type
+    )
     return {"job": job.pk, "round": rnd.pk, "task": task.pk, "result": result.pk}
 
 
@@ -96,6 +106,9 @@ def test_the_rows_follow_the_models_into_the_rounds_app() -> None:
     assert Transaction.objects.get(key="charge-before-the-move").task_result == result
     assert ModelCopy.objects.get(job_id=ids["job"]).model_hash == "m1"
     assert ShardCopy.objects.get(shard=task.shard).node_id == task.node_id
+    audit = Permission.objects.get(codename="audit_round")
+    assert audit.content_type == ContentType.objects.get_for_model(Round)
+    assert not ContentType.objects.filter(app_label="jobs", model__in=["round", "task"]).exists()
     # new rows go on where the old ids left off (the sequences came along with the tables)
     later = Round.objects.create(
         job_id=ids["job"], number=2, input_model_hash="m2", input_model_file="m2.bin",
