@@ -9,6 +9,9 @@ from django.db import migrations
 class Migration(migrations.Migration):
     dependencies = [
         ("rounds", "0001_initial"),
+        # renamed once jobs no longer has them, so that migrating jobs back to 0008 gives
+        # jobs its tables back under their old names
+        ("jobs", "0009_round_models_moved_to_rounds"),
     ]
 
     operations = [
