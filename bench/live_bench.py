@@ -172,7 +172,7 @@ def _work(job_id: str) -> dict[str, Any]:
     """What the marketplace sized: codecs and local steps of the job's leased tasks."""
     from collections import Counter
 
-    from marketplace.jobs.models import Task
+    from marketplace.rounds.models import Task
 
     rows = list(
         Task.objects.filter(round__job_id=job_id, steps__isnull=False).values_list("codec", "steps")

@@ -209,11 +209,11 @@ def scheduling(
     from django.core.management import call_command
 
     call_command("migrate", "--noinput", verbosity=0)
-    from marketplace.jobs.models import Task
+    from marketplace.rounds.models import Task
 
     node_objs, round_ = _seed_scheduling(tasks, nodes)
 
-    from marketplace.jobs.scheduling import claim_next, lease_batch
+    from marketplace.rounds.scheduling import claim_next, lease_batch
 
     started = time.perf_counter()
     leased = lease_batch(node_objs, slots=-(-tasks // nodes))
@@ -246,8 +246,9 @@ def charging(results: int = 2_000) -> dict[str, Any]:
     does anyway. Runs after `scheduling`, on its leased tasks."""
     from django.utils import timezone
 
-    from marketplace.jobs.models import Job, Task, TaskResult
+    from marketplace.jobs.models import Job
     from marketplace.ledger.services import charge_result, grant_credit, hold_budget
+    from marketplace.rounds.models import Task, TaskResult
 
     job = Job.objects.get(name="bench")
     job.budget = Decimal("1000000")
@@ -290,8 +291,9 @@ def _seed_scheduling(tasks: int, nodes: int) -> tuple[list[Any], Any]:
     from django.utils import timezone
 
     from marketplace.accounts.services import create_user
-    from marketplace.jobs.models import Job, Round, Shard, Task
+    from marketplace.jobs.models import Job, Shard
     from marketplace.nodes.models import Node
+    from marketplace.rounds.models import Round, Task
     from trainer.spec import parse_spec
 
     buyer = create_user("bench-buyer", "buyer")

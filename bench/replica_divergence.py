@@ -1,7 +1,7 @@
 """How far do honest replicas in different precisions drift apart, and how far do cheats land?
 
 Replicas of one task (same global model, shard, seed, steps and batch) are compared by
-marketplace/jobs/verification.py with trainer.replicas.agreement. This measures what that rule
+marketplace/rounds/verification.py with trainer.replicas.agreement. This measures what that rule
 must separate, on the model zoo's models and offline data: the digits MLP and CNN (scikit-
 learn's digits) and a small byte transformer on text (the Python standard library's own source
 as the corpus). Each case runs FedAvg in fp32 over 4 shards (the marketplace's default), 1 epoch

@@ -90,7 +90,7 @@ def _traces(root: Path) -> dict[str, dict[str, float]]:
 
 
 def _phases(root: Path, job_id: str) -> list[dict[str, Any]]:
-    from marketplace.jobs.models import Round, TaskResult
+    from marketplace.rounds.models import Round, TaskResult
 
     traces = _traces(root)
     rounds = list(Round.objects.filter(job_id=job_id).order_by("number"))

@@ -21,8 +21,8 @@ def job_timing(job: Any) -> dict[str, Any]:
     upload came too late for its round is not seen by the server) and the nodes that moved
     any bytes for the job (NodeTraffic).
     """
-    from marketplace.jobs.models import Round, TaskResult
     from marketplace.nodes.models import NodeTraffic
+    from marketplace.rounds.models import Round, TaskResult
 
     first = Round.objects.filter(job=job).order_by("number").first()
     if first is None:
@@ -40,12 +40,13 @@ def job_timing(job: Any) -> dict[str, Any]:
 
 def summarize(job_id: str, plans: dict[str, Any]) -> dict[str, Any]:
     from marketplace.jobs import files
-    from marketplace.jobs.aggregation import artifact_store, provenance_name
-    from marketplace.jobs.models import Job, Round, Task, TaskResult
+    from marketplace.jobs.models import Job
     from marketplace.ledger.reconcile import reconcile
     from marketplace.ledger.selectors import job_costs, node_earnings
     from marketplace.nodes.models import Node
     from marketplace.nodes.selectors import job_traffic
+    from marketplace.rounds.aggregation import artifact_store, provenance_name
+    from marketplace.rounds.models import Round, Task, TaskResult
     from trainer.provenance import ProvenanceChain, verify_with_artifacts
 
     job = Job.objects.get(pk=job_id)

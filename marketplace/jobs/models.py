@@ -1,4 +1,4 @@
-"""Jobs, their shards, rounds, tasks (leases) and task results (the ledger's input)."""
+"""Jobs and their shards; their rounds, tasks and results are marketplace.rounds.models."""
 
 # ruff: noqa: RUF012 - Django/DRF declare Meta options and view settings as class attributes
 
@@ -10,7 +10,6 @@ from functools import cached_property
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
 
 from trainer.spec import JobSpec, parse_spec
 
@@ -90,7 +89,7 @@ class Job(models.Model):
 
 class Shard(models.Model):
     """One cut of a job's training split. Generation 0 is cut at submission; elastic jobs
-    re-cut the split at round boundaries as a new generation (marketplace.jobs.resharding),
+    re-cut the split at round boundaries as a new generation (marketplace.rounds.resharding),
     and keep the older ones: earlier rounds' tasks, verification and provenance name them."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="shards")
@@ -106,190 +105,3 @@ class Shard(models.Model):
                 fields=["job", "generation", "index"], name="shard_unique_index"
             )
         ]
-
-
-class RoundStatus(models.TextChoices):
-    OPEN = "open"
-    AGGREGATING = "aggregating"
-    DONE = "done"
-    CANCELLED = "cancelled"
-
-
-class Round(models.Model):
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="rounds")
-    number = models.PositiveIntegerField()
-    status = models.CharField(max_length=16, choices=RoundStatus.choices, default=RoundStatus.OPEN)
-    input_model_hash = models.CharField(max_length=64)
-    input_model_file = models.CharField(max_length=300)
-    # jobs that deliver models as deltas (trainer.delivery): the payload that leads from the
-    # previous round's input model (`input_delta_base`) to this one; "" when there is none
-    input_delta_file = models.CharField(max_length=300, blank=True)
-    input_delta_base = models.CharField(max_length=64, blank=True)
-    input_delta_size = models.PositiveIntegerField(default=0)
-    # adaptive jobs: the policy's plan for the nodes online at the opening ("n<node id>" ->
-    # participate, steps, batch_size, codec, tier, health); a node it sits out takes no task
-    plan = models.JSONField(default=dict, blank=True)
-    opened_at = models.DateTimeField(auto_now_add=True)
-    deadline = models.DateTimeField()
-    closed_at = models.DateTimeField(null=True, blank=True)
-    # set on entering AGGREGATING; the tick re-enqueues an aggregation that has stalled
-    aggregating_since = models.DateTimeField(null=True, blank=True)
-    # how often the tick re-enqueued this round's aggregation; past a limit the job fails
-    aggregation_restarts = models.PositiveSmallIntegerField(default=0)
-    metrics = models.JSONField(default=dict, blank=True)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["job", "number"], name="round_unique_number"),
-            # at most one round of a job in flight at a time
-            models.UniqueConstraint(
-                fields=["job"],
-                condition=Q(status__in=["open", "aggregating"]),
-                name="round_one_active_per_job",
-            ),
-        ]
-        ordering = ["number"]
-
-
-class TaskStatus(models.TextChoices):
-    PENDING = "pending"
-    LEASED = "leased"
-    DONE = "done"  # an update was accepted for it
-    FAILED = "failed"  # gave up after too many attempts
-    CANCELLED = "cancelled"  # round closed or job cancelled before it finished
-
-
-class Task(models.Model):
-    """One lease-able unit of work: a shard in a round, possibly one of several replicas.
-
-    Replicas (replica > 0) of the same (round, shard) run with the same seed, steps and batch
-    size on different nodes, so honest results agree and can verify each other.
-    """
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="tasks")
-    # None for federated tasks: the node trains on its own local dataset
-    shard = models.ForeignKey(
-        Shard, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks"
-    )
-    # federated tasks are made for one node (the silo); nobody else may lease them
-    reserved_for = models.ForeignKey(
-        "nodes.Node", null=True, blank=True, on_delete=models.CASCADE, related_name="reserved"
-    )
-    replica = models.PositiveSmallIntegerField(default=0)
-    seed = models.BigIntegerField()
-    # fixed at the first lease of the unit (see sizing.py) and copied to replicas
-    steps = models.PositiveIntegerField(null=True, blank=True)
-    batch_size = models.PositiveIntegerField(null=True, blank=True)
-    codec = models.CharField(max_length=16, default="none")
-    status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.PENDING)
-    node = models.ForeignKey(
-        "nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
-    )
-    leased_at = models.DateTimeField(null=True, blank=True)
-    lease_expires = models.DateTimeField(null=True, blank=True)
-    attempts = models.PositiveSmallIntegerField(default=0)
-    last_error = models.CharField(max_length=300, blank=True)
-    # the node's price when it took the lease: what the ledger will charge per GPU-hour
-    price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    @property
-    def unit(self) -> tuple[int | None, int | None]:
-        """What replicas share: the shard, or for a federated task the silo (its node)."""
-        return (self.shard_id, self.reserved_for_id)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(
-                fields=["round", "shard", "replica"], name="task_unique_replica"
-            ),
-            models.UniqueConstraint(
-                fields=["round", "reserved_for"],
-                condition=Q(reserved_for__isnull=False),
-                name="task_one_per_silo",
-            ),
-            # a node never holds two replicas of one unit: they would not verify anything
-            models.UniqueConstraint(
-                fields=["round", "shard", "node"],
-                condition=Q(node__isnull=False),
-                name="task_one_replica_per_node",
-            ),
-        ]
-        indexes = [
-            models.Index(fields=["status", "round"]),
-            models.Index(fields=["status", "lease_expires"]),
-            # the claim order (scheduling.CLAIM_ORDER) over pending tasks only
-            models.Index(
-                fields=["replica", "round", "shard"],
-                condition=Q(status="pending"),
-                name="task_pending_order",
-            ),
-        ]
-
-
-class Precision(models.TextChoices):
-    """trainer.replicas.PRECISIONS: what local training ran in."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-
-
-class TaskResult(models.Model):
-    """An accepted upload and what verification made of it: the ledger charges
-    credited results at price x compute_s."""
-
-    task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="result")
-    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="results")
-    update_file = models.CharField(max_length=300)
-    update_hash = models.CharField(max_length=64, help_text="sha256 of the uploaded bytes")
-    num_samples = models.PositiveIntegerField()
-    metrics = models.JSONField(default=dict)
-    compute_s = models.FloatField(default=0.0)
-    # the precision the node says it trained in (its upload's metadata): replicas are compared
-    # by trainer.replicas.agreement, which takes the claims into account
-    precision = models.CharField(max_length=8, choices=Precision.choices, default=Precision.FP32)
-    # the kind of device it says it trained on ("cpu", "cuda", "mps"; "" from older agents)
-    device = models.CharField(max_length=8, blank=True, default="")
-    # False once statistics or a replica majority reject it
-    accepted = models.BooleanField(default=True)
-    # None: not replicated; True: agreed with a replica majority; False: in the minority
-    verified = models.BooleanField(null=True)
-    verified_against = models.JSONField(default=list, help_text="node ids of the replicas")
-    cosine = models.FloatField(null=True, blank=True)
-    rejection = models.CharField(max_length=200, blank=True)
-    aggregated = models.BooleanField(default=False)
-    credited = models.BooleanField(default=False)
-    # uploaded after its round closed (spec rounds.late_updates: stale): a later round folds
-    # it in with a staleness weight, then marks it aggregated
-    late = models.BooleanField(default=False)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-
-class ModelCopy(models.Model):
-    """The version of a job's model a node holds, as far as the server knows: the last one it
-    fetched or trained on. A claim sends that node a delta against it (jobs.delivery)."""
-
-    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="model_copies")
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="model_copies")
-    round_number = models.PositiveIntegerField()
-    model_hash = models.CharField(max_length=64)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["node", "job"], name="model_copy_one_per_node_job")
-        ]
-
-
-class ShardCopy(models.Model):
-    """A shard a node has downloaded: its claims prefer tasks on shards it holds, which its
-    input cache serves without a download."""
-
-    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="shard_copies")
-    shard = models.ForeignKey(Shard, on_delete=models.CASCADE, related_name="copies")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["node", "shard"], name="shard_copy_unique")]

@@ -6,10 +6,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace.jobs.errors import Conflict
-from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, Task, TaskStatus
-from marketplace.jobs.rounds import round_deadline
-from marketplace.jobs.signals import bump_work_generation
+from marketplace.jobs.models import Job, JobStatus
 from marketplace.ledger.services import release_escrow
+from marketplace.rounds.lifecycle import round_deadline
+from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
+from marketplace.rounds.signals import bump_work_generation
 
 
 def _locked(job: Job) -> Job:

@@ -20,11 +20,12 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 
 from marketplace.accounts.models import User
-from marketplace.jobs import files, resharding
+from marketplace.jobs import files
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.models import Job, Shard, Tier
-from marketplace.jobs.rounds import open_round, quorum_units
 from marketplace.ledger.services import check_credit, hold_budget
+from marketplace.rounds import resharding
+from marketplace.rounds.lifecycle import open_round, quorum_units
 from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
 from trainer.models import ModelSpecError, build_model, describe_model

@@ -86,7 +86,7 @@ class Transaction(models.Model):
     )
     # a result is charged at most once, enforced by the database as well as by `key`
     task_result = models.OneToOneField(
-        "jobs.TaskResult", null=True, blank=True, on_delete=models.PROTECT, related_name="charge"
+        "rounds.TaskResult", null=True, blank=True, on_delete=models.PROTECT, related_name="charge"
     )
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL,

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import transaction
 
 from marketplace.accounts.models import User
-from marketplace.jobs.models import Job, TaskResult
+from marketplace.jobs.models import Job
 from marketplace.ledger import accounts
 from marketplace.ledger.errors import (
     IdempotencyConflict,
@@ -27,6 +27,7 @@ from marketplace.ledger.metering import Rules, cap, meter
 from marketplace.ledger.models import Payout, PayoutStatus, Transaction, TxKind
 from marketplace.ledger.money import ZERO, parse_amount, q
 from marketplace.ledger.posting import balance, post
+from marketplace.rounds.models import TaskResult
 
 ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
 

@@ -12,7 +12,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.server.settings.bas
 
 app = Celery("gpuflex")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["marketplace.jobs", "marketplace.ledger"])
+app.autodiscover_tasks(["marketplace.rounds", "marketplace.ledger"])
 
 
 class ThreadedBeat(bootsteps.StartStopStep):

@@ -1,5 +1,6 @@
 """Django admin for what the web pages do not cover (used when django.contrib.admin is
-installed). Registered here only for models nobody else has registered."""
+installed). Registered here only for models nobody else has registered (marketplace.rounds
+registers its own)."""
 
 # ruff: noqa: RUF012 - Django declares admin options as class attributes
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from marketplace.accounts.models import ApiKey, User
-from marketplace.jobs.models import Job, Round, Task, TaskResult
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
 
 
@@ -36,29 +37,11 @@ class JobAdmin(admin.ModelAdmin):
     search_fields = ["name", "buyer__username"]
 
 
-class RoundAdmin(admin.ModelAdmin):
-    list_display = ["job", "number", "status", "opened_at", "closed_at"]
-    list_filter = ["status"]
-
-
-class TaskAdmin(admin.ModelAdmin):
-    list_display = ["id", "round", "replica", "status", "node", "attempts", "leased_at"]
-    list_filter = ["status"]
-
-
-class TaskResultAdmin(admin.ModelAdmin):
-    list_display = ["task", "node", "accepted", "verified", "credited", "compute_s"]
-    list_filter = ["accepted", "verified", "credited"]
-
-
 for model, model_admin in [
     (User, UserAdmin),
     (ApiKey, ApiKeyAdmin),
     (Node, NodeAdmin),
     (Job, JobAdmin),
-    (Round, RoundAdmin),
-    (Task, TaskAdmin),
-    (TaskResult, TaskResultAdmin),
 ]:
     if not admin.site.is_registered(model):
         admin.site.register(model, model_admin)

@@ -22,7 +22,7 @@ DEFAULT_SAMPLES_PER_S = 2_000.0
 ROUND_OVERHEAD_S = 2.0
 # scikit-learn's digits, the one built-in dataset: its size is known before submitting.
 BUILTIN_SIZES = {"digits": 1797}
-# A job on a volunteer-heavy tier replicates some tasks to verify them (see jobs/verification).
+# A job on a volunteer-heavy tier replicates some tasks to verify them (see rounds/verification).
 REPLICATION_FACTOR = {"volunteer": 1.5, "hybrid": 1.25, "platform": 1.0}
 CENT = Decimal("0.0001")
 

@@ -14,13 +14,15 @@ import yaml
 from django.urls import reverse
 
 from marketplace.jobs import files
-from marketplace.jobs.aggregation import provenance_name
-from marketplace.jobs.models import Job, Round
-from marketplace.jobs.selectors import job_node_states, leased_nodes, node_work, rounds_of
-from marketplace.jobs.sizing import measurement
+from marketplace.jobs.models import Job
+from marketplace.jobs.selectors import job_node_states
 from marketplace.ledger.selectors import job_costs
 from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import network_of
+from marketplace.rounds.aggregation import provenance_name
+from marketplace.rounds.models import Round
+from marketplace.rounds.selectors import leased_nodes, node_work, rounds_of
+from marketplace.rounds.sizing import measurement
 from trainer.adapt import health
 from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
 from trainer.spec import JobSpec, SpecError

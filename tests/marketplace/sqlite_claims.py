@@ -20,11 +20,11 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
 from marketplace.accounts.services import create_user  # noqa: E402
-from marketplace.jobs.models import Task  # noqa: E402
-from marketplace.jobs.scheduling import claim_next, lease_batch  # noqa: E402
 from marketplace.jobs.submission import submit_job  # noqa: E402
 from marketplace.ledger.services import grant_credit  # noqa: E402
 from marketplace.nodes.services import register_node  # noqa: E402
+from marketplace.rounds.models import Task  # noqa: E402
+from marketplace.rounds.scheduling import claim_next, lease_batch  # noqa: E402
 
 
 def main(threads: int, batch: bool = False) -> None:

@@ -8,9 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from marketplace.jobs.maintenance import tick
-from marketplace.jobs.models import Job, Round, Task
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
+from marketplace.rounds.maintenance import tick
+from marketplace.rounds.models import Round, Task
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_job_flow import run_until_idle
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from django.conf import settings
 
-from marketplace.jobs.models import Task, TaskResult
+from marketplace.rounds.models import Task, TaskResult
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.updates import decode_state, encode_state
 

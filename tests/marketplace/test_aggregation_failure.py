@@ -11,14 +11,15 @@ import pytest
 from django.db import OperationalError
 from django.utils import timezone
 
-from marketplace.jobs import aggregation, tasks
-from marketplace.jobs.aggregation import run_aggregation
-from marketplace.jobs.maintenance import MAX_AGGREGATION_RESTARTS, tick
-from marketplace.jobs.models import Job, Round, Task, TaskResult
+from marketplace.jobs.models import Job
 from marketplace.ledger import accounts
 from marketplace.ledger.models import Transaction, TxKind
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
+from marketplace.rounds import aggregation, tasks
+from marketplace.rounds.aggregation import run_aggregation
+from marketplace.rounds.maintenance import MAX_AGGREGATION_RESTARTS, tick
+from marketplace.rounds.models import Round, Task, TaskResult
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_ledger_jobs import work_all
 from trainer.updates import decode_state, encode_state

@@ -19,9 +19,10 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from marketplace.jobs.aggregation import artifact_store, read_checkpoint
-from marketplace.jobs.models import Job, Task
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
+from marketplace.rounds.aggregation import artifact_store, read_checkpoint
+from marketplace.rounds.models import Task
 from marketplace.server.celery import app
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.provenance import ProvenanceChain, verify_with_artifacts

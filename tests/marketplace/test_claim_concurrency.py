@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from marketplace.jobs.models import Task
-from marketplace.jobs.scheduling import claim_batch
 from marketplace.nodes.models import Node
+from marketplace.rounds.models import Task
+from marketplace.rounds.scheduling import claim_batch
 from tests.marketplace.helpers import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from marketplace.jobs.models import Job, Task
+from marketplace.jobs.models import Job
+from marketplace.rounds.models import Task
 from tests.live_agents import live_agent
 from tests.marketplace.helpers import SMALL_SPEC
 
@@ -91,7 +92,7 @@ def test_agents_build_round_one_and_fetch_later_rounds_as_deltas(
     """Delta delivery end to end: each agent's sandboxed runner builds round 1's model from
     the seed, rebuilds later ones from int8 deltas, and checks every one by hash (a wrong
     model would fail the task as corrupt_input, and the job would not complete this way)."""
-    from marketplace.jobs.models import ModelCopy
+    from marketplace.rounds.models import ModelCopy
 
     _, provider_key = make_user("provider")
     spec = copy.deepcopy(SMALL_SPEC)

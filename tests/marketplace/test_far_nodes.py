@@ -15,11 +15,12 @@ import torch
 from django.utils import timezone
 
 from marketplace.jobs import files
-from marketplace.jobs.aggregation import artifact_store
-from marketplace.jobs.maintenance import tick
-from marketplace.jobs.models import Job, Round, Task, TaskResult
-from marketplace.jobs.sizing import is_far
+from marketplace.jobs.models import Job
 from marketplace.ledger.reconcile import reconcile
+from marketplace.rounds.aggregation import artifact_store
+from marketplace.rounds.maintenance import tick
+from marketplace.rounds.models import Round, Task, TaskResult
+from marketplace.rounds.sizing import is_far
 from tests.marketplace.agents import Agent
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.provenance import ProvenanceChain, verify_with_artifacts

@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
-from marketplace.jobs.maintenance import tick
-from marketplace.jobs.models import Job, Task, TaskResult
-from marketplace.jobs.scheduling import lease_batch
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
+from marketplace.rounds.maintenance import tick
+from marketplace.rounds.models import Task, TaskResult
+from marketplace.rounds.scheduling import lease_batch
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.datasets import load_digits_dataset
 from trainer.local import train_local

@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 import torch
 
-from marketplace.jobs import files, tasks
-from marketplace.jobs.aggregation import artifact_store, final_model_bytes, run_aggregation
-from marketplace.jobs.models import Job, Round, TaskResult
+from marketplace.jobs import files
+from marketplace.jobs.models import Job
 from marketplace.jobs.models_io import load_model_file
-from marketplace.jobs.sizing import measurement, plan_key
 from marketplace.nodes.models import Node
+from marketplace.rounds import tasks
+from marketplace.rounds.aggregation import artifact_store, final_model_bytes, run_aggregation
+from marketplace.rounds.models import Round, TaskResult
+from marketplace.rounds.sizing import measurement, plan_key
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.adapt.health import health
 from trainer.provenance import ProvenanceChain, verify_with_artifacts

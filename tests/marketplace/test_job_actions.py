@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from marketplace.jobs.models import Round, Task
+from marketplace.rounds.models import Round, Task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from marketplace.jobs.aggregation import artifact_store
-from marketplace.jobs.models import Job, TaskResult
+from marketplace.jobs.models import Job
+from marketplace.rounds.aggregation import artifact_store
+from marketplace.rounds.models import TaskResult
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.hashing import state_hash
 from trainer.provenance import ProvenanceChain, verify_with_artifacts

@@ -9,7 +9,8 @@ import pytest
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from marketplace.jobs.models import Job, Round, Shard, Task
+from marketplace.jobs.models import Job, Shard
+from marketplace.rounds.models import Round, Task
 from tests.marketplace.helpers import SMALL_SPEC
 
 

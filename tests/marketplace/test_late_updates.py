@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from marketplace.jobs import files
-from marketplace.jobs.aggregation import artifact_store
-from marketplace.jobs.models import Job, Round, Task, TaskResult
+from marketplace.jobs.models import Job
 from marketplace.ledger.reconcile import reconcile
+from marketplace.rounds.aggregation import artifact_store
+from marketplace.rounds.models import Round, Task, TaskResult
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.provenance import ProvenanceChain, verify_with_artifacts
 from trainer.rounds import staleness_weight

@@ -9,13 +9,14 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from marketplace.jobs.aggregation import run_aggregation
-from marketplace.jobs.models import Job, Round, Task, TaskResult
+from marketplace.jobs.models import Job
 from marketplace.ledger import accounts
 from marketplace.ledger.models import Transaction, TxKind
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
 from marketplace.ledger.services import charge_result
+from marketplace.rounds.aggregation import run_aggregation
+from marketplace.rounds.models import Round, Task, TaskResult
 from tests.marketplace.helpers import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from marketplace.accounts.services import create_user
-from marketplace.jobs.models import Job, JobStatus, Round, Task, TaskResult
+from marketplace.jobs.models import Job, JobStatus
 from marketplace.ledger import accounts
 from marketplace.ledger.errors import InsufficientCredit, InvalidPayout, LedgerError
 from marketplace.ledger.metering import Rules, cap, meter
@@ -31,6 +31,7 @@ from marketplace.ledger.services import (
     reverse_payout,
 )
 from marketplace.nodes.models import Node
+from marketplace.rounds.models import Round, Task, TaskResult
 
 pytestmark = pytest.mark.django_db
 _ids = itertools.count()

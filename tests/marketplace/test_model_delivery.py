@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from marketplace.jobs.models import Job, ModelCopy, Round
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import NodeTraffic
+from marketplace.rounds.models import ModelCopy, Round
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.delivery import apply_delta
 from trainer.hashing import state_hash
@@ -150,7 +151,7 @@ def test_claims_prefer_the_shards_a_node_holds(make_agent, submit) -> None:
     for task in tasks:
         assert a.work(task).status_code == 201  # (work() fetches every shard: see below)
     # every shard is held now; drop all but the third to see the preference
-    from marketplace.jobs.models import ShardCopy
+    from marketplace.rounds.models import ShardCopy
 
     ShardCopy.objects.exclude(shard__content_hash=last["shard_hash"]).delete()
     assert Job.objects.get(pk=job["id"]).rounds_done == 1

@@ -4,8 +4,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from marketplace.jobs.maintenance import tick
 from marketplace.nodes.models import Node
+from marketplace.rounds.maintenance import tick
 from tests.marketplace.helpers import client_for
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from marketplace.jobs.models import Task
+from marketplace.rounds.models import Task
 from tests.marketplace.helpers import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from marketplace.jobs.models import Job, Task
+from marketplace.jobs.models import Job
+from marketplace.rounds.models import Task
 from tests.marketplace.helpers import client_for
 
 

@@ -7,10 +7,10 @@ from decimal import Decimal
 
 import pytest
 
-from marketplace.jobs.models import Task
-from marketplace.jobs.planning import NodeView, PlanRules, TaskView, plan_assignments
-from marketplace.jobs.scheduling import lease_batch
 from marketplace.nodes.models import Node
+from marketplace.rounds.models import Task
+from marketplace.rounds.planning import NodeView, PlanRules, TaskView, plan_assignments
+from marketplace.rounds.scheduling import lease_batch
 from tests.marketplace.helpers import SMALL_SPEC
 
 
@@ -112,8 +112,8 @@ def test_a_far_node_is_given_no_replica_of_its_far_round() -> None:
 def test_lease_batch_applies_the_claims_sit_out_rule(make_agent, submit) -> None:
     """One rule for who may take a task: a node the round's plan sits out (poor health) gets
     nothing from the bulk planner either, as a claim would give it nothing."""
-    from marketplace.jobs.models import Round
-    from marketplace.jobs.sizing import plan_key
+    from marketplace.rounds.models import Round
+    from marketplace.rounds.sizing import plan_key
 
     agents = [make_agent(kind="platform") for _ in range(2)]
     submit(SMALL_SPEC | {"sharding": {"method": "random", "num_shards": 4}}, tier="platform")

@@ -7,9 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from marketplace.jobs.maintenance import tick
-from marketplace.jobs.models import Job, Round, Task, TaskResult
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
+from marketplace.rounds.maintenance import tick
+from marketplace.rounds.models import Round, Task, TaskResult
 from tests.marketplace.helpers import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)

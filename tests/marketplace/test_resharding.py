@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from marketplace.jobs import files
-from marketplace.jobs.aggregation import artifact_store
 from marketplace.jobs.datasets import job_dataset
-from marketplace.jobs.models import Job, Round, Shard, Task
-from marketplace.jobs.resharding import shard_count
-from marketplace.jobs.rounds import fewest_shards, quorum_units
+from marketplace.jobs.models import Job, Shard
 from marketplace.nodes.models import Node, NodeState
+from marketplace.rounds.aggregation import artifact_store
+from marketplace.rounds.lifecycle import fewest_shards, quorum_units
+from marketplace.rounds.models import Round, Task
+from marketplace.rounds.resharding import shard_count
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_job_flow import run_until_idle
 from trainer.aggregation import round_size_problems

@@ -8,10 +8,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from marketplace.jobs import aggregation, tasks
-from marketplace.jobs.aggregation import artifact_store, read_checkpoint
-from marketplace.jobs.maintenance import tick
-from marketplace.jobs.models import Job, Round, Task
+from marketplace.jobs.models import Job
+from marketplace.rounds import aggregation, tasks
+from marketplace.rounds.aggregation import artifact_store, read_checkpoint
+from marketplace.rounds.maintenance import tick
+from marketplace.rounds.models import Round, Task
 from trainer.hashing import state_hash
 from trainer.provenance import ProvenanceChain, verify_with_artifacts
 from trainer.spec import parse_spec

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from marketplace.jobs.models import Job, Round
+from marketplace.jobs.models import Job
 from marketplace.jobs.submission import (
     BUILTIN_KINDS,
     REFUSED_KINDS,
@@ -19,6 +19,7 @@ from marketplace.jobs.submission import (
     UPLOAD_KINDS,
 )
 from marketplace.ledger.models import Transaction, TxKind
+from marketplace.rounds.models import Round
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.aggregation import ClientUpdate, build_strategy, min_updates, round_size_problems
 from trainer.sharding import METHODS

@@ -8,9 +8,10 @@ import gzip
 import pytest
 
 from marketplace.demo.summary import print_summary, summarize
-from marketplace.jobs.models import Job, Round, TaskResult
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node, NodeTraffic
 from marketplace.nodes.selectors import job_traffic
+from marketplace.rounds.models import Round, TaskResult
 from tests.marketplace.helpers import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)

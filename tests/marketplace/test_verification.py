@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from marketplace.jobs import files
-from marketplace.jobs.models import Job, Precision, Task, TaskResult
-from marketplace.jobs.verification import replicas_agree
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
+from marketplace.rounds.models import Precision, Task, TaskResult
+from marketplace.rounds.verification import replicas_agree
 from tests.marketplace.agents import Agent
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_job_flow import run_until_idle
@@ -176,8 +177,8 @@ def test_unreconciled_dispute_is_not_aggregated_at_the_deadline(make_agent, subm
 
     from django.utils import timezone
 
-    from marketplace.jobs.maintenance import tick
-    from marketplace.jobs.models import Round
+    from marketplace.rounds.maintenance import tick
+    from marketplace.rounds.models import Round
 
     honest, cheater = make_agent(), make_agent()
     spec = SMALL_SPEC | {"sharding": {"method": "random", "num_shards": 1}}

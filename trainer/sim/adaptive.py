@@ -224,7 +224,7 @@ class NetworkAwareRun:
         )
 
     def merge(self, node: SimNode, start: float, keep_progress: bool = False) -> int:
-        """Send the node the global model, as marketplace.jobs.delivery would: round 1's it
+        """Send the node the global model, as marketplace.rounds.delivery would: round 1's it
         builds from the seed (it fetches only the spec and the hash to check), later ones come
         as the delta chain from the version it holds, or whole when that is smaller or the job
         sends no deltas. Every node then holds the canonical model exactly. A node that dropped

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from marketplace.jobs.scheduling import MAX_CLAIM_BATCH, MAX_HEARTBEAT_TASKS
-from marketplace.jobs.uploads import FAIL_REASONS
+from marketplace.rounds.scheduling import MAX_CLAIM_BATCH, MAX_HEARTBEAT_TASKS
+from marketplace.rounds.uploads import FAIL_REASONS
 
 
 class HeartbeatMetricsSerializer(serializers.Serializer):

@@ -7,9 +7,10 @@ from decimal import Decimal
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from marketplace.jobs.models import Job, Round, Tier
+from marketplace.jobs.models import Job, Tier
 from marketplace.jobs.selectors import job_node_states
 from marketplace.ledger.selectors import job_costs
+from marketplace.rounds.models import Round
 
 
 class SpecField(serializers.JSONField):

@@ -29,14 +29,14 @@ from marketplace.api.serializers.agent import (
 )
 from marketplace.api.throttles import HeartbeatThrottle, ProbeThrottle
 from marketplace.jobs import files
-from marketplace.jobs.delivery import model_bytes, record_model, record_shard
 from marketplace.jobs.errors import LocalDataset, TooLarge
-from marketplace.jobs.rounds import close_after_far_leases
-from marketplace.jobs.scheduling import claim_with_wait, extend_lease, task_payload
-from marketplace.jobs.uploads import accept_update, fail_task, task_for_node
 from marketplace.ledger.selectors import node_earnings
 from marketplace.nodes.models import Node
 from marketplace.nodes.services import count_traffic, record_heartbeat, touch
+from marketplace.rounds.delivery import model_bytes, record_model, record_shard
+from marketplace.rounds.lifecycle import close_after_far_leases
+from marketplace.rounds.scheduling import claim_with_wait, extend_lease, task_payload
+from marketplace.rounds.uploads import accept_update, fail_task, task_for_node
 
 SAFETENSORS = "application/octet-stream"
 

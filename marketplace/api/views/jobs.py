@@ -22,12 +22,13 @@ from marketplace.api.serializers.jobs import (
     RoundSerializer,
 )
 from marketplace.jobs import files
-from marketplace.jobs.aggregation import provenance_name
 from marketplace.jobs.errors import Conflict
 from marketplace.jobs.models import Job
-from marketplace.jobs.selectors import jobs_of, rounds_of
+from marketplace.jobs.selectors import jobs_of
 from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import submit_job
+from marketplace.rounds.aggregation import provenance_name
+from marketplace.rounds.selectors import rounds_of
 
 
 class BuyerView(APIView):

@@ -14,9 +14,10 @@ from rest_framework.views import APIView
 
 from marketplace.api.permissions import IsOperator, IsUser
 from marketplace.api.serializers.nodes import NodeSerializer
-from marketplace.jobs.models import Job, Task
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import market_capacity
+from marketplace.rounds.models import Task
 
 
 class CapacityView(APIView):

@@ -12,7 +12,6 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from marketplace.jobs import files
-from marketplace.jobs.aggregation import provenance_name
 from marketplace.jobs.errors import Conflict, InvalidSpec, MarketplaceError
 from marketplace.jobs.models import Job
 from marketplace.jobs.selectors import jobs_of
@@ -21,6 +20,7 @@ from marketplace.jobs.submission import parse_job_spec, submit_job
 from marketplace.ledger.metering import Rules, speed_factor
 from marketplace.ledger.selectors import balances
 from marketplace.nodes.selectors import online_nodes
+from marketplace.rounds.aggregation import provenance_name
 from marketplace.web import estimate, jobview
 from marketplace.web.access import buyer_required
 from marketplace.web.forms import JobForm

@@ -12,12 +12,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from marketplace.accounts.selectors import user_keys
 from marketplace.accounts.services import issue_user_key, revoke_key
-from marketplace.jobs.selectors import tasks_done_by_node
 from marketplace.ledger import selectors as ledger
 from marketplace.ledger.errors import LedgerError
 from marketplace.ledger.services import request_payout
 from marketplace.nodes.selectors import network_of, nodes_of
 from marketplace.nodes.services import set_price
+from marketplace.rounds.selectors import tasks_done_by_node
 from marketplace.web.access import provider_required, role_required
 from marketplace.web.forms import PayoutForm, PriceForm
 from marketplace.web.views.common import not_found

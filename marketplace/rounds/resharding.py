@@ -20,10 +20,10 @@ from django.db.models import Max
 from marketplace.jobs import files
 from marketplace.jobs.datasets import job_dataset
 from marketplace.jobs.models import Job, Shard
-from marketplace.jobs.scheduling import nodes_that_may_work_on
-from marketplace.jobs.sizing import step_seconds
 from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import online_nodes
+from marketplace.rounds.scheduling import nodes_that_may_work_on
+from marketplace.rounds.sizing import step_seconds
 from trainer.datasets import Dataset
 from trainer.sharding import Shard as PlannedShard
 from trainer.sharding import capability_sizes, plan_shards
@@ -92,7 +92,7 @@ def round_shards(job: Job, number: int, fewest: int) -> list[Shard]:
     the job re-shards and the online cohort asks for other shard sizes than it has. Round 1
     trains on the submission's cut; a round with nobody online keeps the cut it has (there is
     no cohort to size for). `fewest` is the count the aggregation strategy needs per round
-    (rounds.fewest_shards), below which no re-cut goes."""
+    (lifecycle.fewest_shards), below which no re-cut goes."""
     current = newest_shards(job)
     spec = job.parsed_spec
     if number == 1 or job.is_federated or not spec.sharding.reshards or not current:

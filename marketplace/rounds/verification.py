@@ -24,9 +24,9 @@ import torch
 from django.conf import settings
 
 from marketplace.jobs import files
-from marketplace.jobs.models import Round, Task, TaskResult, TaskStatus
-from marketplace.jobs.scheduling import add_replica
 from marketplace.nodes.services import record_verification
+from marketplace.rounds.models import Round, Task, TaskResult, TaskStatus
+from marketplace.rounds.scheduling import add_replica
 from trainer.replicas import Agreement, agreement
 from trainer.updates import decode_state
 

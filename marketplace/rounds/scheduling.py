@@ -20,21 +20,13 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from marketplace.jobs.delivery import model_source, record_model
-from marketplace.jobs.models import (
-    Job,
-    JobStatus,
-    Round,
-    RoundStatus,
-    ShardCopy,
-    Task,
-    TaskStatus,
-    Tier,
-)
-from marketplace.jobs.planning import NodeView, PlanRules, TaskView, plan_assignments
-from marketplace.jobs.signals import bump_work_generation, work_generation
-from marketplace.jobs.sizing import is_far, plan_key, plan_works, planned_work, size_work
+from marketplace.jobs.models import Job, JobStatus, Tier
 from marketplace.nodes.models import Node, NodeKind
+from marketplace.rounds.delivery import model_source, record_model
+from marketplace.rounds.models import Round, RoundStatus, ShardCopy, Task, TaskStatus
+from marketplace.rounds.planning import NodeView, PlanRules, TaskView, plan_assignments
+from marketplace.rounds.signals import bump_work_generation, work_generation
+from marketplace.rounds.sizing import is_far, plan_key, plan_works, planned_work, size_work
 
 # re-check the database at least this often even when no new-work signal came
 _FALLBACK_POLL_S = 2.0
@@ -388,7 +380,6 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
     UPDATE is safe; without row locks (SQLite) each lease is its own compare-and-set.
     Rows are read as tuples, never as model instances: this is the hot path for big fleets.
     """
-    from marketplace.jobs.models import Job
 
     now = timezone.now()
     expires = now + timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
@@ -508,8 +499,8 @@ def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) 
     )
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            UPDATE jobs_task AS t
+            f"""
+            UPDATE {Task._meta.db_table} AS t
             SET status = %s, node_id = v.node_id, steps = v.steps, batch_size = v.batch_size,
                 codec = v.codec, price_per_gpu_hour = v.price, attempts = t.attempts + 1,
                 leased_at = %s, lease_expires = %s

@@ -23,13 +23,14 @@ from django.utils import timezone
 from marketplace.faults import failpoint
 from marketplace.jobs import files
 from marketplace.jobs.datasets import job_dataset
-from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, TaskResult
+from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
-from marketplace.jobs.rounds import open_round, unit_states
 from marketplace.jobs.services import cancel_outstanding, fail_job
-from marketplace.jobs.weighting import weigh
 from marketplace.ledger.services import budget_stop_reason, charge_result, release_escrow
 from marketplace.nodes.services import record_verification
+from marketplace.rounds.lifecycle import open_round, unit_states
+from marketplace.rounds.models import Round, RoundStatus, TaskResult
+from marketplace.rounds.weighting import weigh
 from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint

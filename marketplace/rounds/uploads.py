@@ -12,14 +12,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace.jobs import files
-from marketplace.jobs.delivery import record_model
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
-from marketplace.jobs.models import Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.jobs.models_io import load_model_file
-from marketplace.jobs.rounds import maybe_close, two_round
-from marketplace.jobs.signals import bump_work_generation
-from marketplace.jobs.verification import verify_unit
 from marketplace.nodes.models import Node
+from marketplace.rounds.delivery import record_model
+from marketplace.rounds.lifecycle import maybe_close, two_round
+from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
+from marketplace.rounds.signals import bump_work_generation
+from marketplace.rounds.verification import verify_unit
 from trainer.compression import decode_any
 from trainer.hashing import bytes_hash
 from trainer.replicas import claimed_device, claimed_precision

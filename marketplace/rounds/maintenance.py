@@ -17,9 +17,10 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
-from marketplace.jobs.models import Job, JobStatus, Round, RoundStatus, Task, TaskStatus
-from marketplace.jobs.queue import enqueue_aggregation
-from marketplace.jobs.rounds import (
+from marketplace.jobs.models import Job, JobStatus
+from marketplace.ledger.services import release_escrow
+from marketplace.nodes.services import mark_offline
+from marketplace.rounds.lifecycle import (
     open_round,
     reserve_silos,
     round_deadline,
@@ -27,10 +28,10 @@ from marketplace.jobs.rounds import (
     two_round,
     unit_states,
 )
-from marketplace.jobs.sizing import plan_key
-from marketplace.jobs.uploads import release_task
-from marketplace.ledger.services import release_escrow
-from marketplace.nodes.services import mark_offline
+from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
+from marketplace.rounds.queue import enqueue_aggregation
+from marketplace.rounds.sizing import plan_key
+from marketplace.rounds.uploads import release_task
 from trainer.aggregation import min_updates
 
 # Re-enqueued aggregations of one round before its job fails: a crashed worker or a passing
@@ -87,7 +88,7 @@ def _far_work_out(rnd: Round) -> dict[str, Any]:
 def restart_stuck_aggregations() -> int:
     """Aggregations whose worker died or kept failing are enqueued again, up to
     MAX_AGGREGATION_RESTARTS times; after that the job fails rather than loop forever."""
-    from marketplace.jobs.aggregation import fail_aggregation
+    from marketplace.rounds.aggregation import fail_aggregation
 
     cutoff = timezone.now() - timedelta(seconds=settings.GPUFLEX["STUCK_AGGREGATION_S"])
     stuck = list(
@@ -114,8 +115,8 @@ def restart_stuck_aggregations() -> int:
 
 def resume_orphaned_jobs() -> int:
     """Running jobs with no round open or aggregating continue from their checkpoint."""
-    from marketplace.jobs.aggregation import read_checkpoint
     from marketplace.jobs.models_io import load_model_file
+    from marketplace.rounds.aggregation import read_checkpoint
 
     active = Round.objects.filter(
         job=OuterRef("pk"), status__in=[RoundStatus.OPEN, RoundStatus.AGGREGATING]

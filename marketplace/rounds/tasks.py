@@ -1,4 +1,7 @@
-"""Celery tasks: thin, idempotent wrappers around the services (acks late, retried)."""
+"""Celery tasks: thin, idempotent wrappers around the services (acks late, retried).
+
+They keep the names they were registered under when they lived in marketplace.jobs.tasks:
+messages already queued and the beat schedule name them so."""
 
 from __future__ import annotations
 
@@ -16,13 +19,13 @@ from celery import shared_task
     name="marketplace.jobs.tasks.aggregate_round",
 )
 def aggregate_round(self: Any, round_id: int) -> None:
-    from marketplace.jobs.aggregation import run_aggregation
+    from marketplace.rounds.aggregation import run_aggregation
 
     run_aggregation(round_id)
 
 
 @shared_task(acks_late=True, name="marketplace.jobs.tasks.tick")
 def tick() -> dict[str, Any]:
-    from marketplace.jobs.maintenance import tick as run_tick
+    from marketplace.rounds.maintenance import tick as run_tick
 
     return run_tick()

@@ -12,9 +12,10 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from marketplace.jobs.models import Job, Round
-from marketplace.jobs.sizing import measurement, plan_key
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
+from marketplace.rounds.models import Round
+from marketplace.rounds.sizing import measurement, plan_key
 from trainer.adapt.health import health
 from trainer.aggregation import ClientUpdate, health_weighted
 

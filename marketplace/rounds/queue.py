@@ -2,7 +2,7 @@
 
 The services that start work (a round closing, the tick) sit below the tasks module, which
 imports them; importing it back would close an import circle. The tasks are registered when
-Django starts (`JobsConfig.ready`), so the name finds the task object itself, and its
+Django starts (`RoundsConfig.ready`), so the name finds the task object itself, and its
 `delay` keeps Celery's eager mode for tests.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 from celery import current_app
 from django.db import transaction
 
+# the name it had in marketplace.jobs.tasks, kept so that queued messages still find it
 AGGREGATE_ROUND = "marketplace.jobs.tasks.aggregate_round"
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from marketplace.jobs import files
 from marketplace.jobs.errors import MarketplaceError
-from marketplace.jobs.models import Job, ModelCopy, Round, Shard, ShardCopy, Task
+from marketplace.jobs.models import Job, Shard
 from marketplace.nodes.models import Node
+from marketplace.rounds.models import ModelCopy, Round, ShardCopy, Task
 from trainer.delivery import delivery_codec
 
 # deltas longer than this are not worth the round trips: the node fetches the whole model

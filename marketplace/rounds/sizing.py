@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from marketplace.jobs.models import Job, TaskResult
+from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node, NodeState
+from marketplace.rounds.models import TaskResult
 from trainer.adapt import NodeMeasurement, NodePlan, PolicyState, RoundPlan, Tier, plan_round
 from trainer.local import planned_steps
 from trainer.models import build_model

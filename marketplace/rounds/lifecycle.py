@@ -12,15 +12,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace.jobs import files
-from marketplace.jobs.models import Job, Round, RoundStatus, Task, TaskResult, TaskStatus
+from marketplace.jobs.models import Job
 from marketplace.jobs.models_io import State, store_model
-from marketplace.jobs.queue import enqueue_aggregation
-from marketplace.jobs.resharding import round_shards
-from marketplace.jobs.scheduling import nodes_that_may_work_on
-from marketplace.jobs.signals import bump_work_generation
-from marketplace.jobs.sizing import is_far, plan_cohort
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
+from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
+from marketplace.rounds.queue import enqueue_aggregation
+from marketplace.rounds.resharding import round_shards
+from marketplace.rounds.scheduling import nodes_that_may_work_on
+from marketplace.rounds.signals import bump_work_generation
+from marketplace.rounds.sizing import is_far, plan_cohort
 from trainer.aggregation import min_updates
 from trainer.local import derive_seed
 from trainer.spec import JobSpec
@@ -37,7 +38,7 @@ def open_round(
 ) -> Round:
     """Store the round's input model and create one pending task per shard. `delta` is
     (stored payload, base model hash) for delta-delivered jobs: how nodes that hold the
-    previous round's model get this one (marketplace.jobs.delivery)."""
+    previous round's model get this one (marketplace.rounds.delivery)."""
     model_hash, model_file = store_model(job, number, state)
     delta_file, delta_base = delta if delta and delta[0] else ("", "")
     rnd = Round.objects.create(
