@@ -22,13 +22,14 @@ from django.db import transaction
 from marketplace.accounts.models import User
 from marketplace.jobs import files
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
+from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.ledger.services import check_credit, hold_budget
 from marketplace.rounds import resharding
 from marketplace.rounds.lifecycle import open_round, quorum_units
 from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
-from trainer.models import ModelSpecError, build_model, describe_model
+from trainer.models import ModelSpecError, build_model, describe_model, model_size
 from trainer.sharding import ShardingError
 from trainer.spec import JobSpec, SpecError, parse_spec
 
@@ -151,6 +152,10 @@ def submit_job(
     with tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp:
         dataset, local_path = _load(spec, dataset_upload, Path(tmp))
         try:
+            params, nbytes = model_size(spec.model, dataset.input_shape, dataset.num_classes)
+            too_big = model_cap(tier, budget).problems(params, nbytes, describe_cap(tier, budget))
+            if too_big:
+                raise _spec_error(too_big)
             model = build_model(
                 spec.model, dataset.input_shape, dataset.num_classes, seed=spec.seed
             )

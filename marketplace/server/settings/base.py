@@ -143,6 +143,11 @@ GPUFLEX = {
     "DEFAULT_SHARDS": int(os.environ.get("GPUFLEX_DEFAULT_SHARDS", "4")),
     "MAX_DATASET_BYTES": int(os.environ.get("GPUFLEX_MAX_DATASET_BYTES", str(64 * 2**20))),
     "MAX_UPDATE_BYTES": int(os.environ.get("GPUFLEX_MAX_UPDATE_BYTES", str(256 * 2**20))),
+    # model size per job (marketplace/jobs/limits.py): the tier's ceiling, scaled down for
+    # small budgets at this many parameters per credit, never below the floor
+    "MAX_MODEL_PARAMS": {"volunteer": 100_000_000, "hybrid": 500_000_000, "platform": 2 * 10**9},
+    "MODEL_PARAMS_PER_CREDIT": os.environ.get("GPUFLEX_MODEL_PARAMS_PER_CREDIT", "10000000"),
+    "MODEL_PARAMS_FLOOR": int(os.environ.get("GPUFLEX_MODEL_PARAMS_FLOOR", "5000000")),
     # BOINC-style adaptive replication: every task of a node with fewer verified results
     # than this is replicated; afterwards only REPLICATION_SHARE of them, at random.
     "TRUST_AFTER_VERIFIED": int(os.environ.get("GPUFLEX_TRUST_AFTER_VERIFIED", "3")),
