@@ -57,8 +57,10 @@ class DatasetSpec(_Strict):
 
 class ModelSpec(_Strict):
     arch: Literal["mlp", "cnn", "resnet", "transformer"] = "mlp"
-    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = [128]
-    channels: list[Annotated[int, Field(ge=1, le=1024)]] = [16, 32]
+    # layer lists are bounded too: a million one-unit layers is a tiny model that takes
+    # minutes just to construct
+    hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(max_length=64)] = [128]
+    channels: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(max_length=16)] = [16, 32]
     blocks: Annotated[int, Field(ge=1, le=16)] = 2
     d_model: Annotated[int, Field(ge=8, le=4096)] = 64
     n_layers: Annotated[int, Field(ge=1, le=48)] = 2
