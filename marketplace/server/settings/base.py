@@ -163,6 +163,8 @@ GPUFLEX = {
     "TICK_S": float(os.environ.get("GPUFLEX_TICK_S", "5")),
     # an aggregating round untouched this long is assumed lost with its worker
     "STUCK_AGGREGATION_S": float(os.environ.get("GPUFLEX_STUCK_AGGREGATION_S", "120")),
+    # an ended job's working files are deleted this long after it ends (rounds/retention.py)
+    "ENDED_JOB_FILES_GRACE_S": float(os.environ.get("GPUFLEX_ENDED_JOB_FILES_GRACE_S", "300")),
     # -- money (docs/money.md) --
     "PLATFORM_FEE": os.environ.get("GPUFLEX_PLATFORM_FEE", "0.10"),
     "QUALITY_BONUS_MAX": os.environ.get("GPUFLEX_QUALITY_BONUS_MAX", "0.10"),
