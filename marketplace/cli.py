@@ -71,6 +71,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _exec(cmd, env)
 
 
+def cmd_nginx_config(args: argparse.Namespace) -> int:
+    from marketplace.server.proxy import ProxySettings, nginx_server_block
+
+    settings = ProxySettings(
+        listen=args.listen, upstream=args.upstream, server_name=args.server_name
+    )
+    print(nginx_server_block(settings), end="")
+    return 0
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     cmd = [
         _tool("celery"), "-A", "marketplace.server.celery", "worker",
@@ -172,6 +182,14 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--loglevel", default="INFO")
     w.add_argument("--no-beat", action="store_true")
     w.set_defaults(func=cmd_worker)
+
+    n = sub.add_parser(
+        "nginx-config", help="print the nginx server block to put in front of `serve`"
+    )
+    n.add_argument("--listen", default="80", help="nginx's listen address (default 80)")
+    n.add_argument("--upstream", default="127.0.0.1:8000", help="`serve`'s --bind")
+    n.add_argument("--server-name", default="_")
+    n.set_defaults(func=cmd_nginx_config)
 
     m = sub.add_parser("manage", help="Django management commands", add_help=False)
     m.add_argument("rest", nargs=argparse.REMAINDER)
