@@ -86,6 +86,12 @@ def test_submissions_are_throttled_per_buyer_and_refused_ones_store_nothing(
         assert client.post("/api/v1/jobs/", body, format="json").status_code == 201
     # another key of the same buyer buys no more submissions
     assert _retry_after(second.post("/api/v1/jobs/", body, format="json")) > 0
+    # nor does the web form: one count per buyer
+    web = Client()
+    web.force_login(user)
+    form = {"spec": "name: x", "tier": "hybrid", "budget": "1", "max_price_per_gpu_hour": "1"}
+    page = web.post("/jobs/new/", form)
+    assert _retry_after(page) > 0 and "Too many submissions" in page.content.decode()
     assert Job.objects.filter(buyer=user).count() == 3
     assert second.get("/api/v1/jobs/").status_code == 200  # reading is not submitting
 
