@@ -82,3 +82,30 @@ def test_hostile_amounts_are_400s_that_store_nothing_on_sqlite(tmp_path: Path) -
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     _check(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+BAD_DECIMALS = ["NaN", "Infinity", "-Infinity", "1e30", "0.00001", "100000000000", ""]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", BAD_DECIMALS)
+def test_budgets_and_prices_are_bounded_too(buyer, provider, value: str) -> None:
+    """The siblings of the ledger's amounts: a job's budget and price cap, a node's price."""
+    from marketplace.jobs.models import Job
+    from marketplace.nodes.models import Node
+    from tests.marketplace.helpers import HARDWARE, SMALL_SPEC
+
+    for field in ("budget", "max_price_per_gpu_hour"):
+        body = {"spec": SMALL_SPEC, "max_price_per_gpu_hour": "1.00", "budget": "1"}
+        r = buyer.post("/api/v1/jobs/", body | {field: value}, format="json")
+        assert r.status_code == 400 and field in r.json()["fields"], (field, r.content)
+    node = {
+        "name": "n",
+        "kind": "volunteer",
+        "hardware": HARDWARE,
+        "price_per_gpu_hour": value,
+        "availability": {"hours": "always"},
+    }
+    r = provider.post("/api/v1/nodes/", node, format="json")
+    assert r.status_code == 400 and "price_per_gpu_hour" in r.json()["fields"], r.content
+    assert not Job.objects.exists() and not Node.objects.exists()
