@@ -54,7 +54,15 @@ def cmd_manage(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from marketplace.server.secret_key import serve_problem
+
     env = _server_env()
+    if args.dev:
+        env["GPUFLEX_DEV"] = "1"
+    # a public or missing key lets anyone forge sessions: refused before anything starts
+    if (problem := serve_problem(env)) is not None:
+        print(f"gpuflex serve: {problem}", file=sys.stderr)
+        return 2
     if not args.no_migrate:
         migrate = [sys.executable, "-m", "marketplace.manage", "migrate", "--noinput", "-v", "0"]
         subprocess.run(migrate, env=env, check=True)
@@ -169,6 +177,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=16)
     s.add_argument("--no-migrate", action="store_true")
     s.add_argument("--access-log", action="store_true")
+    s.add_argument(
+        "--dev",
+        action="store_true",
+        help="local development (GPUFLEX_DEV=1): without SECRET_KEY, use the data dir's own key",
+    )
     s.set_defaults(func=cmd_serve)
 
     w = sub.add_parser("worker", help="run a Celery worker with the periodic tick (beat)")

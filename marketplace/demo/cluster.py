@@ -79,6 +79,8 @@ class Cluster:
             {
                 "GPUFLEX_DATA_DIR": str(self.root / "server"),
                 "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
+                # a server for this machine only: the data dir's own SECRET_KEY will do
+                "GPUFLEX_DEV": "1",
                 "PYTHONUNBUFFERED": "1",
                 # one thread per process: five agents, a worker and a server share the cores
                 "OMP_NUM_THREADS": "1",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import pytest
@@ -22,7 +23,8 @@ def calls(monkeypatch) -> list[tuple[list[str], dict[str, Any]]]:
     return seen
 
 
-def test_serve_migrates_then_runs_gunicorn_threads(calls) -> None:
+def test_serve_migrates_then_runs_gunicorn_threads(calls, monkeypatch) -> None:
+    monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
     assert cli.main(["serve", "--bind", "0.0.0.0:9000", "--workers", "3"]) == 0
     (migrate, _), (serve, kwargs) = calls
     assert migrate[-4:] == ["migrate", "--noinput", "-v", "0"]
@@ -46,3 +48,29 @@ def test_worker_runs_celery_with_beat(calls) -> None:
 def test_manage_passes_through(db, capsys) -> None:
     assert cli.main(["manage", "check"]) == 0
     assert "no issues" in capsys.readouterr().out
+
+
+PUBLIC_KEY = "gpuflex-development-key-not-for-production-use-0000"
+
+
+@pytest.mark.parametrize("key", [None, "", PUBLIC_KEY, "short", "django-insecure-" + "x" * 60])
+def test_serve_refuses_a_public_or_missing_secret_key(calls, monkeypatch, capsys, key) -> None:
+    """#20 finding 7: `gpuflex serve` ran on the base settings' public constant key."""
+    monkeypatch.delenv("GPUFLEX_DEV", raising=False)
+    if key is None:
+        monkeypatch.delenv("SECRET_KEY", raising=False)
+    else:
+        monkeypatch.setenv("SECRET_KEY", key)
+    assert cli.main(["serve"]) == 2
+    assert calls == []  # neither migrated nor started
+    assert "SECRET_KEY" in capsys.readouterr().err
+
+
+def test_serve_in_development_mode_runs_without_a_secret_key(calls, monkeypatch) -> None:
+    monkeypatch.delenv("SECRET_KEY", raising=False)
+    monkeypatch.delenv("GPUFLEX_DEV", raising=False)
+    assert cli.main(["serve", "--dev"]) == 0
+    assert calls[-1][1]["env"]["GPUFLEX_DEV"] == "1"
+    calls.clear()
+    monkeypatch.setenv("GPUFLEX_DEV", "1")
+    assert cli.main(["serve"]) == 0 and len(calls) == 2

@@ -21,6 +21,7 @@ from marketplace.api.serializers.jobs import (
     JobSubmitSerializer,
     RoundSerializer,
 )
+from marketplace.api.throttles import KeyRateThrottle, SubmitThrottle
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict
 from marketplace.jobs.models import Job
@@ -42,6 +43,7 @@ class JobListView(generics.ListAPIView):
     permission_classes = [IsBuyer]
     serializer_class = JobSerializer
     parser_classes = [JSONParser, MultiPartParser, FormParser]
+    throttle_classes = [KeyRateThrottle, SubmitThrottle]  # submissions per buyer
 
     def get_queryset(self):
         return jobs_of(self.request.user).order_by("-created_at")

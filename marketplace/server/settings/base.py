@@ -1,16 +1,21 @@
 """Settings read from the environment.
 
 With nothing set this is the embedded setup `make demo` uses: SQLite and kombu's filesystem
-broker under the data dir. Production sets DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY,
-ALLOWED_HOSTS and optionally GPUFLEX_STORAGE=s3.
+broker under the data dir, and a random SECRET_KEY generated once per data dir (`gpuflex
+serve` runs on that only in development mode, GPUFLEX_DEV=1 or --dev). Production sets
+DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, ALLOWED_HOSTS, GPUFLEX_TRUSTED_PROXIES behind a
+reverse proxy, and optionally GPUFLEX_STORAGE=s3.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+
+from marketplace.server.secret_key import for_data_dir
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -27,8 +32,10 @@ def env_list(name: str, default: str) -> list[str]:
 DATA_DIR = Path(os.environ.get("GPUFLEX_DATA_DIR", Path.cwd() / ".gpuflex")).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)  # SQLite, media and the broker live here
 
-# A development key: production.py refuses to start without a real one.
-SECRET_KEY = os.environ.get("SECRET_KEY", "gpuflex-development-key-not-for-production-use-0000")
+# Never a constant anyone knows: without SECRET_KEY, this data dir's own generated key.
+# `gpuflex serve` refuses that (and any weak key) outside development mode, so several web
+# servers never sign with different keys; production.py refuses to start without a real one.
+SECRET_KEY = os.environ.get("SECRET_KEY") or for_data_dir(DATA_DIR)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 
@@ -41,6 +48,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "axes",  # web login lockout (AXES_* below)
     "marketplace.accounts",
     "marketplace.nodes",
     "marketplace.jobs",
@@ -58,11 +66,37 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # last, as django-axes asks: turns a locked-out login into its 429 page
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Forwarded headers (X-Forwarded-For, X-Forwarded-Proto) are believed only from this many
+# reverse proxies in front of the server, set by the operator; by default nobody's, since
+# any client can send them (accounts/client_ip.py, REST_FRAMEWORK's NUM_PROXIES).
+TRUSTED_PROXIES = int(os.environ.get("GPUFLEX_TRUSTED_PROXIES", "0"))
+if TRUSTED_PROXIES > 0:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# the pages send the CSRF token from their forms (web/static/web/js), never from the cookie
+CSRF_COOKIE_HTTPONLY = True
 
 ROOT_URLCONF = "marketplace.server.urls"
 WSGI_APPLICATION = "marketplace.server.wsgi.application"
 AUTH_USER_MODEL = "accounts.User"
+# axes first: it refuses a locked-out login before the password is even checked
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# checked at sign-up (web/forms.py SignupForm)
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 8},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 
 TEMPLATES = [
     {
@@ -175,6 +209,9 @@ GPUFLEX = {
     "MIN_PAYOUT": os.environ.get("GPUFLEX_MIN_PAYOUT", "5"),
     # a job goes on only while its escrow covers this many times its dearest round so far
     "ROUND_BUDGET_MARGIN": os.environ.get("GPUFLEX_ROUND_BUDGET_MARGIN", "1.5"),
+    # -- accounts --
+    # unrevoked user keys one user may hold; revoke one to make another
+    "MAX_API_KEYS_PER_USER": int(os.environ.get("GPUFLEX_MAX_API_KEYS_PER_USER", "50")),
 }
 
 # -- chain (docs/money.md): "" disabled, "embedded" an in-process EVM (tests, one process),
@@ -251,9 +288,32 @@ REST_FRAMEWORK = {
         "key": os.environ.get("GPUFLEX_THROTTLE_KEY", "6000/min"),
         "heartbeat": os.environ.get("GPUFLEX_THROTTLE_HEARTBEAT", "120/min"),
         "probe": os.environ.get("GPUFLEX_THROTTLE_PROBE", "60/hour"),
+        # per client address: unknown or revoked API keys, after which it is refused a while
+        "auth_failure": os.environ.get("GPUFLEX_THROTTLE_AUTH_FAILURE", "30/min"),
+        # per user
+        "submit": os.environ.get("GPUFLEX_THROTTLE_SUBMIT", "120/hour"),
+        "key_create": os.environ.get("GPUFLEX_THROTTLE_KEY_CREATE", "30/hour"),
+        # per client address, on the web sign-up page
+        "signup": os.environ.get("GPUFLEX_THROTTLE_SIGNUP", "10/hour"),
     },
+    # the client address is X-Forwarded-For's entry this many proxies back, else REMOTE_ADDR
+    "NUM_PROXIES": TRUSTED_PROXIES,
     "UNAUTHENTICATED_USER": None,
 }
+
+# -- web login lockout (django-axes) ---------------------------------------------------------
+
+# this many wrong passwords for one name from one address lock that pair out for the cool-off,
+# right password or not (attempts are kept in the database, shared by every worker). By the
+# pair, not the name alone, so that nobody can lock another user out from elsewhere; and a
+# success resets only its own pair, so logging into one's own account resets nothing else.
+AXES_FAILURE_LIMIT = int(os.environ.get("GPUFLEX_LOGIN_FAILURE_LIMIT", "10"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("GPUFLEX_LOGIN_COOLOFF_MIN", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "marketplace.accounts.client_ip.client_ip"
+AXES_LOCKOUT_CALLABLE = "marketplace.web.views.public.locked_out"
+AXES_VERBOSE = False
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPUFlex marketplace API",
