@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +105,28 @@ def copy_output(folder: Path, name: str, target: Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def opened_output(folder: Path, name: str) -> Iterator[Path]:
+    """A path to the regular file `folder/name` as opened now: /proc/self/fd/N on Linux, so
+    whoever copies from it (the input cache) copies that file whatever the task's path names
+    later; elsewhere (no task sandbox to race with) the path itself, once checked."""
+    fd = _open(folder, name)
+    try:
+        proc = Path(f"/proc/self/fd/{fd}")
+        yield proc if proc.exists() else folder / name
+    finally:
+        os.close(fd)
+
+
+def link_or_copy_output(folder: Path, name: str, target: Path) -> None:
+    """A second name for a regular file of a task folder (no copy of a large shard) or, where
+    links fail, a copy from the opened file; a symlink is refused, never linked or followed."""
+    with opened_output(folder, name):  # refuses a symlink or anything not a regular file
+        try:
+            os.link(folder / name, target, follow_symlinks=False)
+            return
+        except OSError:
+            pass
+    copy_output(folder, name, target)
