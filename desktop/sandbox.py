@@ -229,38 +229,54 @@ def bwrap_argv(
     else:
         args = [bw, "--unshare-all", "--cap-drop", "ALL"]
     args += ["--die-with-parent", "--new-session", "--clearenv"]
+    # what exists in the sandbox: a folder, or with a trailing "/" a bound tree
+    made: set[str] = {"/proc", "/dev", "/tmp", "/dev/shm"}
     # system libraries; on merged-/usr systems /lib, /bin... are symlinks into /usr
-    args += ["--ro-bind", "/usr", "/usr"]
+    args += _bind("--ro-bind", "/usr", made)
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
+            args += _bind("--ro-bind", top, made)
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
-        args += ["--ro-bind-try", etc, etc]
+        args += _bind("--ro-bind-try", etc, made)
     # a private /tmp and /dev/shm, sized so that they cannot eat the host's memory (their
     # size is taken out of the resident-memory budget: Limits.resident_mb)
     size = str(limits.tmpfs_size_mb * 2**20)
     args += ["--proc", "/proc", "--dev", "/dev"]
     for tmp in ("/tmp", "/dev/shm"):
         args += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
-    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+    args += _bind("--ro-bind-try", "/sys/devices/system/cpu", made)
     # of the project, only the code a task runs: the project folder may also hold data (a
     # demo's folder with every agent's tasks in it) that a task must not see
     code = [PROJECT_ROOT / pkg for pkg in TASK_PACKAGES]
     for root in [*_python_roots(folder), *code]:
-        args += ["--ro-bind", str(root), str(root)]
+        args += _bind("--ro-bind", str(root), made)
     if gpu:
         for node in gpu_device_nodes():
-            args += ["--dev-bind", node, node]
+            args += _bind("--dev-bind", node, made)
         # the driver reads its PCI topology from sysfs
-        args += ["--ro-bind-try", "/sys", "/sys"]
+        args += _bind("--ro-bind-try", "/sys", made)
     # last, so it wins over any read-only bind above it (e.g. a folder inside the project)
-    args += ["--bind", str(folder), str(folder), "--chdir", str(folder)]
+    args += [*_bind("--bind", str(folder), made), "--chdir", str(folder)]
     args += ["--remount-ro", "/"]  # the skeleton root bwrap made is read-only too
     for key, value in {**_child_env(folder), **(env or {})}.items():
         args += ["--setenv", key, value]
     return [*args, "--", *_confine_argv(argv, limits)]
+
+
+def _bind(flag: str, path: str, made: set[str]) -> list[str]:
+    """`flag path path`, after the folders leading to it: bwrap would make them itself, but a
+    root bwrap makes them 0700, which the task (SANDBOX_UID) cannot pass; made 0755 here."""
+    args: list[str] = []
+    for parent in reversed(Path(path).parents):
+        name = str(parent)
+        if name == "/" or name in made or any(m.endswith("/") and name.startswith(m) for m in made):
+            continue  # exists already: made here, or inside a bound tree
+        args += ["--perms", "0755", "--dir", name]
+        made.add(name)
+    made.add(path.rstrip("/") + "/")
+    return [*args, flag, path, path]
 
 
 def bwrap_env() -> dict[str, str]:

@@ -103,7 +103,6 @@ def _sweep() -> None:
     except OSError:
         return
     import contextlib
-    import shutil
     import signal
 
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -112,13 +111,25 @@ def _sweep() -> None:
         while os.waitpid(-1, os.WNOHANG)[0]:
             pass
     for tmp in ("/tmp", "/dev/shm"):
-        with contextlib.suppress(OSError), os.scandir(tmp) as left:
-            for entry in left:
-                with contextlib.suppress(OSError):
-                    if entry.is_dir(follow_symlinks=False):
-                        shutil.rmtree(entry.path, ignore_errors=True)
-                    else:
-                        os.unlink(entry.path)
+        with contextlib.suppress(OSError):
+            _clear(tmp, os.stat(tmp).st_dev)
+
+
+def _clear(folder: str, dev: int) -> None:
+    """Empty `folder` without leaving its file system: the zygote's own folder is bound in
+    under /tmp when the tasks live there, and must not go."""
+    import contextlib
+
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_dev != dev:
+                    continue  # a mount point: a bound folder, not the task's leftovers
+                if entry.is_dir(follow_symlinks=False):
+                    _clear(entry.path, dev)
+                    os.rmdir(entry.path)  # fails, and stays, where it holds a mount point
+                else:
+                    os.unlink(entry.path)
 
 
 def main() -> int:
