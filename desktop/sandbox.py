@@ -55,13 +55,13 @@ class Limits:
     wall_s: float = 3600.0
     file_mb: int = 4096  # largest file the task may write (the update)
     procs: int = 1024  # processes and threads together (torch starts a thread per core)
-    tmpfs_mb: int = 256  # each of /tmp and /dev/shm (at most a quarter of memory_mb)
+    tmpfs_mb: int = 256  # each of /tmp and /dev/shm (at most an eighth of memory_mb)
     folder_mb: int = 16384  # everything in the task folder, its inputs included
 
     @property
     def tmpfs_size_mb(self) -> int:
         """The size of each of the task's /tmp and /dev/shm."""
-        return max(1, min(self.tmpfs_mb, self.memory_mb // 4))
+        return max(1, min(self.tmpfs_mb, self.memory_mb // 8))
 
     @property
     def resident_mb(self) -> int:
