@@ -176,3 +176,42 @@ def test_a_symlinked_result_is_refused_without_quoting_the_target(tmp_path: Path
     assert verdict.status == "crashed"
     assert "result.json" in verdict.detail and "symlink" in verdict.detail
     assert SECRET not in verdict.detail and "oom" not in verdict.status
+
+
+def test_symlinked_outputs_are_refused_and_never_copied_onward(tmp_path: Path) -> None:
+    """What the agent does with an update and a residual a task symlinked to its key file."""
+    from desktop.task_outputs import (
+        UnsafeOutput,
+        copy_output,
+        link_or_copy_output,
+        numeric_metrics,
+        read_json_output,
+        read_output,
+    )
+
+    secret = tmp_path / "credentials"
+    secret.write_text(SECRET)
+    folder = tmp_path / "task"
+    folder.mkdir()
+    for name in ("update.safetensors", "residual.next.safetensors", "result.json"):
+        (folder / name).symlink_to(secret)
+    nxt = tmp_path / "next-task"
+    nxt.mkdir()
+    for call in (
+        lambda: read_output(folder, "update.safetensors"),
+        lambda: read_json_output(folder, "result.json"),
+        lambda: copy_output(folder, "residual.next.safetensors", nxt / "residual.safetensors"),
+        lambda: link_or_copy_output(folder, "update.safetensors", nxt / "update.safetensors"),
+    ):
+        with pytest.raises(UnsafeOutput) as caught:
+            call()
+        assert "symlink" in str(caught.value) and SECRET not in str(caught.value)
+    assert list(nxt.iterdir()) == []  # nothing carried into the next task's folder
+    (folder / "result.json").unlink()
+    (folder / "result.json").write_text(json.dumps({"metrics": {"loss": SECRET}}))
+    with pytest.raises(UnsafeOutput) as caught:  # float() would have quoted the value
+        numeric_metrics(read_json_output(folder, "result.json"))
+    assert SECRET not in str(caught.value)
+    (folder / "real").write_bytes(b"weights")
+    copy_output(folder, "real", nxt / "copied")
+    assert (nxt / "copied").read_bytes() == b"weights" and not (nxt / "copied").is_symlink()
