@@ -5,7 +5,7 @@ connections that send half a request park 40 threads, and everyone else's reques
 behind them (12 to 20 s in the attack that found it). nginx reads whole requests on its
 event loop, cuts off clients that stall (client_header_timeout, client_body_timeout) and only
 then hands gunicorn a complete request, so a slow client costs gunicorn nothing.
-`gpuflex nginx-config` prints this block; docs/deployment.md says where it goes.
+`gpuflex nginx-config` prints this block; docs/settings.md says where it goes.
 """
 
 from __future__ import annotations
