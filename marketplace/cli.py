@@ -90,13 +90,21 @@ def cmd_nginx_config(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from marketplace.server.routing import worker_queues
+
     cmd = [
         _tool("celery"), "-A", "marketplace.server.celery", "worker",
         "--concurrency", str(args.concurrency), "--pool", args.pool,
-        "--loglevel", args.loglevel,
+        "--loglevel", args.loglevel, "-Q", ",".join(worker_queues(args.queues)),
     ]  # fmt: skip
     if not args.no_beat:
         cmd.append("--beat-thread")  # the tick's clock in this process (server/celery.py)
+    return _exec(cmd, _server_env())
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    """The periodic tick's clock alone: one per deployment, beside workers run --no-beat."""
+    cmd = [_tool("celery"), "-A", "marketplace.server.celery", "beat", "--loglevel", args.loglevel]
     return _exec(cmd, _server_env())
 
 
@@ -193,8 +201,24 @@ def parser() -> argparse.ArgumentParser:
         help="solo: tasks run in the worker process itself (the least memory)",
     )
     w.add_argument("--loglevel", default="INFO")
-    w.add_argument("--no-beat", action="store_true")
+    w.add_argument(
+        "--no-beat",
+        action="store_true",
+        help="no tick clock in this worker: run exactly one `gpuflex beat` (or one worker "
+        "without --no-beat) per deployment",
+    )
+    w.add_argument(
+        "--queues",
+        choices=("all", "maintenance", "aggregation"),
+        default="all",
+        help="aggregation has a queue of its own, so that a big job cannot starve the tick "
+        "(docs/deploy.md)",
+    )
     w.set_defaults(func=cmd_worker)
+
+    b = sub.add_parser("beat", help="run the periodic tick's clock alone (one per deployment)")
+    b.add_argument("--loglevel", default="INFO")
+    b.set_defaults(func=cmd_beat)
 
     n = sub.add_parser(
         "nginx-config", help="print the nginx server block to put in front of `serve`"

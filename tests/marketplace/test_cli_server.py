@@ -40,9 +40,27 @@ def test_worker_runs_celery_with_beat(calls) -> None:
     ((cmd, _),) = calls
     assert cmd[0].endswith("celery") and "marketplace.server.celery" in cmd
     assert "--beat-thread" in cmd and cmd[cmd.index("--pool") + 1] == "prefork"
+    assert cmd[cmd.index("-Q") + 1] == "gpuflex,gpuflex.aggregation"  # every queue
     calls.clear()
-    cli.main(["worker", "--no-beat", "--pool", "solo"])
-    assert "--beat-thread" not in calls[0][0] and "solo" in calls[0][0]
+    cli.main(["worker", "--no-beat", "--pool", "solo", "--queues", "aggregation"])
+    cmd = calls[0][0]
+    assert "--beat-thread" not in cmd and "solo" in cmd
+    assert cmd[cmd.index("-Q") + 1] == "gpuflex.aggregation"
+    calls.clear()
+    assert cli.main(["beat"]) == 0
+    assert calls[0][0][3] == "beat"
+
+
+def test_aggregation_has_a_queue_of_its_own(settings) -> None:
+    """A big job's aggregation waits in its own queue; the tick and settlement never behind it."""
+    from marketplace.server.celery import app
+    from marketplace.server.routing import AGGREGATE_ROUND
+
+    route = app.amqp.router.route
+    default = app.conf.task_default_queue
+    assert route({}, AGGREGATE_ROUND)["queue"].name == f"{default}.aggregation"
+    for name in ("marketplace.jobs.tasks.tick", "marketplace.ledger.tasks.settle_chain"):
+        assert route({}, name)["queue"].name == default
 
 
 def test_manage_passes_through(db, capsys) -> None:

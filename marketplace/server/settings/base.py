@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from marketplace.server.routing import default_queue
 from marketplace.server.secret_key import for_data_dir
 
 
@@ -249,7 +250,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # the wait between a round's quorum and its aggregation)
         "polling_interval": 0.1,
     }
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("GPUFLEX_CELERY_QUEUE", "gpuflex")
+CELERY_TASK_DEFAULT_QUEUE = default_queue()
+# aggregation on a queue of its own (server/routing.py): `gpuflex worker --queues`
+CELERY_TASK_ROUTES = ("marketplace.server.routing.route_task",)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
