@@ -9,11 +9,12 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from marketplace.api.parsers import DepthLimitedJSONParser
 from marketplace.api.permissions import IsBuyer
 from marketplace.api.serializers.jobs import (
     JobDetailSerializer,
@@ -41,7 +42,7 @@ class BuyerView(APIView):
 class JobListView(generics.ListAPIView):
     permission_classes = [IsBuyer]
     serializer_class = JobSerializer
-    parser_classes = [JSONParser, MultiPartParser, FormParser]
+    parser_classes = [DepthLimitedJSONParser, MultiPartParser, FormParser]
 
     def get_queryset(self):
         return jobs_of(self.request.user).order_by("-created_at")

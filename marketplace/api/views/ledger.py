@@ -24,6 +24,7 @@ from marketplace.api.serializers.ledger import (
     ReferenceSerializer,
     WalletSerializer,
 )
+from marketplace.api.serializers.queries import EarningsQuerySerializer
 from marketplace.jobs.errors import Conflict, NotFound
 from marketplace.ledger import selectors, services
 from marketplace.ledger.models import Payout, WalletAddress
@@ -53,9 +54,11 @@ class StatementView(generics.ListAPIView):
 class EarningsView(APIView):
     permission_classes = [IsProvider]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(parameters=[EarningsQuerySerializer], responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
-        days = min(max(int(request.query_params.get("days", 30)), 1), 366)
+        query = EarningsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        days = query.validated_data["days"]
         money = lambda rows: [r | {"amount": str(r["amount"])} for r in rows]  # noqa: E731
         return Response(
             {
