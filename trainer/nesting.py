@@ -8,6 +8,7 @@ paths end here in one clear TooDeep error.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import yaml
@@ -43,10 +44,33 @@ def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def loads_json(text: str | bytes, limit: int = MAX_DEPTH) -> Any:
-    """json.loads with the depth limit; JSONDecodeError passes through unchanged."""
+# a JSON string, or an unterminated one to the end: always matching keeps the scan linear
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.?)*(?:"|\Z)', re.DOTALL)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def _check_brackets(text: str, strings: re.Pattern[str] | None, limit: int) -> None:
+    """Refuse text whose brackets (outside strings) nest deeper than `limit` before parsing
+    it: neither parser may see such text, since the json module's C scanner overflows the C
+    stack (a segfault) once something raised the recursion limit (py-evm, imported with the
+    chain, sets it to 100000), and PyYAML then recurses for minutes before giving up."""
+    if text.count("[") + text.count("{") <= limit:
+        return  # the common case, at C speed
+    depth = 0
+    for bracket in _BRACKETS.findall(strings.sub("", text) if strings else text):
+        depth += 1 if bracket in "[{" else -1
+        if depth > limit:
+            raise TooDeep(limit)
+
+
+def loads_json(text: str | bytes, limit: int = MAX_DEPTH, **kwargs: Any) -> Any:
+    """json.loads with the depth limit; JSONDecodeError passes through unchanged, `kwargs`
+    go to json.loads."""
+    if isinstance(text, bytes | bytearray):
+        text = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.loads does
+    _check_brackets(text, _JSON_STRING, limit)
     try:
-        value = json.loads(text)
+        value = json.loads(text, **kwargs)
     except RecursionError:
         raise TooDeep(limit) from None
     check_depth(value, limit)
@@ -54,7 +78,10 @@ def loads_json(text: str | bytes, limit: int = MAX_DEPTH) -> Any:
 
 
 def loads_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
-    """yaml.safe_load with the depth limit; YAMLError passes through unchanged."""
+    """yaml.safe_load with the depth limit; YAMLError passes through unchanged. YAML's quotes
+    are not found without parsing (don't is a plain word), so brackets in strings and comments
+    count too: a false refusal needs more than `limit` of them open at once."""
+    _check_brackets(text, None, limit)
     try:
         value = yaml.safe_load(text)
     except RecursionError:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,27 @@ def test_a_deeply_nested_metrics_header_is_a_400(
     )
     assert response.status_code == 400, response.content
     assert "X-GPUFlex-Metrics header is nested deeper than" in response.json()["detail"]
+
+
+@pytest.fixture
+def raised_recursion_limit() -> Any:
+    """py-evm (the chain extra) raises the limit to 100000 on import: json's C scanner then
+    overflowed the C stack on deep input (the process died) and PyYAML recursed for minutes."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    yield
+    sys.setrecursionlimit(before)
+
+
+def test_deep_input_is_refused_before_parsing_under_a_raised_recursion_limit(
+    buyer: APIClient, raised_recursion_limit: None
+) -> None:
+    assert_too_deep(post_json(buyer, "/api/v1/jobs/", "[" * 200_000))
+    body = {"spec": "[" * 200_000, "budget": "1", "max_price_per_gpu_hour": "1"}
+    response = buyer.post("/api/v1/jobs/", body, format="multipart")
+    assert "nested deeper than" in response.json()["detail"]
+    quoted = '{"spec": "' + "[" * 200_000 + '"}'  # inside a string a bracket is no nesting
+    assert "nested deeper" not in post_json(buyer, "/api/v1/jobs/", quoted).json()["detail"]
 
 
 def test_load_spec_refuses_deep_yaml_and_json_files(tmp_path: Path) -> None:
