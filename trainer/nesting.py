@@ -29,24 +29,24 @@ def check_depth(value: Any, limit: int = MAX_DEPTH) -> None:
     Iterative, and a container shared through YAML aliases is walked again only when reached
     deeper than before, so an alias bomb costs linear time and a self-referencing one is too
     deep instead of endless."""
+    containers = (dict, list, tuple)
     seen: dict[int, int] = {}
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, containers) else []
     while stack:
         item, depth = stack.pop()
-        if not isinstance(item, dict | list | tuple):
-            continue
         if depth > limit:
             raise TooDeep(limit)
         if seen.get(id(item), 0) >= depth:
             continue
         seen[id(item)] = depth
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children)
+        for child in item.values() if isinstance(item, dict) else item:
+            if isinstance(child, containers):
+                stack.append((child, depth + 1))
 
 
 # a JSON string, or an unterminated one to the end: always matching keeps the scan linear
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.?)*(?:"|\Z)', re.DOTALL)
-_BRACKETS = re.compile(r"[\[\]{}]")
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
 
 
 def _check_brackets(text: str, strings: re.Pattern[str] | None, limit: int) -> None:
@@ -57,7 +57,8 @@ def _check_brackets(text: str, strings: re.Pattern[str] | None, limit: int) -> N
     if text.count("[") + text.count("{") <= limit:
         return  # the common case, at C speed
     depth = 0
-    for bracket in _BRACKETS.findall(strings.sub("", text) if strings else text):
+    # only the brackets, as one string: iterating it keeps no list of them in memory
+    for bracket in _NOT_BRACKETS.sub("", strings.sub("", text) if strings else text):
         depth += 1 if bracket in "[{" else -1
         if depth > limit:
             raise TooDeep(limit)
@@ -68,13 +69,9 @@ def loads_json(text: str | bytes, limit: int = MAX_DEPTH, **kwargs: Any) -> Any:
     go to json.loads."""
     if isinstance(text, bytes | bytearray):
         text = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.loads does
+    # exact for JSON, whose containers are its brackets: no walk of the result is needed
     _check_brackets(text, _JSON_STRING, limit)
-    try:
-        value = json.loads(text, **kwargs)
-    except RecursionError:
-        raise TooDeep(limit) from None
-    check_depth(value, limit)
-    return value
+    return json.loads(text, **kwargs)
 
 
 def loads_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
