@@ -234,6 +234,21 @@ def test_an_unexpected_error_is_a_json_500_logged_with_its_request_id(
     assert 'raise RuntimeError("capacity exploded")' in log  # the traceback reached the file
 
 
+def test_a_web_page_error_is_a_500_naming_its_request_id_and_logged(
+    db: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> None:
+        raise RuntimeError("market page exploded")
+
+    monkeypatch.setattr("marketplace.web.views.public.market_capacity", broken)
+    response = Client(raise_request_exception=False).get("/", HTTP_X_REQUEST_ID="trace-web")
+    assert response.status_code == 500
+    assert response.json()["request_id"] == "trace-web" == response["X-Request-ID"]
+    log = _log_text()
+    assert "[trace-web] Internal Server Error: /" in log
+    assert 'raise RuntimeError("market page exploded")' in log
+
+
 def test_a_4xx_is_logged_with_its_request_id(buyer: APIClient) -> None:
     buyer.get("/api/v1/jobs/?limit=abc", HTTP_X_REQUEST_ID="trace-me-400")
     assert "[trace-me-400] Bad Request: /api/v1/jobs/" in _log_text()
