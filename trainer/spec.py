@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from trainer.nesting import TooDeep, loads_json, loads_yaml
+
 
 class SpecError(ValueError):
     """A job spec that cannot be used; `problems` lists (field path, reason) pairs."""
@@ -291,7 +293,9 @@ def load_spec(path: str | Path) -> JobSpec:
     except OSError as exc:
         raise SpecError([("<file>", f"cannot read {path}: {exc.strerror}")], str(path)) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = loads_json(text) if path.suffix == ".json" else loads_yaml(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise SpecError([("<file>", f"not valid YAML/JSON: {exc}")], str(path)) from None
+    except TooDeep as exc:
+        raise SpecError([("<file>", str(exc))], str(path)) from None
     return parse_spec(data, str(path))

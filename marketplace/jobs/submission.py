@@ -30,6 +30,7 @@ from marketplace.rounds.lifecycle import open_round, quorum_units
 from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
 from trainer.models import ModelSpecError, build_model, describe_model, model_size
+from trainer.nesting import TooDeep, check_depth, loads_json, loads_yaml
 from trainer.sharding import ShardingError
 from trainer.spec import JobSpec, SpecError, parse_spec
 
@@ -63,14 +64,19 @@ def parse_job_spec(raw: Any, federated: bool = False) -> JobSpec:
     """A spec given as a mapping, or as JSON / YAML text; errors name the field path."""
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", errors="replace")
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError:
+    try:
+        if isinstance(raw, str):
             try:
-                raw = yaml.safe_load(raw)
-            except yaml.YAMLError as exc:
-                raise _spec_error([("<file>", f"not valid YAML/JSON: {exc}")]) from None
+                raw = loads_json(raw)
+            except json.JSONDecodeError:
+                try:
+                    raw = loads_yaml(raw)
+                except yaml.YAMLError as exc:
+                    raise _spec_error([("<file>", f"not valid YAML/JSON: {exc}")]) from None
+        else:
+            check_depth(raw)
+    except TooDeep as exc:
+        raise _spec_error([("<file>", str(exc))]) from None
     try:
         spec = parse_spec(raw)
     except SpecError as exc:

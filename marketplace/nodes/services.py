@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -13,14 +14,25 @@ from django.utils import timezone
 
 from marketplace.accounts.models import User
 from marketplace.accounts.services import issue_node_key
+from marketplace.jobs.errors import MarketplaceError
 from marketplace.nodes.models import Node, NodeState, NodeTraffic, reliability_score
 
 
 def _memory_gb(hardware: dict[str, Any]) -> float:
-    if "memory_gb" in hardware:
-        return float(hardware["memory_gb"])
-    if "memory_mb" in hardware:
-        return float(hardware["memory_mb"]) / 1024.0
+    for key, per_gb in (("memory_gb", 1.0), ("memory_mb", 1024.0)):
+        if key in hardware:
+            value = hardware[key]
+            # null was a TypeError (500); "NaN" or "inf" was stored and broke every capacity
+            # page after it (JSON has no NaN)
+            try:
+                number = float(value) if not isinstance(value, bool) else math.nan
+            except (TypeError, ValueError):
+                number = math.nan
+            if not (math.isfinite(number) and number >= 0):
+                raise MarketplaceError(
+                    f"hardware.{key} must be a finite number of at least 0, not {value!r}."[:200]
+                )
+            return number / per_gb
     return 0.0
 
 

@@ -43,7 +43,9 @@ class PayoutRequestSerializer(serializers.Serializer):
 
 
 class PayoutSerializer(serializers.ModelSerializer):
-    batch_id = serializers.CharField(source="batch.batch_id", default=None, read_only=True)
+    batch_id = serializers.CharField(
+        source="batch.batch_id", default=None, read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Payout

@@ -60,6 +60,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # first: the id is on every log line, including those of the middleware below
+    "marketplace.server.request_id.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -282,9 +284,16 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["marketplace.accounts.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # JSON bodies nested deeper than trainer.nesting.MAX_DEPTH are a 400
+    "DEFAULT_PARSER_CLASSES": [
+        "marketplace.api.parsers.DepthLimitedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "marketplace.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # documents the error envelope and the 4xx answers every operation can give
+    "DEFAULT_SCHEMA_CLASS": "marketplace.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["marketplace.api.throttles.KeyRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
@@ -334,9 +343,34 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# Errors reach stderr and a file, each line carrying its request's id (request_id.py); Django
+# alone mails them to ADMINS, which is empty. WatchedFileHandler: every gunicorn worker appends
+# to the one file and reopens it after logrotate moves it.
+LOG_FILE = Path(os.environ.get("GPUFLEX_LOG_FILE", DATA_DIR / "logs" / "marketplace.log"))
+LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"marketplace": {"handlers": ["console"], "level": "INFO"}},
+    "filters": {"request_id": {"()": "marketplace.server.request_id.RequestIdFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"}
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",  # stderr
+            "filters": ["request_id"],
+            "formatter": "plain",
+        },
+        "file": {
+            "class": "logging.handlers.WatchedFileHandler",
+            "filename": str(LOG_FILE),
+            "filters": ["request_id"],
+            "formatter": "plain",
+        },
+    },
+    "loggers": {
+        "marketplace": {"handlers": ["console", "file"], "level": "INFO"},
+        # django.request: 5xx with their tracebacks, 4xx as warnings
+        "django": {"handlers": ["console", "file"], "level": "WARNING"},
+    },
 }

@@ -6,7 +6,7 @@ import secrets
 from typing import Any
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
@@ -115,8 +115,10 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     plaintext, status, retry_after = None, 200, None
     if request.method == "POST":
         if "revoke" in request.POST:
-            pk = request.POST["revoke"]
-            key = user_keys(request.user).filter(pk=pk).first() if pk.isdigit() else None
+            key_id = request.POST["revoke"]
+            if not (key_id.isascii() and key_id.isdigit()):  # filter(pk="abc") was a 500
+                return HttpResponseBadRequest("revoke: a key id is a whole number.")
+            key = user_keys(request.user).filter(pk=int(key_id)).first()
             if key is not None:
                 revoke_key(key)
                 messages.success(request, f"Key {key.prefix}… revoked.")
