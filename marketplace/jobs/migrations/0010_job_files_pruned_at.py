@@ -5,15 +5,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0009_round_models_moved_to_rounds'),
+        ("jobs", "0009_round_models_moved_to_rounds"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='files_pruned_at',
+            model_name="job",
+            name="files_pruned_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]
