@@ -13,7 +13,6 @@ import dataclasses
 import json
 import os
 import secrets
-import shutil
 import socket
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from typing import Any
 import httpx
 
 from bench.marketplace_bench import ROOT, _free_port, _manage, _register_nodes, _server_env
-from marketplace.server.proxy import ProxySettings, nginx_standalone_config
+from marketplace.server.proxy import ProxySettings, nginx_binary, nginx_standalone_config
 
 PROBE = "/api/v1/nodes/"  # a 401 without a key: no database work, only the server's own
 
@@ -93,7 +92,7 @@ def serving(
                 conf.write_text(nginx_standalone_config(settings, str(prefix)))
                 procs.append(
                     subprocess.Popen(
-                        [nginx_path() or "nginx", "-p", str(prefix), "-c", str(conf)],
+                        [nginx_binary() or "nginx", "-p", str(prefix), "-c", str(conf)],
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                         start_new_session=True,
@@ -109,12 +108,6 @@ def serving(
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, 15)
                 proc.wait(timeout=30)
-
-
-def nginx_path() -> str | None:
-    return shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.path.exists(p)), None
-    )
 
 
 class SlowClients:
@@ -187,7 +180,7 @@ def run(slow: int = 200, requests: int = 10, timeout_s: float = 5.0) -> dict[str
     shape = {"workers": 2, "threads": 16}
     out: dict[str, Any] = {"slow_clients": slow, **shape}
     for mode, proxy in (("gunicorn", None), ("nginx", ProxySettings())):
-        if mode == "nginx" and nginx_path() is None:
+        if mode == "nginx" and nginx_binary() is None:
             out[mode] = None
             continue
         with serving(**shape, proxy=proxy) as (url, node_key):

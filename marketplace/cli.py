@@ -82,9 +82,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_nginx_config(args: argparse.Namespace) -> int:
     from marketplace.server.proxy import ProxySettings, nginx_server_block
 
-    settings = ProxySettings(
-        listen=args.listen, upstream=args.upstream, server_name=args.server_name
-    )
+    upstream = ",".join(args.upstream or ["127.0.0.1:8000"])
+    settings = ProxySettings(listen=args.listen, upstream=upstream, server_name=args.server_name)
     print(nginx_server_block(settings), end="")
     return 0
 
@@ -224,7 +223,11 @@ def parser() -> argparse.ArgumentParser:
         "nginx-config", help="print the nginx server block to put in front of `serve`"
     )
     n.add_argument("--listen", default="80", help="nginx's listen address (default 80)")
-    n.add_argument("--upstream", default="127.0.0.1:8000", help="`serve`'s --bind")
+    n.add_argument(
+        "--upstream",
+        action="append",
+        help="a `serve --bind` address; repeat it for several web servers (default 127.0.0.1:8000)",
+    )
     n.add_argument("--server-name", default="_")
     n.set_defaults(func=cmd_nginx_config)
 

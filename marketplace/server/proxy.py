@@ -10,12 +10,15 @@ then hands gunicorn a complete request, so a slow client costs gunicorn nothing.
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class ProxySettings:
     listen: str = "80"
+    # one `gpuflex serve --bind` address, or several separated by commas (docs/deploy.md)
     upstream: str = "127.0.0.1:8000"
     server_name: str = "_"
     # an update may be MAX_UPDATE_BYTES (256 MiB) plus its headers
@@ -28,9 +31,13 @@ class ProxySettings:
 
 
 def nginx_server_block(s: ProxySettings) -> str:
+    servers = "".join(
+        f"    server {u.strip()} max_fails=1 fail_timeout=5s;\n" for u in s.upstream.split(",")
+    )
+    # A request that could not reach one web server goes to the next, but only if nothing of
+    # it was sent (nginx never retries a POST it delivered): an upload is never made twice.
     return f"""upstream gpuflex_app {{
-    server {s.upstream};
-    keepalive 32;
+{servers}    keepalive 32;
 }}
 
 server {{
@@ -54,6 +61,7 @@ server {{
         proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
         proxy_set_header X-Forwarded-Proto $scheme;
         proxy_read_timeout {s.upstream_read_timeout_s}s;
+        proxy_next_upstream error timeout http_502 http_503;
         proxy_pass http://gpuflex_app;
     }}
 }}
@@ -82,3 +90,10 @@ http {{
     {block}
 }}
 """
+
+
+def nginx_binary() -> str | None:
+    """nginx lives in /usr/sbin, which a non-root PATH often lacks."""
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.path.exists(p)), None
+    )

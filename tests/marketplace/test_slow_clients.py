@@ -11,11 +11,11 @@ import socket
 
 import pytest
 
-from bench.slow_clients_bench import SlowClients, latencies, nginx_path, serving
-from marketplace.server.proxy import ProxySettings
+from bench.slow_clients_bench import SlowClients, latencies, serving
+from marketplace.server.proxy import ProxySettings, nginx_binary
 
 pytestmark = [
-    pytest.mark.skipif(nginx_path() is None, reason="nginx is not installed (make system-deps)"),
+    pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (make system-deps)"),
     pytest.mark.integration,
 ]
 
