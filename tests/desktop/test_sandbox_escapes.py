@@ -8,31 +8,17 @@ symlinks for the agent to follow. The caps are tiny, set by each test, so they s
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from desktop.sandbox import Limits, Sandbox, SandboxResult, bwrap_usable
+from desktop.sandbox import Limits, Sandbox, bwrap_usable
+from tests.desktop.sandboxed import PY, run
 
 needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap missing or unusable")
 pytestmark = needs_bwrap
 
-PY = sys.executable
 SECRET = "gfx_n_SECRET-MARKER-7f3a9c"
-
-
-@pytest.fixture(params=["cold", "warm"])
-def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A task started cold, and one forked by the warm worker, get the same hardening."""
-    monkeypatch.setenv("GPUFLEX_WARM_TASKS", "1" if request.param == "warm" else "0")
-    return request.param
-
-
-def run(folder: Path, code: str, **limits: float) -> SandboxResult:
-    limits = {"wall_s": 60, "memory_mb": 1024, **limits}
-    with Sandbox(Limits(**limits)) as sandbox:  # type: ignore[arg-type]
-        return sandbox.run(folder, [PY, "-c", code])
 
 
 REPORT = (
@@ -41,7 +27,7 @@ REPORT = (
 
 
 def test_no_agent_secret_in_any_environ_a_task_can_read(
-    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, task_start: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GPUFLEX_API_KEY", SECRET)
     code = REPORT + (
@@ -62,7 +48,7 @@ def test_no_agent_secret_in_any_environ_a_task_can_read(
     assert not [pid for pid, env in seen.items() if SECRET in env], seen
 
 
-def test_a_task_has_no_capability_and_is_not_root(tmp_path: Path, mode: str) -> None:
+def test_a_task_has_no_capability_and_is_not_root(tmp_path: Path, task_start: str) -> None:
     code = REPORT + (
         "import os\n"
         "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
@@ -106,7 +92,7 @@ def test_a_task_cannot_remount_write_the_host_or_ptrace_init(tmp_path: Path) -> 
     assert not (project_code / "escape.txt").exists()
 
 
-def test_a_fork_bomb_hits_the_process_limit(tmp_path: Path, mode: str) -> None:
+def test_a_fork_bomb_hits_the_process_limit(tmp_path: Path, task_start: str) -> None:
     code = (
         "import os, time\n"
         "for _ in range(200):\n"
@@ -143,7 +129,7 @@ def test_dev_shm_and_tmp_are_capped_and_counted_in_memory(tmp_path: Path) -> Non
     assert Limits(memory_mb=256).tmpfs_size_mb == 32  # at most an eighth of the memory
 
 
-def test_writing_past_the_folder_quota_fails_the_task(tmp_path: Path, mode: str) -> None:
+def test_writing_past_the_folder_quota_fails_the_task(tmp_path: Path, task_start: str) -> None:
     code = (
         "import time\n"
         "with open('fill', 'wb') as f:\n"

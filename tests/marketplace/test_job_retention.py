@@ -19,14 +19,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def own_media(tmp_path, settings) -> None:
-    settings.MEDIA_ROOT = str(tmp_path / "media")
-    settings.STORAGES = settings.STORAGES | {
-        "default": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": settings.MEDIA_ROOT},
-        }
-    }
+def no_grace(own_media, settings) -> None:
     settings.GPUFLEX = settings.GPUFLEX | {"ENDED_JOB_FILES_GRACE_S": 0}
 
 

@@ -26,15 +26,7 @@ def nothing_stored() -> bool:
     )
 
 
-@pytest.fixture(autouse=True)
-def empty_media(tmp_path, settings) -> None:
-    settings.MEDIA_ROOT = str(tmp_path / "media")
-    settings.STORAGES = settings.STORAGES | {
-        "default": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": settings.MEDIA_ROOT},
-        }
-    }
+pytestmark = pytest.mark.usefixtures("own_media")
 
 
 def post(buyer, spec, dataset=None, **fields):
