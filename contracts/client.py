@@ -88,10 +88,13 @@ class ChainClient:
         return cls(w3, deploy(w3, admin, admin, operator), operator=operator, admin=admin)
 
     @classmethod
-    def from_url(cls, url: str, deployment: Deployment, operator_key: str) -> ChainClient:
-        """Production: a JSON-RPC endpoint, contracts already deployed, the operator's key."""
+    def from_url(
+        cls, url: str, deployment: Deployment, operator_key: str, admin: str | None = None
+    ) -> ChainClient:
+        """Production: a JSON-RPC endpoint, contracts already deployed, the operator's key.
+        ``admin`` is only for a development node that signs for its own unlocked accounts."""
         w3, _ = rpc_web3(url)
-        return cls(w3, deployment, operator=add_signer(w3, operator_key))
+        return cls(w3, deployment, operator=add_signer(w3, operator_key), admin=admin)
 
     def _contract(self, name: str, address: str) -> Contract:
         return self.w3.eth.contract(address=address, abi=load_artifact(name).abi)
