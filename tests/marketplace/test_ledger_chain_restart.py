@@ -92,19 +92,20 @@ def test_a_dropped_connection_mid_settlement_pays_each_payout_once(
         ledger_chain.settle_payouts(restart())
     assert link.proxy.is_down
     record = SettlementRecord.objects.get()
-    assert not record.posted and not record.failed and record.nonce is not None
+    assert not record.posted and not record.failed
     assert Payout.objects.get(pk=payout["id"]).status == "batched"
     assert link.sends() == (0 if case == "never-arrived" else 1)
 
     link.proxy.restore()
     if case == "pending":
-        # Back up while the batch is still unmined: nothing is sent again, it is left in flight.
+        # Back up while the batch waits unmined in the node's pool (the node mines new
+        # transactions again): nothing is sent a second time, the batch is left in flight.
+        link.set_automine(True)
         assert ledger_chain.settle_payouts(restart()) is None
         assert link.sends() == 1
         assert not SettlementRecord.objects.get().posted
         assert any("not on chain yet" in p for p in reconcile().problems)
         link.mine()
-        link.set_automine(True)
 
     assert ledger_chain.settle_payouts(restart()) is None  # finishes the batch, nothing new
     record.refresh_from_db()
