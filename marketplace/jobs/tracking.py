@@ -126,24 +126,29 @@ def track_round(job_id: object, number: int) -> None:
             log.exception("job %s round %s: tracking to %s failed", job.pk, number, name)
 
 
+KINDS: dict[str, type[Tracker]] = {
+    "mlflow": MLflowTracker, "tensorboard": TensorBoardTracker, "wandb": WandbTracker,
+}  # fmt: skip
+
+
 def _track(job: Job, name: str, number: int) -> None:
-    (tracker,) = _trackers(job, [name])
     ended = not job.is_active and job.rounds_done == number
-    if tracker.incremental:
-        rounds = [r for r in job_rounds(job, upto=number) if r.step == number]
-        if number == 1 or ended:
-            tracker.log_params(job_params(job))
-        for rnd in rounds:
-            tracker.log_metrics(rnd.step, rnd.metrics)
-        if ended:
-            with _final_model(job) as model:
-                tracker.log_artifact(model)
-        tracker.close(finished=ended)
-    elif ended:
+    if not KINDS[name].incremental and not ended:
+        return  # logged whole once the job ends
+    (tracker,) = _trackers(job, [name])
+    if not tracker.incremental:
         with _final_model(job) as model:
             log_job(tracker, job_record(job, model))
-    else:
-        tracker.close()
+        return
+    if number == 1 or ended:
+        tracker.log_params(job_params(job))
+    for rnd in job_rounds(job, upto=number):
+        if rnd.step == number:
+            tracker.log_metrics(rnd.step, rnd.metrics)
+    if ended:
+        with _final_model(job) as model:
+            tracker.log_artifact(model)
+    tracker.close(finished=ended)
 
 
 @contextmanager

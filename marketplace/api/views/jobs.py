@@ -9,6 +9,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -98,7 +99,17 @@ class JobActionView(BuyerView):
         return Response(JobSerializer(jobs_of(request.user).get(pk=job.pk)).data)
 
 
+class FormatIsTheModelFormat(DefaultContentNegotiation):
+    """Here `?format=` names the model's export format, not a DRF renderer (its default use
+    of the parameter): answers and errors are always rendered by the first renderer, JSON."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):  # type: ignore[override]
+        return renderers[0], renderers[0].media_type
+
+
 class JobModelView(BuyerView):
+    content_negotiation_class = FormatIsTheModelFormat
+
     @extend_schema(
         parameters=[
             OpenApiParameter(
