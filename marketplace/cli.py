@@ -167,8 +167,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_download(args: argparse.Namespace) -> int:
     with build_client(args) as client:
-        model, record = client.download(args.job, args.output)
+        model, record = client.download(args.job, args.output, args.format)
     print(f"model: {model}\nprovenance: {record}")
+    return 0
+
+
+def cmd_jobs_export(args: argparse.Namespace) -> int:
+    with build_client(args) as client:
+        where = client.export(args.job, args.to, args.target)
+    print(f"{args.job} logged to {args.to}: {where}")
     return 0
 
 
@@ -247,7 +254,20 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
     j.set_defaults(func=cmd_submit)
 
-    sub.add_parser("jobs", help="list your jobs").set_defaults(func=cmd_jobs)
+    jobs = sub.add_parser("jobs", help="list your jobs (or: jobs export JOB --to TRACKER)")
+    jobs.set_defaults(func=cmd_jobs)
+    jobs_sub = jobs.add_subparsers(dest="jobs_command")
+    x = jobs_sub.add_parser(
+        "export", help="log a job's params, per-round metrics and model to a tracker"
+    )
+    x.add_argument("job")
+    x.add_argument("--to", choices=["mlflow", "tensorboard", "wandb"], required=True)
+    x.add_argument(
+        "--target",
+        help="mlflow: tracking URI (default file:./mlruns); tensorboard: log folder (default "
+        "runs/JOB); wandb: folder for the offline run (default .)",
+    )
+    x.set_defaults(func=cmd_jobs_export)
 
     e = sub.add_parser("demo", help="run the marketplace, five agents and a job on this machine")
     e.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
@@ -262,6 +282,12 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("download", help="download a job's model and provenance record")
     d.add_argument("job")
     d.add_argument("-o", "--output", default=".")
+    d.add_argument(
+        "--format",
+        choices=["safetensors", "hf", "onnx", "torchscript"],
+        default="safetensors",
+        help="hf: a Hugging Face folder (transformer models only)",
+    )
     d.set_defaults(func=cmd_download)
     return p
 

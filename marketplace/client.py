@@ -9,9 +9,12 @@ client.download(job["id"], "out/")
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import tempfile
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ from typing import Any
 import httpx
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
+MODEL_SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torchscript": ".torchscript.pt"}
 TERMINAL = frozenset({"completed", "failed", "cancelled", "stopped"})
 
 
@@ -134,21 +138,82 @@ class Client:
                 return
             time.sleep(interval)
 
-    def model_bytes(self, job_id: str) -> bytes:
-        return self._request("GET", f"jobs/{job_id}/model").content
+    def model_bytes(self, job_id: str, fmt: str = "safetensors") -> bytes:
+        """The latest model: safetensors, onnx, torchscript or hf (a zip of the HF folder)."""
+        return self._request("GET", f"jobs/{job_id}/model", params={"format": fmt}).content
 
     def provenance(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"jobs/{job_id}/provenance")
 
-    def download(self, job_id: str, directory: str | Path = ".") -> tuple[Path, Path]:
-        """Write JOB.safetensors (the model) and JOB.provenance.json into `directory`."""
+    def tracking(self, job_id: str) -> dict[str, Any]:
+        """Params and per-round metrics, as the experiment trackers log them."""
+        return self._json("GET", f"jobs/{job_id}/tracking")
+
+    def download(
+        self, job_id: str, directory: str | Path = ".", fmt: str = "safetensors"
+    ) -> tuple[Path, Path]:
+        """Write the model (JOB.safetensors, JOB.onnx, JOB.torchscript.pt, or the folder
+        JOB-hf/ for hf) and JOB.provenance.json into `directory`."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        model = out / f"{job_id}.safetensors"
-        model.write_bytes(self.model_bytes(job_id))
+        data = self.model_bytes(job_id, fmt)
+        if fmt == "hf":
+            model = out / f"{job_id}-hf"
+            _unzip_flat(data, model)
+        else:
+            model = out / f"{job_id}{MODEL_SUFFIX.get(fmt, '.' + fmt)}"
+            model.write_bytes(data)
         record = out / f"{job_id}.provenance.json"
         record.write_text(json.dumps(self.provenance(job_id), indent=1), "utf-8")
         return model, record
 
+    def export(self, job_id: str, to: str, target: str | None = None) -> str:
+        """Log a job after the fact: its spec as params, every round's metrics and the final
+        model to MLflow (`target`: a tracking URI, default file:./mlruns), TensorBoard
+        (`target`: a log folder, default runs/JOB) or W&B offline (`target`: a folder, default
+        ., the run under ./wandb). Returns where it went."""
+        from trainer.tracking import (
+            JobRecord,
+            MLflowTracker,
+            RoundRecord,
+            TensorBoardTracker,
+            WandbTracker,
+            log_job,
+        )
+
+        info = self.tracking(job_id)
+        rounds = [RoundRecord(int(r["step"]), r["metrics"]) for r in info["rounds"]]
+        with tempfile.TemporaryDirectory(prefix="gpuflex-export-") as tmp:
+            model = Path(tmp) / f"{job_id}.safetensors"
+            model.write_bytes(self.model_bytes(job_id))
+            record = JobRecord(info["job"], info["name"], info["params"], rounds, model)
+            experiment = info["params"].get("tracking.experiment") or "gpuflex"
+            experiment = "gpuflex" if experiment in ("null", "") else experiment
+            if to == "mlflow":
+                target = target or f"file:{Path('mlruns').resolve()}"
+                tracker = MLflowTracker(target, experiment, record.job_id, record.name)
+            elif to == "tensorboard":
+                target = target or str(Path("runs") / job_id)
+                tracker = TensorBoardTracker(Path(target))
+            elif to == "wandb":
+                target = target or "."
+                os.environ.setdefault("WANDB_MODE", "offline")
+                tracker = WandbTracker(Path(target), experiment, record.job_id, record.name)
+            else:
+                raise ValueError(f"unknown tracker {to!r}; one of mlflow, tensorboard, wandb")
+            log_job(tracker, record)
+        return target
+
     def capacity(self) -> dict[str, Any]:
         return self._json("GET", "market/capacity")
+
+
+def _unzip_flat(data: bytes, folder: Path) -> None:
+    """The HF folder's files, by their base names only: a zip cannot write outside `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        for info in zf.infolist():
+            name = Path(info.filename).name
+            if info.is_dir() or not name:
+                continue
+            (folder / name).write_bytes(zf.read(info))

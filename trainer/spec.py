@@ -239,6 +239,55 @@ class RequirementsSpec(_Strict):
     max_price_per_hour: Annotated[float, Field(ge=0.0)] | None = None
 
 
+TrackerName = Literal["mlflow", "tensorboard", "wandb"]
+# what MLflow, TensorBoard and W&B all take as an experiment or project name
+_EXPERIMENT = r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}$"
+
+
+class TrackingSpec(_Strict):
+    """Experiment tracking: each round's metrics (and the final model) go to these trackers.
+
+    Where they write is the server's choice, never a path from the spec: MLflow to
+    `mlflow_uri` (http or https only) or else a `file:` store under the server's data
+    directory for this job, TensorBoard event files and W&B's offline run there too.
+    """
+
+    backends: Annotated[list[TrackerName], Field(max_length=3)] = []
+    mlflow_uri: Annotated[str, Field(max_length=500)] | None = None
+    experiment: Annotated[str, Field(pattern=_EXPERIMENT)] | None = None
+
+    @field_validator("backends")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("each tracker once")
+        return value
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _remote_http(cls, value: str | None) -> str | None:
+        # a file: or database URI would make the server write where the buyer says
+        if value is None:
+            return value
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "an MLflow tracking server's http(s) URL; leave it out for the job's own "
+                "file store on the server"
+            )
+        if parts.username or parts.password:
+            raise ValueError("no credentials in the URL")
+        return value
+
+    @model_validator(mode="after")
+    def _uri_needs_mlflow(self) -> TrackingSpec:
+        if self.mlflow_uri and "mlflow" not in self.backends:
+            raise ValueError("mlflow_uri is given but 'mlflow' is not among the backends")
+        return self
+
+
 class JobSpec(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=200)]
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
@@ -253,6 +302,7 @@ class JobSpec(_Strict):
     adaptation: AdaptationSpec = AdaptationSpec()
     privacy: PrivacySpec = PrivacySpec()
     requirements: RequirementsSpec = RequirementsSpec()
+    tracking: TrackingSpec = TrackingSpec()
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

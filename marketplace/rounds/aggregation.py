@@ -26,6 +26,7 @@ from marketplace.jobs.datasets import job_dataset
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
 from marketplace.jobs.services import cancel_outstanding, fail_job
+from marketplace.jobs.tasks import enqueue_tracking
 from marketplace.ledger.services import budget_stop_reason, charge_result, release_escrow
 from marketplace.nodes.services import record_verification
 from marketplace.rounds.lifecycle import open_round, unit_states
@@ -255,6 +256,7 @@ def run_aggregation(round_id: int) -> None:
         else:
             cancel_outstanding(job)
             release_escrow(job)
+        enqueue_tracking(job, rnd.number)  # sent on commit; a tracker never fails the round
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
 
 

@@ -12,7 +12,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.server.settings.bas
 
 app = Celery("gpuflex")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["marketplace.rounds", "marketplace.ledger"])
+app.autodiscover_tasks(["marketplace.rounds", "marketplace.ledger", "marketplace.jobs"])
 
 
 class ThreadedBeat(bootsteps.StartStopStep):

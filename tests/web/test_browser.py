@@ -224,7 +224,7 @@ def _story(base, console, shots, new_page, tmp_path, monkeypatch) -> None:
 
         # -- and downloads the model
         with buyer.expect_download() as download:
-            buyer.click("#download-model")
+            buyer.click("#download-model a[data-format=safetensors]")
         data = Path(download.value.path()).read_bytes()
         job.refresh_from_db()
         assert state_hash(decode_state(data)[0]) == job.model_hash

@@ -7,8 +7,9 @@ from __future__ import annotations
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,12 +27,15 @@ from marketplace.api.serializers.jobs import (
 from marketplace.api.throttles import KeyRateThrottle, SubmitThrottle
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict
+from marketplace.jobs.export import job_model_download
 from marketplace.jobs.models import Job
 from marketplace.jobs.selectors import jobs_of
 from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import submit_job
+from marketplace.jobs.tracking import job_record
 from marketplace.rounds.aggregation import provenance_name
 from marketplace.rounds.selectors import rounds_of
+from trainer.export import FORMATS
 
 
 class BuyerView(APIView):
@@ -95,18 +99,53 @@ class JobActionView(BuyerView):
         return Response(JobSerializer(jobs_of(request.user).get(pk=job.pk)).data)
 
 
+class FormatIsTheModelFormat(DefaultContentNegotiation):
+    """Here `?format=` names the model's export format, not a DRF renderer (its default use
+    of the parameter): answers and errors are always rendered by the first renderer, JSON."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):  # type: ignore[override]
+        return renderers[0], renderers[0].media_type
+
+
 class JobModelView(BuyerView):
+    content_negotiation_class = FormatIsTheModelFormat
+
     @extend_schema(
-        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, **errors(409)}
+        parameters=[
+            OpenApiParameter(
+                "format",
+                str,
+                enum=list(FORMATS),
+                default="safetensors",
+                description="safetensors (the stored state dict), onnx, torchscript, or hf (a "
+                "zip of config.json and model.safetensors; transformer models only)",
+            )
+        ],
+        responses={
+            (200, "application/octet-stream"): OpenApiTypes.BINARY,
+            (200, "application/zip"): OpenApiTypes.BINARY,
+            **errors(400, 409),
+        },
     )
     def get(self, request: Request, pk: str) -> HttpResponse:
         job = self.job(request, pk)
-        if not job.model_file:
-            raise Conflict("No round has finished yet, so there is no model to download.")
-        response = HttpResponse(files.get(job.model_file), content_type="application/octet-stream")
-        response["Content-Disposition"] = f'attachment; filename="{job.pk}.safetensors"'
+        download = job_model_download(job, request.query_params.get("format", "safetensors"))
+        response = HttpResponse(download.data, content_type=download.content_type)
+        response["Content-Disposition"] = f'attachment; filename="{download.filename}"'
         response["X-GPUFlex-Model-Hash"] = job.model_hash
         return response
+
+
+class JobTrackingView(BuyerView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request, pk: str) -> Response:
+        """What the trackers log for this job: the spec as params, and per finished round
+        accuracy, loss, nodes, upload_bytes and cost (charged so far)."""
+        job = self.job(request, pk)
+        record = job_record(job)
+        rounds = [{"step": r.step, "metrics": r.metrics} for r in record.rounds]
+        return Response({"job": record.job_id, "name": record.name, "params": record.params,
+                         "rounds": rounds})  # fmt: skip
 
 
 class JobProvenanceView(BuyerView):

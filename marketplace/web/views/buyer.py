@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from marketplace.api.throttles import SubmitThrottle
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, InvalidSpec, MarketplaceError
+from marketplace.jobs.export import formats_for, job_model_download
 from marketplace.jobs.models import Job
 from marketplace.jobs.selectors import jobs_of
 from marketplace.jobs.services import cancel_job, pause_job, resume_job
@@ -167,6 +168,7 @@ def job_detail(request: HttpRequest, pk: str) -> HttpResponse:
         "live": jobview.live_payload(job),
         "provenance": jobview.provenance(job),
         "spec_json": jobview.spec_yaml(job),
+        "model_formats": formats_for(job),
     }
     return render(request, "web/job.html", context)
 
@@ -198,15 +200,17 @@ def job_action(request: HttpRequest, pk: str, action: str) -> HttpResponse:
 @buyer_required
 @require_GET
 def job_model(request: HttpRequest, pk: str) -> HttpResponse:
-    """The latest global model, as the API's /jobs/{id}/model gives it."""
+    """The latest global model in a format (?format=), as the API's /jobs/{id}/model gives it."""
     job = _job(request, pk)
     if job is None:
         return not_found(request, "job")
-    if not job.model_file:
-        messages.error(request, "No round has finished yet, so there is no model to download.")
+    try:
+        download = job_model_download(job, request.GET.get("format", "safetensors"))
+    except MarketplaceError as exc:
+        messages.error(request, exc.detail)
         return redirect("web:job", pk=job.pk)
-    response = HttpResponse(files.get(job.model_file), content_type="application/octet-stream")
-    response["Content-Disposition"] = f'attachment; filename="{job.pk}.safetensors"'
+    response = HttpResponse(download.data, content_type=download.content_type)
+    response["Content-Disposition"] = f'attachment; filename="{download.filename}"'
     response["X-GPUFlex-Model-Hash"] = job.model_hash
     return response
 

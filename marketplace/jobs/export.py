@@ -1,0 +1,70 @@
+"""A job's latest model in a download format (trainer/export.py), for the API and the web page.
+
+`safetensors` is the stored file itself (unchanged, so its hash header still holds); the
+others are made on first request and kept beside the job's models, named by the model's hash,
+so a second download (or another web server) finds them instead of exporting again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.core.files.storage import default_storage
+
+from marketplace.jobs import files
+from marketplace.jobs.errors import Conflict, MarketplaceError
+from marketplace.jobs.models import Job
+from trainer.export import FORMATS, ExportError, TrainedModel, export_model, hf_refusal
+
+
+class BadFormat(MarketplaceError):
+    """A format this job's model cannot be exported to: a 400 naming the parameter."""
+
+    code = "invalid_format"
+
+
+@dataclass(frozen=True)
+class Download:
+    data: bytes
+    filename: str
+    content_type: str
+
+
+SUFFIX = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx",
+          "hf": ".hf.zip"}  # fmt: skip
+
+
+def formats_for(job: Job) -> list[str]:
+    """The formats this job's architecture exports to, in the order pages list them."""
+    spec = job.parsed_spec
+    return [f for f in FORMATS if f != "hf" or hf_refusal(spec.model) is None]
+
+
+def check_format(job: Job, fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise BadFormat(
+            f"format: unknown format {fmt!r}; one of {', '.join(FORMATS)}.", parameter="format"
+        )
+    reason = hf_refusal(job.parsed_spec.model) if fmt == "hf" else None
+    if reason:
+        raise BadFormat(f"format: {reason}.", parameter="format")
+
+
+def job_model_download(job: Job, fmt: str = "safetensors") -> Download:
+    check_format(job, fmt)
+    if not job.model_file:
+        raise Conflict("No round has finished yet, so there is no model to download.")
+    name = f"{job.pk}{SUFFIX[fmt]}"
+    if fmt == "safetensors":
+        return Download(files.get(job.model_file), name, "application/octet-stream")
+    cached = f"{files.job_dir(job.id)}/exports/{job.model_hash}{SUFFIX[fmt]}"
+    content_type = "application/zip" if fmt == "hf" else "application/octet-stream"
+    if default_storage.exists(cached):
+        return Download(files.get(cached), name, content_type)
+    model = TrainedModel.from_bytes(files.get(job.model_file), job.parsed_spec.model)
+    try:
+        exported = export_model(model, fmt)
+    except ExportError as exc:
+        raise BadFormat(f"format: {exc}.", parameter="format") from None
+    files.put(cached, exported.data, content_addressed=True)
+    return Download(exported.data, name, exported.content_type)
