@@ -37,6 +37,16 @@ NETWORK_BOUNDS: dict[str, tuple[float, float]] = {
     "loss": (0.0, 1.0),
 }
 
+# the benchmark figures the marketplace computes with (speed factor, step time)
+BENCHMARK_BOUNDS: dict[str, tuple[float, float]] = {
+    "fp32_tflops": (0.0, MAX_TFLOPS),
+    "fp16_tflops": (0.0, MAX_TFLOPS),
+    "bf16_tflops": (0.0, MAX_TFLOPS),
+    "memory_gbps": (0.0, MAX_GBPS),
+    "h2d_gbps": (0.0, MAX_GBPS),
+    "d2h_gbps": (0.0, MAX_GBPS),
+}
+
 
 def finite_in(value: Any, low: float, high: float) -> bool:
     """A real number (not a bool, not a string) within [low, high]."""
@@ -59,3 +69,24 @@ def clean_figures(raw: Any, bounds: Mapping[str, tuple[float, float]]) -> dict[s
         for key, (low, high) in bounds.items()
         if key in raw and finite_in(raw[key], low, high)
     }
+
+
+def clean_throughput(value: Any) -> float | dict[str, float] | None:
+    """`train_samples_per_s`: one figure or {model: figure}, only the valid ones kept."""
+    if isinstance(value, Mapping):
+        return {
+            k: float(v)
+            for k, v in list(value.items())[:MAX_DICT_KEYS]
+            if isinstance(k, str) and finite_in(v, 0, MAX_SAMPLES_PER_S)
+        }
+    return float(value) if finite_in(value, 0, MAX_SAMPLES_PER_S) else None
+
+
+def clean_benchmark(raw: Any) -> dict[str, Any]:
+    """The benchmark figures that are valid (clean_figures), and its throughput."""
+    out: dict[str, Any] = clean_figures(raw, BENCHMARK_BOUNDS)
+    if isinstance(raw, Mapping) and "train_samples_per_s" in raw:
+        throughput = clean_throughput(raw["train_samples_per_s"])
+        if throughput is not None:
+            out["train_samples_per_s"] = throughput
+    return out

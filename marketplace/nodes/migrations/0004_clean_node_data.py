@@ -14,14 +14,7 @@ from django.db import migrations
 
 from marketplace.nodes import bounds as b
 
-BENCHMARK = {
-    "fp32_tflops": (0.0, b.MAX_TFLOPS),
-    "fp16_tflops": (0.0, b.MAX_TFLOPS),
-    "bf16_tflops": (0.0, b.MAX_TFLOPS),
-    "memory_gbps": (0.0, b.MAX_GBPS),
-    "h2d_gbps": (0.0, b.MAX_GBPS),
-    "d2h_gbps": (0.0, b.MAX_GBPS),
-}
+BENCHMARK = b.BENCHMARK_BOUNDS
 HARDWARE = {"memory_gb": (0.0, b.MAX_MEMORY_GB), "memory_mb": (0.0, b.MAX_MEMORY_MB)}
 
 
@@ -35,16 +28,6 @@ def _drop_bad(data: object, figures: dict[str, tuple[float, float]]) -> dict:
     return out
 
 
-def _throughput(value: object) -> object:
-    if isinstance(value, dict):
-        return {
-            k: v
-            for k, v in value.items()
-            if isinstance(k, str) and b.finite_in(v, 0, b.MAX_SAMPLES_PER_S)
-        }
-    return value if b.finite_in(value, 0, b.MAX_SAMPLES_PER_S) else None
-
-
 def clean(apps, schema_editor) -> None:
     Node = apps.get_model("nodes", "Node")
     for node in Node.objects.all().iterator():
@@ -53,7 +36,7 @@ def clean(apps, schema_editor) -> None:
         node.hardware = _drop_bad(node.hardware, HARDWARE)
         node.benchmark = _drop_bad(node.benchmark, BENCHMARK)
         if "train_samples_per_s" in node.benchmark:
-            node.benchmark["train_samples_per_s"] = _throughput(
+            node.benchmark["train_samples_per_s"] = b.clean_throughput(
                 node.benchmark["train_samples_per_s"]
             )
         node.network = b.clean_figures(node.network, b.NETWORK_BOUNDS)
