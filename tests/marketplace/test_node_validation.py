@@ -235,3 +235,33 @@ def test_update_metrics_out_of_bounds_are_refused(make_agent, submit) -> None:
     )  # fmt: skip
     assert response.status_code == 400 and not TaskResult.objects.exists()
     assert agent.upload(task["id"], payload, metrics).status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bad_figures_stored_before_validation_are_cleaned_by_the_migration() -> None:
+    """nodes 0004 drops stored figures no schema would take, so that 0005's constraints
+    hold; it runs on the suite's own database and leaves it at the latest state."""
+    from decimal import Decimal
+
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    before = [("nodes", "0003_node_traffic")]
+    try:
+        executor = MigrationExecutor(connection)
+        executor.migrate(before)
+        old = executor.loader.project_state(before).apps
+        owner = old.get_model("accounts", "User").objects.create(username="before-validation")
+        old.get_model("nodes", "Node").objects.create(
+            owner=owner, name="old", price_per_gpu_hour=Decimal("0.5"), memory_gb=math.inf,
+            hardware={"memory_mb": "inf", "gpu_model": "RTX"},
+            benchmark={"fp32_tflops": "fast", "train_samples_per_s": {"mlp": "x", "cnn": 5}},
+            network={"loss": "abc", "rtt_ms": 20}, live_network={"up_mbps": [1], "loss": 3},
+        )  # fmt: skip
+    finally:
+        MigrationExecutor(connection).migrate(latest)
+    node = Node.objects.get(name="old")
+    assert node.memory_gb == 0.0 and node.hardware == {"gpu_model": "RTX"}
+    assert node.benchmark == {"train_samples_per_s": {"cnn": 5.0}}
+    assert node.network == {"rtt_ms": 20.0} and node.live_network == {}
