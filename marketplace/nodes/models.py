@@ -59,8 +59,9 @@ class Node(models.Model):
     # named local datasets (federated silos) this node can train on without uploading them
     local_datasets = models.JSONField(default=list, blank=True)
     # the rows it declared for each of them (name -> rows): a federated update's sample
-    # count, its weight in the average, is checked against this
-    local_dataset_rows = models.JSONField(default=dict, blank=True)
+    # count, its weight in the average, is checked against this; null (a node registered
+    # before rows were declared) is no rows, and such a node's federated updates are refused
+    local_dataset_rows = models.JSONField(default=dict, blank=True, null=True)
     # the operator's token a platform node was enrolled with (None: a volunteer, or set in
     # the admin)
     enrolled_with = models.ForeignKey(

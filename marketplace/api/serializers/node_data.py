@@ -14,6 +14,7 @@ import math
 import re
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from marketplace.nodes import bounds as b
@@ -74,6 +75,19 @@ class FigureMapField(serializers.DictField):
         return super().to_internal_value(data)
 
 
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "number", "minimum": 0, "maximum": b.MAX_SAMPLES_PER_S},
+            {
+                "type": "object",
+                "maxProperties": b.MAX_DICT_KEYS,
+                "additionalProperties": {"type": "number", "minimum": 0},
+            },
+        ],
+        "nullable": True,
+    }
+)
 class ThroughputField(serializers.Field):
     """`train_samples_per_s`: one figure, or one per reference model ({"mlp": 40000})."""
 
