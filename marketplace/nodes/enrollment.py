@@ -54,18 +54,17 @@ def redeem_enrollment_token(plaintext: str | None) -> EnrollmentToken:
             "register as 'volunteer', or ask an operator for a token.",
             field="enrollment_token",
         )
-    now = timezone.now()
+    usable = EnrollmentToken.objects.filter(
+        digest=_digest(plaintext), uses_left__gt=0, revoked_at__isnull=True
+    ).exclude(expires_at__lte=timezone.now())
     with transaction.atomic():
-        won = EnrollmentToken.objects.filter(
-            digest=_digest(plaintext), uses_left__gt=0, revoked_at__isnull=True
-        ).exclude(expires_at__lte=now)
-        token = won.select_for_update().first()
-        if token is None:
+        token = usable.first()
+        # a compare-and-set: of two registrations racing for a token's last use, one wins
+        if token is None or not usable.filter(pk=token.pk).update(uses_left=F("uses_left") - 1):
             raise EnrollmentRequired(
                 "enrollment_token: the token is unknown, used up, expired or revoked.",
                 field="enrollment_token",
             )
-        EnrollmentToken.objects.filter(pk=token.pk).update(uses_left=F("uses_left") - 1)
     return token
 
 
