@@ -27,7 +27,7 @@ $(VENV)/.dev-installed: pyproject.toml contracts/package-lock.json | $(PY)
 	touch $@
 
 # Debian packages the tests use: installed when running as root and missing.
-DEB_PACKAGES := bubblewrap chromium
+DEB_PACKAGES := bubblewrap chromium nginx-light
 system-deps:
 	scripts/ensure-debian-packages.sh $(DEB_PACKAGES)
 

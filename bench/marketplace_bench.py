@@ -41,6 +41,7 @@ def _server_env(data_dir: Path, database_url: str | None) -> dict[str, str]:
     env = os.environ | {
         "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
         "GPUFLEX_DATA_DIR": str(data_dir),
+        "GPUFLEX_DEV": "1",  # a loopback server: the data dir's own SECRET_KEY will do
         # the bench measures the server, not the rate limits
         "GPUFLEX_THROTTLE_HEARTBEAT": "100000000/min",
         "GPUFLEX_THROTTLE_KEY": "100000000/min",

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from bench import network_bench, scaling_bench, trainer_bench
+from bench import network_bench, scaling_bench, slow_clients_bench, trainer_bench
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -141,6 +141,8 @@ def render(results: dict[str, Any]) -> str:
         parts += render_network(results["network"])
     if "marketplace" in results:
         parts += render_marketplace(results["marketplace"])
+    if "slow_clients" in results:
+        parts += render_slow_clients(results["slow_clients"])
     if "rounds" in results:
         parts += render_rounds(results["rounds"])
     if "live" in results:
@@ -187,6 +189,32 @@ def marketplace_section() -> dict[str, Any]:
     return json.loads(out.stdout)
 
 
+def render_slow_clients(r: dict[str, Any]) -> list[str]:
+    def cell(run: dict[str, Any] | None) -> str:
+        if run is None:
+            return "— (nginx not installed)"
+        if run["timed_out"] == run["requests"]:
+            return f"all {run['requests']} timed out (> {run['timeout_s']:.0f} s)"
+        late = f", {run['timed_out']} timed out" if run["timed_out"] else ""
+        return f"p50 {run['p50_ms']:.0f} ms, max {run['max_ms']:.0f} ms{late}"
+
+    g, n = r["gunicorn"], r["nginx"]
+    return [
+        "## Slow clients (`gpuflex serve`, alone and behind `gpuflex nginx-config`)",
+        "",
+        f"{r['slow_clients']} connections send an authenticated heartbeat's headers and then one "
+        f"byte of its body a second, against {r['workers']} workers × {r['threads']} threads; "
+        "meanwhile an honest client sends requests one after another "
+        "(`python -m bench.run --only slow_clients`).",
+        "",
+        "| honest requests | gunicorn alone | behind nginx |",
+        "|---|---|---|",
+        f"| no slow clients (baseline) | {cell(g['baseline'])} | {cell(n and n['baseline'])} |",
+        f"| with the slow clients | {cell(g['slow'])} | {cell(n and n['slow'])} |",
+        "",
+    ]
+
+
 def render_marketplace(m: dict[str, Any]) -> list[str]:
     hb, sc, ch = m["heartbeat"], m["scheduling"], m.get("charging")
     return [
@@ -216,7 +244,9 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
     ]
 
 
-SECTIONS = ("trainer", "gpu", "network", "marketplace", "rounds", "live", "scaling")
+SECTIONS = (
+    "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
+)  # fmt: skip
 
 
 def rounds_section() -> dict[str, Any]:
@@ -448,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
             results["live"] = live_section()
         elif section == "scaling":
             results["scaling"] = scaling_bench.run(RESULTS)
+        elif section == "slow_clients":
+            print("slow clients: gunicorn alone, then behind nginx")
+            results["slow_clients"] = slow_clients_bench.run()
         else:
             print("marketplace: heartbeats and scheduling")
             results["marketplace"] = marketplace_section()

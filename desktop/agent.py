@@ -59,6 +59,16 @@ from desktop.netprobe import NetProbe, NetworkFigures
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
 from desktop.probe import probe
 from desktop.sandbox import Limits, Sandbox, SandboxResult, task_argv
+from desktop.task_outputs import (
+    UnsafeOutput,
+    copy_output,
+    is_regular,
+    link_or_copy_output,
+    numeric_metrics,
+    opened_output,
+    read_json_output,
+    read_output,
+)
 from desktop.task_runner import BYZANTINE_ENV, CONTINUE, CORRUPT_INPUT, LOCAL, PROGRESS, STOP
 
 log = logging.getLogger("gpuflex.agent")
@@ -660,8 +670,12 @@ class Agent:
         (folder / "shard.safetensors").write_bytes(shard)
         (folder / "task.json").write_text(json.dumps(rec.task), encoding="utf-8")
         residual = self._residual_file(rec)
-        if rec.task.get("codec") == "topk" and residual.exists():
-            shutil.copyfile(residual, folder / "residual.safetensors")
+        if rec.task.get("codec") == "topk" and os.path.lexists(residual):
+            try:  # a task wrote it once: copied as a regular file only (desktop.task_outputs)
+                copy_output(residual.parent, residual.name, folder / "residual.safetensors")
+            except UnsafeOutput as exc:
+                self._warn(f"task {rec.id}: the kept residual is dropped ({exc})")
+                residual.unlink(missing_ok=True)
 
     def _fetch_model(self, rec: TaskRecord, folder: Path) -> None:
         """The round's model the way the task's `model_source` says: from the cache, built
@@ -815,13 +829,17 @@ class Agent:
     def _record_trained(self, rec: TaskRecord, result: SandboxResult) -> None:
         folder = self._folder(rec.id)
         for name, key in (("model", "model_hash"), ("shard", "shard_hash")):
-            # the runner checked both against the task's hashes before it trained
-            self.inputs.put(rec.task.get(key), folder / f"{name}.safetensors")
+            # the runner checked both against the task's hashes before it trained; the task
+            # could have put a symlink in their place since: cached only as regular files
+            with (
+                contextlib.suppress(UnsafeOutput),
+                opened_output(folder, f"{name}.safetensors") as source,
+            ):
+                self.inputs.put(rec.task.get(key), source)
         try:  # the runner has checked the update against the model (desktop.task_runner)
-            data = (folder / "update.safetensors").read_bytes()
-            outcome = json.loads((folder / "result.json").read_text(encoding="utf-8"))
-            metrics = {k: float(v) for k, v in outcome.get("metrics", {}).items()}
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            data = read_output(folder, "update.safetensors")
+            metrics = numeric_metrics(read_json_output(folder, "result.json"))
+        except UnsafeOutput as exc:  # its message names the file, never quotes its bytes
             self._finish_failed(rec, "crashed", f"the task produced an unusable update: {exc}")
             return
         if self.compute_scale > 1.0:
@@ -843,7 +861,7 @@ class Agent:
         if not background:
             self._set(state=State.WORKING, task=self._task_status(rec, "uploading", 1.0))
         try:
-            data = (self._folder(rec.id) / "update.safetensors").read_bytes()
+            data = read_output(self._folder(rec.id), "update.safetensors")
         except OSError:
             data = b""
         if hashlib.sha256(data).hexdigest() != rec.update_sha256:
@@ -868,10 +886,11 @@ class Agent:
         self._timed(data, t0, upload=True)
         self._info(f"task {rec.id} uploaded" + (" (already accepted)" if code == 200 else ""))
         residual = self._folder(rec.id) / "residual.next.safetensors"
-        if residual.exists():  # only once the server has the update it complements
-            target = self._residual_file(rec)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            residual.replace(target)
+        if os.path.lexists(residual):  # only once the server has the update it complements
+            try:  # copied from the opened file: a task's symlink is never carried onward
+                copy_output(residual.parent, residual.name, self._residual_file(rec))
+            except UnsafeOutput as exc:
+                self._warn(f"task {rec.id}: its residual is dropped ({exc})")
         self._done(rec, "uploaded", ok=True, background=background)
 
     def _finish_failed(self, rec: TaskRecord, reason: str, detail: str) -> None:
@@ -905,7 +924,7 @@ class Agent:
         """An overlap task whose runner left its local weights, with the agent free to go on."""
         return (
             rec.task.get("overlap") is True
-            and (self._folder(rec.id) / LOCAL).is_file()
+            and is_regular(self._folder(rec.id), LOCAL)
             and not (self._stop.is_set() or self._paused.is_set())
         )
 
@@ -919,9 +938,8 @@ class Agent:
         try:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir(parents=True)
-            for name in ("task.json", "shard.safetensors"):
-                _link_or_copy(src / name, folder / name)
-            (src / LOCAL).replace(folder / LOCAL)
+            for name in ("task.json", "shard.safetensors", LOCAL):
+                link_or_copy_output(src, name, folder / name)  # a symlink is refused
             marker = {"task": rec.id, "pace": self.compute_scale}  # see task_runner._pace
             (folder / CONTINUE).write_text(json.dumps(marker), encoding="utf-8")
         except OSError as exc:  # best effort: the upload is what counts
@@ -985,9 +1003,9 @@ class Agent:
 
     def _keep_progress(self, cont: Continuation, result: SandboxResult) -> None:
         try:
-            outcome = json.loads((cont.folder / "result.json").read_text(encoding="utf-8"))
-            steps = int(outcome["metrics"]["steps"])
-        except (OSError, ValueError, TypeError, KeyError):
+            outcome = read_json_output(cont.folder, "result.json")
+            steps = int(numeric_metrics(outcome)["steps"])
+        except (OSError, ValueError, KeyError):
             outcome, steps = {}, 0
         rec = cont.rec
         if not result.ok or outcome.get("status") != "ok" or steps < 1 or self._stop.is_set():
@@ -997,8 +1015,12 @@ class Agent:
         target = self._progress_file(str(rec.task.get("job_id", "")))
         target.parent.mkdir(parents=True, exist_ok=True)
         meta = {"job_id": rec.task.get("job_id"), "round": rec.task.get("round"), "task": rec.id}
+        try:  # copied from the opened file: a task's symlink is never carried onward
+            copy_output(cont.folder, PROGRESS, target)
+        except UnsafeOutput as exc:
+            self._info(f"task {rec.id}: its progress is dropped ({exc})")
+            return
         target.with_suffix(".json").write_text(json.dumps(meta), encoding="utf-8")
-        (cont.folder / PROGRESS).replace(target)
         self._info(f"task {rec.id}: trained on {steps} step(s) while uploading")
 
     def _progress_file(self, job_id: str) -> Path:
@@ -1022,8 +1044,8 @@ class Agent:
                          and 0 <= rnd - int(meta["round"]) <= 1)  # fmt: skip
             except (OSError, ValueError, TypeError, KeyError):
                 fresh = False
-            if fresh and data.is_file():
-                shutil.copyfile(data, self._folder(rec.id) / PROGRESS)
+            if fresh and is_regular(store, data.name):
+                copy_output(store, data.name, self._folder(rec.id) / PROGRESS)
                 self._info(f"task {rec.id}: starts from the model plus the progress made "
                            f"since task {meta['task']} was sent")  # fmt: skip
             data.unlink(missing_ok=True)
@@ -1125,11 +1147,3 @@ class Agent:
             self._set(network=self.netprobe.figures().to_dict())
         except (ApiError, Stopped) as exc:
             log.debug("heartbeat failed: %s", exc)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """A second name for an input (no copy of a large shard), or a copy where links fail."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)

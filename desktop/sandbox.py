@@ -1,10 +1,16 @@
 """Every task in its own process: no network, only its folder writable, bounded CPU/memory/time.
 
 Linux: bubblewrap (`bwrap`) with every namespace unshared (so no network), the Python
-environment and project bound read-only, a private /tmp, a minimal /dev plus only the GPU
-device nodes the task needs, and the task folder as the one writable place. Everywhere:
-rlimits (CPU seconds, data segment, file size, no core dumps) set in the child before exec,
-a wall-clock limit and a resident-memory watchdog in the agent; on Windows a job object
+environment and project bound read-only, a private /tmp and /dev/shm (size-capped tmpfs, both
+counted in the memory budget), a minimal /dev plus only the GPU device nodes the task needs, and
+the task folder as the one writable place. bwrap itself starts with an empty environment (the
+task's variables are passed with --setenv: a task reading /proc/1/environ sees no agent secret),
+every capability is dropped, and the task never runs as root: an agent running as root starts
+the task through `setpriv` as the unprivileged SANDBOX_UID. A process limit (RLIMIT_NPROC, set
+inside the sandbox by `prlimit` so that it counts the sandbox's processes and threads) and a
+task-folder quota (a watchdog that kills a task whose folder outgrows `folder_mb`) complete it.
+Everywhere: rlimits (CPU seconds, data segment, file size, no core dumps) set in the child
+before exec, a wall-clock limit and a resident-memory watchdog in the agent; on Windows a job object
 (desktop/winjob.py) enforces CPU time, committed memory and a process count instead of
 rlimits. Where bwrap is missing or unusable the task still gets the limits, and the agent logs
 a warning that it is not isolated.
@@ -13,7 +19,6 @@ a warning that it is not isolated.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -29,12 +34,18 @@ from typing import Any
 import psutil
 
 from desktop.entry import entry_argv
+from desktop.task_outputs import UnsafeOutput, is_regular, read_json_output
 from desktop.warm import WARM_DIR, WarmWorker, parse_event, recover
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TASK_PACKAGES = ("desktop", "trainer")  # what desktop.task_runner imports of the project
 
 EXIT_OOM = 3  # desktop.task_runner's code for MemoryError / CUDA OOM
+
+# who a task is when the agent runs as root: "nobody", with no capability (see bwrap_argv)
+SANDBOX_UID = SANDBOX_GID = 65534
+QUOTA_CHECK_S = 0.5  # how often the task-folder quota is measured
+QUOTA_MAX_ENTRIES = 20000  # a task folder with more files than this is over its quota too
 
 
 @dataclass(frozen=True)
@@ -43,11 +54,29 @@ class Limits:
     cpu_s: int = 3600  # CPU seconds, all threads together
     wall_s: float = 3600.0
     file_mb: int = 4096  # largest file the task may write (the update)
+    procs: int = 1024  # processes and threads together (torch starts a thread per core)
+    tmpfs_mb: int = 256  # each of /tmp and /dev/shm (at most an eighth of memory_mb)
+    folder_mb: int = 16384  # everything in the task folder, its inputs included
+
+    @property
+    def tmpfs_size_mb(self) -> int:
+        """The size of each of the task's /tmp and /dev/shm."""
+        return max(1, min(self.tmpfs_mb, self.memory_mb // 8))
+
+    @property
+    def resident_mb(self) -> int:
+        """The resident-memory watchdog's limit: what /tmp and /dev/shm may hold (memory too,
+        but no process's resident set counts it) is taken out of memory_mb."""
+        return max(1, self.memory_mb - 2 * self.tmpfs_size_mb)
+
+
+class SandboxRefused(RuntimeError):
+    """The sandbox cannot confine a task here (a tool it needs is missing)."""
 
 
 @dataclass
 class SandboxResult:
-    status: str  # "ok" | "oom" | "timeout" | "crashed" | "sandbox" | "cancelled"
+    status: str  # "ok" | "oom" | "timeout" | "crashed" | "sandbox" | "cancelled" | "quota"
     returncode: int | None
     detail: str = ""
     duration_s: float = 0.0
@@ -139,40 +168,122 @@ def _pythonpath() -> str:
     return os.pathsep.join(dict.fromkeys(entries))
 
 
+def _as_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _tool(name: str) -> str:
+    """A util-linux tool the sandbox runs inside bwrap (so it must live under /usr or /bin,
+    which the sandbox binds)."""
+    for place in ("/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        if os.access(f"{place}/{name}", os.X_OK):
+            return f"{place}/{name}"
+    raise SandboxRefused(
+        f"the sandbox needs '{name}' (util-linux) in /usr/bin to confine tasks; install it"
+    )
+
+
+def _confine_argv(argv: list[str], limits: Limits) -> list[str]:
+    """What runs inside bwrap before the task: `prlimit` sets the process limit there (inside
+    the sandbox's user namespace it counts only the sandbox's processes), and for a root agent
+    `setpriv` makes the task SANDBOX_UID with no capability, no group, no way back."""
+    nproc = f"--nproc={limits.procs}:{limits.procs}"
+    inner = [_tool("prlimit"), nproc, "--"]
+    if _as_root():
+        uid, gid = str(SANDBOX_UID), str(SANDBOX_GID)
+        inner += [_tool("setpriv"), "--reuid", uid, "--regid", gid, "--clear-groups",
+                  "--inh-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
+    return [*inner, *argv]
+
+
+def hand_to_task(folder: Path) -> None:
+    """A root agent's task runs as SANDBOX_UID: give it its folder (and the inputs in it; a
+    symlink is re-owned itself, never what it points to)."""
+    if not _as_root():
+        return
+    os.chown(folder, SANDBOX_UID, SANDBOX_GID)
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                os.chown(entry.path, SANDBOX_UID, SANDBOX_GID, follow_symlinks=False)
+
+
 def bwrap_argv(
-    folder: Path, argv: list[str], gpu: bool, env: dict[str, str] | None = None
+    folder: Path,
+    argv: list[str],
+    gpu: bool,
+    env: dict[str, str] | None = None,
+    limits: Limits | None = None,
 ) -> list[str]:
+    """The bwrap command line; start it with an EMPTY environment (bwrap_env)."""
     bw = bwrap_path()
     assert bw is not None
-    args = [bw, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    limits = limits or Limits()
+    if _as_root():
+        # no user namespace: it would map the task back to host root, whose processes no
+        # RLIMIT_NPROC binds; setpriv drops to SANDBOX_UID instead (_confine_argv), and bwrap
+        # keeps only the capabilities setpriv needs to do that
+        args = [bw, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+                "--unshare-cgroup-try", "--cap-drop", "ALL"]  # fmt: skip
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    else:
+        args = [bw, "--unshare-all", "--cap-drop", "ALL"]
+    args += ["--die-with-parent", "--new-session", "--clearenv"]
+    # what exists in the sandbox: a folder, or with a trailing "/" a bound tree
+    made: set[str] = {"/proc", "/dev", "/tmp", "/dev/shm"}
     # system libraries; on merged-/usr systems /lib, /bin... are symlinks into /usr
-    args += ["--ro-bind", "/usr", "/usr"]
+    args += _bind("--ro-bind", "/usr", made)
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
+            args += _bind("--ro-bind", top, made)
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime"):
-        args += ["--ro-bind-try", etc, etc]
-    # a private /tmp, sized so that it cannot eat the host's memory
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(256 * 2**20), "--tmpfs", "/tmp"]
-    args += ["--ro-bind-try", "/sys/devices/system/cpu", "/sys/devices/system/cpu"]
+        args += _bind("--ro-bind-try", etc, made)
+    # a private /tmp and /dev/shm, sized so that they cannot eat the host's memory (their
+    # size is taken out of the resident-memory budget: Limits.resident_mb)
+    size = str(limits.tmpfs_size_mb * 2**20)
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for tmp in ("/tmp", "/dev/shm"):
+        args += ["--perms", "1777", "--size", size, "--tmpfs", tmp]
+    args += _bind("--ro-bind-try", "/sys/devices/system/cpu", made)
     # of the project, only the code a task runs: the project folder may also hold data (a
     # demo's folder with every agent's tasks in it) that a task must not see
     code = [PROJECT_ROOT / pkg for pkg in TASK_PACKAGES]
     for root in [*_python_roots(folder), *code]:
-        args += ["--ro-bind", str(root), str(root)]
+        args += _bind("--ro-bind", str(root), made)
     if gpu:
         for node in gpu_device_nodes():
-            args += ["--dev-bind", node, node]
+            args += _bind("--dev-bind", node, made)
         # the driver reads its PCI topology from sysfs
-        args += ["--ro-bind-try", "/sys", "/sys"]
+        args += _bind("--ro-bind-try", "/sys", made)
     # last, so it wins over any read-only bind above it (e.g. a folder inside the project)
-    args += ["--bind", str(folder), str(folder), "--chdir", str(folder)]
+    args += [*_bind("--bind", str(folder), made), "--chdir", str(folder)]
     args += ["--remount-ro", "/"]  # the skeleton root bwrap made is read-only too
     for key, value in {**_child_env(folder), **(env or {})}.items():
         args += ["--setenv", key, value]
-    return [*args, "--", *argv]
+    return [*args, "--", *_confine_argv(argv, limits)]
+
+
+def _bind(flag: str, path: str, made: set[str]) -> list[str]:
+    """`flag path path`, after the folders leading to it: bwrap would make them itself, but a
+    root bwrap makes them 0700, which the task (SANDBOX_UID) cannot pass; made 0755 here."""
+    args: list[str] = []
+    for parent in reversed(Path(path).parents):
+        name = str(parent)
+        if name == "/" or name in made or any(m.endswith("/") and name.startswith(m) for m in made):
+            continue  # exists already: made here, or inside a bound tree
+        args += ["--perms", "0755", "--dir", name]
+        made.add(name)
+    made.add(path.rstrip("/") + "/")
+    return [*args, flag, path, path]
+
+
+def bwrap_env() -> dict[str, str]:
+    """bwrap's own environment: empty. `--clearenv` cleans only the task's; bwrap and the init
+    it leaves as the sandbox's pid 1 keep what they were started with, readable in
+    /proc/1/environ (the agent's API key, once)."""
+    return {}
 
 
 _PASSED_ENV = (
@@ -308,8 +419,12 @@ class Sandbox:
         if self.warm and python is not None:
             return self._run_warm(folder, python, cap_data, should_stop, on_event)
         if self.isolated:
-            full = bwrap_argv(folder, argv, self.gpu, self.env)
-            env = None
+            try:
+                full = bwrap_argv(folder, argv, self.gpu, self.env, self.limits)
+                hand_to_task(folder)
+            except (SandboxRefused, OSError) as exc:
+                return SandboxResult("sandbox", None, f"could not confine the task: {exc}")
+            env = bwrap_env()
         else:
             full = argv
             env = {**_child_env(folder), **self.env}
@@ -366,8 +481,9 @@ class Sandbox:
 
         killed: tuple[str, str] | None = None
         ps = self._running = _ps(proc.pid)
+        quota = _Quota(folder, self.limits.folder_mb)
         while proc.poll() is None:
-            killed = self._must_stop(started, ps, should_stop)
+            killed = self._must_stop(started, ps, should_stop, quota)
             if killed:
                 if job is not None:
                     job.terminate()
@@ -394,13 +510,17 @@ class Sandbox:
         started: float,
         task: psutil.Process | None,
         should_stop: Callable[[], str | None] | None,
+        quota: _Quota | None = None,
     ) -> tuple[str, str] | None:
-        """(status, detail) when a running task must be killed: past its wall-clock or memory
-        limit, or cancelled; None while it may go on. Cold and warm tasks alike."""
+        """(status, detail) when a running task must be killed: past its wall-clock, memory or
+        folder limit, or cancelled; None while it may go on. Cold and warm tasks alike."""
         if time.monotonic() - started > self.limits.wall_s:
             return ("timeout", f"ran past its time limit of {self.limits.wall_s:g} s")
-        if (rss := _tree_rss_mb(task)) > self.limits.memory_mb:
-            return ("oom", f"used {rss} MB, over its memory limit of {self.limits.memory_mb} MB")
+        if (rss := _tree_rss_mb(task)) > (resident := self.limits.resident_mb):
+            return ("oom", f"used {rss} MB, over its memory limit of {self.limits.memory_mb} MB "
+                    f"({resident} MB resident, the rest for /tmp and /dev/shm)")  # fmt: skip
+        if quota is not None and (over := quota.over()):
+            return ("quota", over)
         if should_stop is not None and (why := should_stop()):
             return ("cancelled", why)
         return None
@@ -415,19 +535,25 @@ class Sandbox:
     ) -> SandboxResult:
         worker = self._worker_for(folder.parent)
         started = time.monotonic()
+        inside = worker.run_dir / folder.name
+        quota = _Quota(inside, self.limits.folder_mb)
 
         def watch(child: psutil.Process | None) -> tuple[str, str] | None:
-            return self._must_stop(started, child, should_stop)
+            return self._must_stop(started, child, should_stop, quota)
 
-        inside = worker.run_dir / folder.name
         command = {
             "argv": args,
             "env": {**_child_env(inside), **self.env},
             "cpu_s": self.limits.cpu_s,
             "data_mb": self.limits.memory_mb if cap_data else None,
             "file_mb": self.limits.file_mb,
+            "procs": self.limits.procs,
+            # inside its own pid namespace and tmpfs the zygote clears what a task left behind
+            "sweep": self.isolated,
         }
         try:
+            if self.isolated:
+                hand_to_task(folder)
             out = worker.run(folder, command, watch, on_event)
         except (OSError, RuntimeError) as exc:
             self.close()
@@ -457,7 +583,8 @@ class Sandbox:
         """The warm worker's process, confined as a cold task is; the per-task CPU, memory and
         file limits are set by the zygote in each task's child."""
         if self.isolated:
-            full, env = bwrap_argv(run_dir, argv, self.gpu, self.env), None
+            full, env = bwrap_argv(run_dir, argv, self.gpu, self.env, self.limits), bwrap_env()
+            hand_to_task(run_dir)
         else:
             full, env = argv, {**_child_env(run_dir), **self.env}
             env["PATH"] = os.environ.get("PATH", env["PATH"])
@@ -469,19 +596,18 @@ class Sandbox:
         )  # fmt: skip
 
     def _read_result(self, folder: Path, result: SandboxResult) -> SandboxResult:
-        """The runner's own verdict (result.json) refines the exit code's."""
+        """The runner's own verdict (result.json) refines the exit code's. Read as a task
+        output (desktop.task_outputs): a symlink is refused, never followed."""
         try:
-            data = json.loads((folder / "result.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = read_json_output(folder, "result.json")
+        except UnsafeOutput as exc:
             if result.ok:
-                result.status, result.detail = "crashed", "the task wrote no result.json"
-            return result
-        if not isinstance(data, dict):
+                result.status, result.detail = "crashed", str(exc)
             return result
         if data.get("status") == "failed":
-            result.status = str(data.get("reason") or "crashed")
+            result.status = str(data.get("reason") or "crashed")[:64]
             result.detail = str(data.get("detail") or result.detail)[:1000]
-        elif result.ok and not (folder / "update.safetensors").is_file():
+        elif result.ok and not is_regular(folder, "update.safetensors"):
             result.status, result.detail = "crashed", "the task wrote no update"
         return result
 
@@ -505,6 +631,10 @@ def _classify(code: int, stderr: str, limits: Limits) -> tuple[str, int, str]:
         return "oom", code, f"ran out of memory (limit {limits.memory_mb} MB)"
     if code == -signal.SIGXCPU:  # RLIMIT_CPU's soft limit
         return "timeout", code, f"used more than its {limits.cpu_s} CPU seconds"
+    if "Resource temporarily unavailable" in stderr or "can't start new thread" in stderr:
+        # fork/clone's EAGAIN: RLIMIT_NPROC
+        return "crashed", code, (f"hit its process limit of {limits.procs} "
+                                 "(processes and threads together)")  # fmt: skip
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -516,6 +646,38 @@ def _classify(code: int, stderr: str, limits: Limits) -> tuple[str, int, str]:
 
 
 _SIGNALS = {int(s) for s in signal.Signals}
+
+
+class _Quota:
+    """The task-folder quota: the folder's disk use (allocated blocks, so a sparse file counts
+    what it holds) measured every QUOTA_CHECK_S; a task over it is killed. Symlinks are not
+    followed, and a folder with more than QUOTA_MAX_ENTRIES entries is over its quota too."""
+
+    def __init__(self, folder: Path, folder_mb: int) -> None:
+        self.folder, self.limit = folder, folder_mb * 2**20
+        self._next = 0.0
+
+    def over(self) -> str | None:
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + QUOTA_CHECK_S
+        used, entries, stack = 0, 0, [self.folder]
+        while stack:
+            with contextlib.suppress(OSError), os.scandir(stack.pop()) as found:
+                for entry in found:
+                    entries += 1
+                    if entries > QUOTA_MAX_ENTRIES:
+                        return f"made more than {QUOTA_MAX_ENTRIES} files in its folder"
+                    with contextlib.suppress(OSError):
+                        st = entry.stat(follow_symlinks=False)
+                        used += getattr(st, "st_blocks", 0) * 512 or st.st_size
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(Path(entry.path))
+        if used > self.limit:
+            return (f"wrote {used // 2**20} MB into its folder, over its quota of "
+                    f"{self.limit // 2**20} MB")  # fmt: skip
+        return None
 
 
 def _ps(pid: int) -> psutil.Process | None:

@@ -6,7 +6,8 @@ a small model trains in a tenth of that. The zygote pays the start once. For eac
 agent sends one JSON line on stdin:
 
     {"folder": "/…/tasks/.warm/<id>", "argv": ["-m", "desktop.task_runner", FOLDER],
-     "env": {...}, "cpu_s": 3600, "data_mb": 8192 | null, "file_mb": 4096}
+     "env": {...}, "cpu_s": 3600, "data_mb": 8192 | null, "file_mb": 4096, "procs": 1024,
+     "sweep": true}
 
 The zygote forks; the child starts a new session, enters the task's folder, takes the task's
 rlimits and environment, and runs `argv` as `python ARGV` would (`-m module …` or `-c code`).
@@ -14,7 +15,11 @@ Its stdout and stderr are the zygote's, so progress events reach the agent uncha
 zygote waits for the child and answers one line, `{"zygote": "exited", "code": N}` (N as
 subprocess reports it: negative for a signal). Each child is a copy of a process that never ran
 a task, and exits when its task ends, so no task sees another's memory; the agent moves only
-the running task's folder into the one folder the sandbox lets the zygote write.
+the running task's folder into the one folder the sandbox lets the zygote write. With "sweep"
+(the zygote runs in bubblewrap's own pid namespace and tmpfs) it kills whatever the task left
+running and empties /tmp and /dev/shm before it answers, so nothing of one task waits for the
+next. The zygote runs with the same hardening as a cold task (desktop/sandbox.py: no
+capability, not root, the process limit); each child takes its task's own limits.
 
 The zygote never touches CUDA: a CUDA context does not survive fork, so each child makes its
 own.
@@ -53,6 +58,8 @@ def _child(cmd: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if cmd.get("data_mb"):
             resource.setrlimit(resource.RLIMIT_DATA, (int(cmd["data_mb"]) * mb,) * 2)
+        if cmd.get("procs"):  # inside the sandbox's namespace: its processes and threads
+            resource.setrlimit(resource.RLIMIT_NPROC, (int(cmd["procs"]),) * 2)
         os.environ.update({str(k): str(v) for k, v in cmd.get("env", {}).items()})
         argv = [str(a) for a in cmd["argv"]]
         if argv[:1] == ["-m"]:
@@ -85,6 +92,46 @@ def _status(wait_status: int) -> int:
     return os.WEXITSTATUS(wait_status)
 
 
+def _sweep() -> None:
+    """Kill every process of this pid namespace but this one and its init, and empty the
+    private /tmp and /dev/shm. Only ever inside bubblewrap: kill(-1) outside a namespace of
+    its own would reach every process of the user, so the sandbox's init must be bwrap."""
+    try:
+        with open("/proc/1/comm", encoding="utf-8") as f:
+            if f.read().strip() != "bwrap":
+                return
+    except OSError:
+        return
+    import contextlib
+    import signal
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(-1, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    for tmp in ("/tmp", "/dev/shm"):
+        with contextlib.suppress(OSError):
+            _clear(tmp, os.stat(tmp).st_dev)
+
+
+def _clear(folder: str, dev: int) -> None:
+    """Empty `folder` without leaving its file system: the zygote's own folder is bound in
+    under /tmp when the tasks live there, and must not go."""
+    import contextlib
+
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_dev != dev:
+                    continue  # a mount point: a bound folder, not the task's leftovers
+                if entry.is_dir(follow_symlinks=False):
+                    _clear(entry.path, dev)
+                    os.rmdir(entry.path)  # fails, and stays, where it holds a mount point
+                else:
+                    os.unlink(entry.path)
+
+
 def main() -> int:
     # what every task needs, imported once; the heavy part of a cold start. torch._dynamo is
     # what an optimizer's first step imports lazily (1.5 s here); importing runs no torch op,
@@ -112,6 +159,8 @@ def main() -> int:
         if pid == 0:
             _child(cmd)
         _, wait_status = os.waitpid(pid, 0)
+        if cmd.get("sweep"):
+            _sweep()
         _say({"zygote": "exited", "code": _status(wait_status)})
     return 0
 

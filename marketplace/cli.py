@@ -54,7 +54,15 @@ def cmd_manage(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from marketplace.server.secret_key import serve_problem
+
     env = _server_env()
+    if args.dev:
+        env["GPUFLEX_DEV"] = "1"
+    # a public or missing key lets anyone forge sessions: refused before anything starts
+    if (problem := serve_problem(env)) is not None:
+        print(f"gpuflex serve: {problem}", file=sys.stderr)
+        return 2
     if not args.no_migrate:
         migrate = [sys.executable, "-m", "marketplace.manage", "migrate", "--noinput", "-v", "0"]
         subprocess.run(migrate, env=env, check=True)
@@ -71,14 +79,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _exec(cmd, env)
 
 
+def cmd_nginx_config(args: argparse.Namespace) -> int:
+    from marketplace.server.proxy import ProxySettings, nginx_server_block
+
+    upstream = ",".join(args.upstream or ["127.0.0.1:8000"])
+    settings = ProxySettings(listen=args.listen, upstream=upstream, server_name=args.server_name)
+    print(nginx_server_block(settings), end="")
+    return 0
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    from marketplace.server.routing import worker_queues
+
     cmd = [
         _tool("celery"), "-A", "marketplace.server.celery", "worker",
         "--concurrency", str(args.concurrency), "--pool", args.pool,
-        "--loglevel", args.loglevel,
+        "--loglevel", args.loglevel, "-Q", ",".join(worker_queues(args.queues)),
     ]  # fmt: skip
     if not args.no_beat:
         cmd.append("--beat-thread")  # the tick's clock in this process (server/celery.py)
+    return _exec(cmd, _server_env())
+
+
+def cmd_beat(args: argparse.Namespace) -> int:
+    """The periodic tick's clock alone: one per deployment, beside workers run --no-beat."""
+    cmd = [_tool("celery"), "-A", "marketplace.server.celery", "beat", "--loglevel", args.loglevel]
     return _exec(cmd, _server_env())
 
 
@@ -159,6 +184,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=16)
     s.add_argument("--no-migrate", action="store_true")
     s.add_argument("--access-log", action="store_true")
+    s.add_argument(
+        "--dev",
+        action="store_true",
+        help="local development (GPUFLEX_DEV=1): without SECRET_KEY, use the data dir's own key",
+    )
     s.set_defaults(func=cmd_serve)
 
     w = sub.add_parser("worker", help="run a Celery worker with the periodic tick (beat)")
@@ -170,8 +200,36 @@ def parser() -> argparse.ArgumentParser:
         help="solo: tasks run in the worker process itself (the least memory)",
     )
     w.add_argument("--loglevel", default="INFO")
-    w.add_argument("--no-beat", action="store_true")
+    w.add_argument(
+        "--no-beat",
+        action="store_true",
+        help="no tick clock in this worker: run exactly one `gpuflex beat` (or one worker "
+        "without --no-beat) per deployment",
+    )
+    w.add_argument(
+        "--queues",
+        choices=("all", "maintenance", "aggregation"),
+        default="all",
+        help="aggregation has a queue of its own, so that a big job cannot starve the tick "
+        "(docs/deploy.md)",
+    )
     w.set_defaults(func=cmd_worker)
+
+    b = sub.add_parser("beat", help="run the periodic tick's clock alone (one per deployment)")
+    b.add_argument("--loglevel", default="INFO")
+    b.set_defaults(func=cmd_beat)
+
+    n = sub.add_parser(
+        "nginx-config", help="print the nginx server block to put in front of `serve`"
+    )
+    n.add_argument("--listen", default="80", help="nginx's listen address (default 80)")
+    n.add_argument(
+        "--upstream",
+        action="append",
+        help="a `serve --bind` address; repeat it for several web servers (default 127.0.0.1:8000)",
+    )
+    n.add_argument("--server-name", default="_")
+    n.set_defaults(func=cmd_nginx_config)
 
     m = sub.add_parser("manage", help="Django management commands", add_help=False)
     m.add_argument("rest", nargs=argparse.REMAINDER)

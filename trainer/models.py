@@ -206,6 +206,16 @@ def build_model(
     return ByteTransformer(input_shape[0], num_classes, spec)
 
 
+def model_size(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> tuple[int, int]:
+    """(parameters, fp32 bytes of the state dict) without allocating the weights: the model
+    is built on the meta device, so a spec asking for billions of parameters costs nothing
+    to measure before it is refused."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = build_model(spec, input_shape, num_classes)
+    params = sum(p.numel() for p in model.parameters())
+    return params, 4 * sum(t.numel() for t in model.state_dict().values())
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     arch: str

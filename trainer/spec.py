@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from trainer.nesting import TooDeep, loads_json, loads_yaml
+
 
 class SpecError(ValueError):
     """A job spec that cannot be used; `problems` lists (field path, reason) pairs."""
@@ -57,8 +59,10 @@ class DatasetSpec(_Strict):
 
 class ModelSpec(_Strict):
     arch: Literal["mlp", "cnn", "resnet", "transformer"] = "mlp"
-    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = [128]
-    channels: list[Annotated[int, Field(ge=1, le=1024)]] = [16, 32]
+    # layer lists are bounded too: a million one-unit layers is a tiny model that takes
+    # minutes just to construct
+    hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(max_length=64)] = [128]
+    channels: Annotated[list[Annotated[int, Field(ge=1, le=1024)]], Field(max_length=16)] = [16, 32]
     blocks: Annotated[int, Field(ge=1, le=16)] = 2
     d_model: Annotated[int, Field(ge=8, le=4096)] = 64
     n_layers: Annotated[int, Field(ge=1, le=48)] = 2
@@ -289,7 +293,9 @@ def load_spec(path: str | Path) -> JobSpec:
     except OSError as exc:
         raise SpecError([("<file>", f"cannot read {path}: {exc.strerror}")], str(path)) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = loads_json(text) if path.suffix == ".json" else loads_yaml(text)
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         raise SpecError([("<file>", f"not valid YAML/JSON: {exc}")], str(path)) from None
+    except TooDeep as exc:
+        raise SpecError([("<file>", str(exc))], str(path)) from None
     return parse_spec(data, str(path))

@@ -7,6 +7,7 @@ from rest_framework.request import Request
 
 from marketplace.accounts.models import ApiKey, User
 from marketplace.accounts.selectors import active_key
+from marketplace.api.throttles import AuthFailureThrottle
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -16,13 +17,17 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
+        failures = AuthFailureThrottle()
+        failures.refuse_if_over(request)  # 429 with Retry-After
         scheme, _, token = header.partition(" ")
         if scheme.lower() != self.keyword.lower() or not token.strip():
+            failures.record(request)
             raise exceptions.AuthenticationFailed(
                 "The Authorization header must be 'Bearer <api key>'."
             )
         key = active_key(token.strip())
         if key is None:
+            failures.record(request)
             raise exceptions.AuthenticationFailed("The API key is unknown or has been revoked.")
         return key.user, key
 

@@ -1,15 +1,22 @@
-"""Every 4xx answer is {"error": code, "detail": "a sentence that names the problem"}."""
+"""Every 4xx answer is {"error": code, "detail": "a sentence that names the problem"}; a 5xx
+is {"error": "server_error", "detail": …, "request_id": …} and its traceback is logged with
+that request id."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+from rest_framework.views import set_rollback
 
 from marketplace.jobs.errors import MarketplaceError
+from marketplace.server.request_id import current_request_id
+
+logger = logging.getLogger("marketplace.api")
 
 _CODES = {
     exceptions.NotAuthenticated: "not_authenticated",
@@ -42,10 +49,14 @@ def _sentence(data: Any, prefix: str = "") -> str:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, MarketplaceError):
         body = {"error": exc.code, "detail": exc.detail, **exc.extra}
+        if exc.status >= 500:  # a programming error (ledger.errors.Unbalanced): heard of too
+            _log(exc, context)
+            set_rollback()
+            body["request_id"] = current_request_id()
         return Response(body, status=exc.status)
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        return _server_error(exc, context)
     code = next((c for cls, c in _CODES.items() if isinstance(exc, cls)), "error")
     if isinstance(exc, exceptions.ValidationError):
         detail = f"The request is invalid: {_sentence(exc.detail).rstrip('.')}."
@@ -61,6 +72,35 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     return response
 
 
+def _server_error(exc: Exception, context: dict[str, Any]) -> Response:
+    """An unexpected exception: logged with its traceback and request id (Django alone sent
+    it only to the admins' mailing list, empty by default), answered as JSON naming the id."""
+    _log(exc, context)
+    set_rollback()
+    return Response(
+        _server_error_body(current_request_id()), status=status.HTTP_500_INTERNAL_SERVER_ERROR
+    )
+
+
+def _log(exc: Exception, context: dict[str, Any]) -> None:
+    request = context.get("request")
+    logger.error(
+        "%s in %s %s",
+        type(exc).__name__,
+        getattr(request, "method", "?"),
+        getattr(request, "path", "?"),
+        exc_info=exc,
+    )
+
+
+def _server_error_body(request_id: str) -> dict[str, str]:
+    return {
+        "error": "server_error",
+        "detail": f"The server failed; the error was logged with request id {request_id}.",
+        "request_id": request_id,
+    }
+
+
 def not_found_view(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return JsonResponse(
         {"error": "not_found", "detail": f"There is no endpoint at {request.path}."}, status=404
@@ -68,7 +108,7 @@ def not_found_view(request: HttpRequest, exception: Exception | None = None) -> 
 
 
 def server_error_view(request: HttpRequest) -> JsonResponse:
+    """Django's handler500 (errors outside DRF views); django.request logged the traceback."""
     return JsonResponse(
-        {"error": "server_error", "detail": "The server failed; the error was logged."},
-        status=500,
+        _server_error_body(getattr(request, "request_id", current_request_id())), status=500
     )

@@ -79,6 +79,8 @@ class Cluster:
             {
                 "GPUFLEX_DATA_DIR": str(self.root / "server"),
                 "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
+                # a server for this machine only: the data dir's own SECRET_KEY will do
+                "GPUFLEX_DEV": "1",
                 "PYTHONUNBUFFERED": "1",
                 # one thread per process: five agents, a worker and a server share the cores
                 "OMP_NUM_THREADS": "1",
@@ -98,17 +100,41 @@ class Cluster:
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root,
             )  # fmt: skip
 
-    def start_web(self, threads: int = 24) -> None:
-        self._start("web", [sys.executable, "-m", "marketplace.cli", "serve", "--no-migrate",
-                            "--bind", f"127.0.0.1:{self.port}", "--workers", "1",
-                            "--threads", str(threads)])  # fmt: skip
-        self.wait_http()
+    def start_web(self, threads: int = 24, name: str = "web", port: int | None = None) -> None:
+        """A web server on the cluster's port, or, behind `start_proxy`, on a port of its own."""
+        port = port or self.port
+        self._start(name, [sys.executable, "-m", "marketplace.cli", "serve", "--no-migrate",
+                           "--bind", f"127.0.0.1:{port}", "--workers", "1",
+                           "--threads", str(threads)])  # fmt: skip
+        self.wait_http(name, f"http://127.0.0.1:{port}")
 
-    def start_worker(self, **env: str) -> None:
+    def start_worker(
+        self, name: str = "worker", queues: str = "all", beat: bool = True, **env: str
+    ) -> None:
         # one process does the work (solo pool): a prefork pool of one would hold torch twice
-        self._start("worker", [sys.executable, "-m", "marketplace.cli", "worker", "--pool",
-                               "solo", "--loglevel", "WARNING"],
-                    self.env() | env)  # fmt: skip
+        cmd = [sys.executable, "-m", "marketplace.cli", "worker", "--pool", "solo",
+               "--loglevel", "WARNING", "--queues", queues]  # fmt: skip
+        self._start(name, cmd + ([] if beat else ["--no-beat"]), self.env() | env)
+
+    def start_beat(self) -> None:
+        self._start("beat", [sys.executable, "-m", "marketplace.cli", "beat",
+                             "--loglevel", "WARNING"])  # fmt: skip
+
+    def start_proxy(self, web_ports: list[int]) -> None:
+        """nginx on the cluster's port in front of web servers on `web_ports`, as
+        `gpuflex nginx-config` deploys it (docs/deploy.md)."""
+        from marketplace.server.proxy import ProxySettings, nginx_binary, nginx_standalone_config
+
+        prefix = self.root / "nginx"
+        prefix.mkdir(parents=True, exist_ok=True)
+        for folder in (self.root, prefix):
+            folder.chmod(0o755)  # a root nginx's workers run as nobody
+        upstream = ",".join(f"127.0.0.1:{p}" for p in web_ports)
+        settings = ProxySettings(listen=f"127.0.0.1:{self.port}", upstream=upstream)
+        conf = prefix / "nginx.conf"
+        conf.write_text(nginx_standalone_config(settings, str(prefix)))
+        self._start("proxy", [nginx_binary() or "nginx", "-p", str(prefix), "-c", str(conf)])
+        self.wait_http("proxy")
 
     def agent_dirs(self, name: str) -> dict[str, str]:
         base = self.root / "agents" / name
@@ -176,13 +202,13 @@ class Cluster:
         proc = self.procs.get(name)
         return proc is not None and proc.poll() is None
 
-    def wait_http(self, timeout: float = 60.0) -> None:
+    def wait_http(self, name: str = "web", url: str | None = None, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if not self.alive("web"):
-                raise RuntimeError(f"the web server exited; see {self.root / 'logs' / 'web.log'}")
+            if not self.alive(name):
+                raise RuntimeError(f"{name} exited; see {self.root / 'logs' / f'{name}.log'}")
             try:
-                httpx.get(f"{self.url}/api/v1/schema/", timeout=2.0)
+                httpx.get(f"{url or self.url}/api/v1/schema/", timeout=2.0)
                 return
             except httpx.TransportError:
                 time.sleep(0.2)

@@ -61,6 +61,8 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # when its working files were deleted (marketplace/rounds/retention.py)
+    files_pruned_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [models.Index(fields=["buyer", "created_at"]), models.Index(fields=["status"])]

@@ -22,13 +22,15 @@ from django.db import transaction
 from marketplace.accounts.models import User
 from marketplace.jobs import files
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
+from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.ledger.services import check_credit, hold_budget
 from marketplace.rounds import resharding
 from marketplace.rounds.lifecycle import open_round, quorum_units
 from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
-from trainer.models import ModelSpecError, build_model, describe_model
+from trainer.models import ModelSpecError, build_model, describe_model, model_size
+from trainer.nesting import TooDeep, check_depth, loads_json, loads_yaml
 from trainer.sharding import ShardingError
 from trainer.spec import JobSpec, SpecError, parse_spec
 
@@ -62,14 +64,19 @@ def parse_job_spec(raw: Any, federated: bool = False) -> JobSpec:
     """A spec given as a mapping, or as JSON / YAML text; errors name the field path."""
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", errors="replace")
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError:
+    try:
+        if isinstance(raw, str):
             try:
-                raw = yaml.safe_load(raw)
-            except yaml.YAMLError as exc:
-                raise _spec_error([("<file>", f"not valid YAML/JSON: {exc}")]) from None
+                raw = loads_json(raw)
+            except json.JSONDecodeError:
+                try:
+                    raw = loads_yaml(raw)
+                except yaml.YAMLError as exc:
+                    raise _spec_error([("<file>", f"not valid YAML/JSON: {exc}")]) from None
+        else:
+            check_depth(raw)
+    except TooDeep as exc:
+        raise _spec_error([("<file>", str(exc))]) from None
     try:
         spec = parse_spec(raw)
     except SpecError as exc:
@@ -151,6 +158,10 @@ def submit_job(
     with tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp:
         dataset, local_path = _load(spec, dataset_upload, Path(tmp))
         try:
+            params, nbytes = model_size(spec.model, dataset.input_shape, dataset.num_classes)
+            too_big = model_cap(tier, budget).problems(params, nbytes, describe_cap(tier, budget))
+            if too_big:
+                raise _spec_error(too_big)
             model = build_model(
                 spec.model, dataset.input_shape, dataset.num_classes, seed=spec.seed
             )

@@ -279,4 +279,4 @@ def _amount(value: Decimal | str) -> Decimal:
     try:
         return parse_amount(value)
     except ValueError as exc:
-        raise LedgerError(f"Invalid amount: {exc}") from None
+        raise LedgerError(f"Invalid amount: {exc}", field="amount") from None

@@ -30,6 +30,7 @@ from marketplace.rounds.lifecycle import (
 )
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
 from marketplace.rounds.queue import enqueue_aggregation
+from marketplace.rounds.retention import prune_ended_jobs
 from marketplace.rounds.sizing import plan_key
 from marketplace.rounds.uploads import release_task
 from trainer.aggregation import min_updates
@@ -165,4 +166,5 @@ def tick() -> dict[str, Any]:
         "closed": close_overdue_rounds(),
         "restarted": restart_stuck_aggregations(),
         "resumed": resume_orphaned_jobs(),
+        "pruned": prune_ended_jobs(),
     }

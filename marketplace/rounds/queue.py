@@ -11,8 +11,9 @@ from __future__ import annotations
 from celery import current_app
 from django.db import transaction
 
-# the name it had in marketplace.jobs.tasks, kept so that queued messages still find it
-AGGREGATE_ROUND = "marketplace.jobs.tasks.aggregate_round"
+# the name it had in marketplace.jobs.tasks, kept so that queued messages still find it;
+# it is routed to a queue of its own (marketplace/server/routing.py)
+from marketplace.server.routing import AGGREGATE_ROUND
 
 
 def enqueue_aggregation(round_id: int) -> None:

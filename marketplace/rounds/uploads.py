@@ -23,6 +23,7 @@ from marketplace.rounds.signals import bump_work_generation
 from marketplace.rounds.verification import verify_unit
 from trainer.compression import decode_any
 from trainer.hashing import bytes_hash
+from trainer.nesting import TooDeep, loads_json
 from trainer.replicas import claimed_device, claimed_precision
 from trainer.updates import UpdateRejected, encode_state
 
@@ -49,9 +50,11 @@ def parse_metrics(header: str | None) -> dict[str, float]:
     if not header:
         return {}
     try:
-        raw = json.loads(header)
+        raw = loads_json(header)
     except json.JSONDecodeError:
         raise MarketplaceError("The X-GPUFlex-Metrics header is not valid JSON.") from None
+    except TooDeep as exc:
+        raise MarketplaceError(f"The X-GPUFlex-Metrics header is {exc}.") from None
     if not isinstance(raw, dict):
         raise MarketplaceError("The X-GPUFlex-Metrics header must be a JSON object.")
     metrics = {}

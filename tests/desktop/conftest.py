@@ -17,6 +17,7 @@ from fake_marketplace import PROVIDER_KEY, FakeMarketplace
 from desktop.bench_result import BenchmarkResult
 from desktop.config import Credentials, Paths, Settings
 from desktop.hardware import HardwareReport, detect
+from tests.desktop.sandboxed import task_start  # noqa: F401  (a fixture, cold and warm)
 
 
 @pytest.fixture(autouse=True)

@@ -74,3 +74,16 @@ def submit(buyer: APIClient) -> Callable[..., dict[str, Any]]:
         return response.json()
 
     return do
+
+
+@pytest.fixture
+def own_media(tmp_path, settings) -> str:
+    """A media folder of the test's own, so it can count what was stored."""
+    settings.MEDIA_ROOT = str(tmp_path / "media")
+    settings.STORAGES = settings.STORAGES | {
+        "default": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": settings.MEDIA_ROOT},
+        }
+    }
+    return settings.MEDIA_ROOT

@@ -73,7 +73,14 @@ def assert_ended_and_refunded(buyer, job_id: str, status: str = "failed") -> dic
 def assert_never_requeued(job_id: str, monkeypatch) -> None:
     enqueued = record_enqueued(monkeypatch)
     age_aggregations()
-    assert tick() == {"silos": 0, "reclaimed": 0, "closed": 0, "restarted": 0, "resumed": 0}
+    assert tick() == {
+        "silos": 0,
+        "reclaimed": 0,
+        "closed": 0,
+        "restarted": 0,
+        "resumed": 0,
+        "pruned": 0,
+    }
     assert enqueued == [] and Job.objects.get(pk=job_id).status in ("failed", "cancelled")
 
 

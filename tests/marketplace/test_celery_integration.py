@@ -24,6 +24,7 @@ from marketplace.nodes.models import Node
 from marketplace.rounds.aggregation import artifact_store, read_checkpoint
 from marketplace.rounds.models import Task
 from marketplace.server.celery import app
+from marketplace.server.routing import worker_queues
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.provenance import ProvenanceChain, verify_with_artifacts
 from trainer.spec import parse_spec
@@ -73,7 +74,8 @@ def worker(tmp_path: Path) -> Iterator[subprocess.Popen]:
     log = tmp_path / "worker.log"
     cmd = [
         sys.executable, "-m", "celery", "-A", "marketplace.server.celery", "worker",
-        "--beat-thread", "--pool", "solo", "--loglevel", "INFO", "-Q", queue,
+        "--beat-thread", "--pool", "solo", "--loglevel", "INFO",
+        "-Q", ",".join(worker_queues("all", queue)),
         "--schedule", str(tmp_path / "beat-schedule"),
     ]  # fmt: skip
     conf = app.conf

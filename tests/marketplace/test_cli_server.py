@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import pytest
@@ -22,7 +23,8 @@ def calls(monkeypatch) -> list[tuple[list[str], dict[str, Any]]]:
     return seen
 
 
-def test_serve_migrates_then_runs_gunicorn_threads(calls) -> None:
+def test_serve_migrates_then_runs_gunicorn_threads(calls, monkeypatch) -> None:
+    monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
     assert cli.main(["serve", "--bind", "0.0.0.0:9000", "--workers", "3"]) == 0
     (migrate, _), (serve, kwargs) = calls
     assert migrate[-4:] == ["migrate", "--noinput", "-v", "0"]
@@ -38,11 +40,55 @@ def test_worker_runs_celery_with_beat(calls) -> None:
     ((cmd, _),) = calls
     assert cmd[0].endswith("celery") and "marketplace.server.celery" in cmd
     assert "--beat-thread" in cmd and cmd[cmd.index("--pool") + 1] == "prefork"
+    assert cmd[cmd.index("-Q") + 1] == "gpuflex,gpuflex.aggregation"  # every queue
     calls.clear()
-    cli.main(["worker", "--no-beat", "--pool", "solo"])
-    assert "--beat-thread" not in calls[0][0] and "solo" in calls[0][0]
+    cli.main(["worker", "--no-beat", "--pool", "solo", "--queues", "aggregation"])
+    cmd = calls[0][0]
+    assert "--beat-thread" not in cmd and "solo" in cmd
+    assert cmd[cmd.index("-Q") + 1] == "gpuflex.aggregation"
+    calls.clear()
+    assert cli.main(["beat"]) == 0
+    assert calls[0][0][3] == "beat"
+
+
+def test_aggregation_has_a_queue_of_its_own(settings) -> None:
+    """A big job's aggregation waits in its own queue; the tick and settlement never behind it."""
+    from marketplace.server.celery import app
+    from marketplace.server.routing import AGGREGATE_ROUND
+
+    route = app.amqp.router.route
+    default = app.conf.task_default_queue
+    assert route({}, AGGREGATE_ROUND)["queue"].name == f"{default}.aggregation"
+    for name in ("marketplace.jobs.tasks.tick", "marketplace.ledger.tasks.settle_chain"):
+        assert route({}, name)["queue"].name == default
 
 
 def test_manage_passes_through(db, capsys) -> None:
     assert cli.main(["manage", "check"]) == 0
     assert "no issues" in capsys.readouterr().out
+
+
+PUBLIC_KEY = "gpuflex-development-key-not-for-production-use-0000"
+
+
+@pytest.mark.parametrize("key", [None, "", PUBLIC_KEY, "short", "django-insecure-" + "x" * 60])
+def test_serve_refuses_a_public_or_missing_secret_key(calls, monkeypatch, capsys, key) -> None:
+    """#20 finding 7: `gpuflex serve` ran on the base settings' public constant key."""
+    monkeypatch.delenv("GPUFLEX_DEV", raising=False)
+    if key is None:
+        monkeypatch.delenv("SECRET_KEY", raising=False)
+    else:
+        monkeypatch.setenv("SECRET_KEY", key)
+    assert cli.main(["serve"]) == 2
+    assert calls == []  # neither migrated nor started
+    assert "SECRET_KEY" in capsys.readouterr().err
+
+
+def test_serve_in_development_mode_runs_without_a_secret_key(calls, monkeypatch) -> None:
+    monkeypatch.delenv("SECRET_KEY", raising=False)
+    monkeypatch.delenv("GPUFLEX_DEV", raising=False)
+    assert cli.main(["serve", "--dev"]) == 0
+    assert calls[-1][1]["env"]["GPUFLEX_DEV"] == "1"
+    calls.clear()
+    monkeypatch.setenv("GPUFLEX_DEV", "1")
+    assert cli.main(["serve"]) == 0 and len(calls) == 2

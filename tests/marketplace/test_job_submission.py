@@ -26,15 +26,7 @@ def nothing_stored() -> bool:
     )
 
 
-@pytest.fixture(autouse=True)
-def empty_media(tmp_path, settings) -> None:
-    settings.MEDIA_ROOT = str(tmp_path / "media")
-    settings.STORAGES = settings.STORAGES | {
-        "default": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": settings.MEDIA_ROOT},
-        }
-    }
+pytestmark = pytest.mark.usefixtures("own_media")
 
 
 def post(buyer, spec, dataset=None, **fields):
@@ -196,3 +188,45 @@ def test_missing_price_is_a_field_error(buyer) -> None:
 def test_provider_cannot_submit_jobs(provider) -> None:
     response = post(provider, SMALL_SPEC)
     assert response.status_code == 403
+
+
+def test_a_cheap_job_cannot_ask_for_a_huge_model(buyer, monkeypatch) -> None:
+    """A 0.01-credit job with hidden [8192, 8192] (68M parameters, 259 MB) once built and
+    wrote its model inside the request: it is refused from the model's measured size, and
+    nothing is built."""
+    from marketplace.jobs import submission
+
+    def no_build(*_a, **_k):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(submission, "build_model", no_build)
+    spec = SMALL_SPEC | {"model": {"arch": "mlp", "hidden": [8192, 8192]}}
+    response = post(buyer, spec, budget="0.01")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["problems"][0]["field"] == "model"
+    assert "67," in body["detail"] and "at most 5,000,000 parameters" in body["detail"]
+    assert nothing_stored()
+
+
+def test_no_budget_buys_more_than_the_tier_holds(buyer, monkeypatch) -> None:
+    """[65536, 65536] is 4.3 billion parameters (17 GB): past every tier's ceiling."""
+    from marketplace.jobs import submission
+
+    monkeypatch.setattr(submission, "build_model", None)  # never reached
+    spec = SMALL_SPEC | {"model": {"arch": "mlp", "hidden": [65536, 65536]}}
+    response = post(buyer, spec, budget="1000", tier="platform")
+    assert response.status_code == 400
+    assert "at most 2,000,000,000 parameters" in response.json()["detail"]
+    assert nothing_stored()
+
+
+def test_the_model_cap_grows_with_the_budget(buyer, settings) -> None:
+    settings.GPUFLEX = settings.GPUFLEX | {
+        "MODEL_PARAMS_FLOOR": 100,
+        "MODEL_PARAMS_PER_CREDIT": "1000",
+    }
+    # digits (64 features) through [32] to 10 classes: 2,410 parameters
+    assert post(buyer, SMALL_SPEC, budget="2").status_code == 400
+    response = post(buyer, SMALL_SPEC, budget="3")
+    assert response.status_code == 201, response.content

@@ -422,3 +422,40 @@ def test_load_dataset_dispatches_and_resolves_relative_paths(tmp_path: Path) -> 
     assert load_dataset(DatasetSpec(), seed=0).num_test == 360
     with pytest.raises(DatasetError, match=r"data\.csv: does not exist"):
         load_dataset(DatasetSpec(kind="csv", path="data.csv"), base_dir=tmp_path / "elsewhere")
+
+
+def test_npz_bomb_is_refused_before_it_is_inflated(tmp_path: Path, monkeypatch) -> None:
+    """A member that expands past the ratio, or an archive past the total, is refused from
+    its declared sizes: np.load never runs (the limits are scaled down to keep this small)."""
+    from trainer.datasets import tabular
+
+    def no_load(*_a, **_k):
+        raise AssertionError("np.load ran on a refused archive")
+
+    path = tmp_path / "bomb.npz"
+    np.savez_compressed(path, x=np.zeros((50_000, 8)), y=np.zeros(50_000))  # 3.2 MB of zeros
+    monkeypatch.setattr(tabular.np, "load", no_load)
+    monkeypatch.setattr(tabular, "RATIO_FREE_BYTES", 2**20)
+    with pytest.raises(DatasetError, match=r"bomb\.npz: member 'x\.npy' expands [\d,]+x"):
+        load_npz_dataset(path)
+    monkeypatch.setattr(tabular, "MAX_NPZ_BYTES", 2**20)
+    with pytest.raises(DatasetError, match=r"declares [\d,]+ bytes uncompressed; the limit"):
+        load_npz_dataset(path)
+
+
+def test_npz_array_header_larger_than_its_member_is_refused(tmp_path: Path) -> None:
+    """numpy allocates what a header declares before it reads: 64 GB here, in 100 bytes."""
+    import io
+    import zipfile
+
+    head = io.BytesIO()
+    header = {"descr": "<f8", "fortran_order": False, "shape": (10**9, 8)}
+    np.lib.format.write_array_header_1_0(head, header)
+    path = tmp_path / "liar.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("x.npy", head.getvalue() + b"\0" * 64)
+        y = io.BytesIO()
+        np.save(y, np.zeros(2))
+        z.writestr("y.npy", y.getvalue())
+    with pytest.raises(DatasetError, match=r"liar\.npz: member 'x\.npy' declares a"):
+        load_npz_dataset(path)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import csv
+import math
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -176,11 +178,68 @@ def load_npz_dataset(
     return _finish(path, x, y, test_fraction, seed)
 
 
+# An .npz is a zip archive: a few hundred kB can declare gigabytes (a 258 kB upload once
+# decompressed to 1.6 GB before it was refused). Decompression stops at a member's declared
+# size, and numpy allocates what an array's header declares, so both are checked before a
+# byte is inflated.
+MAX_NPZ_BYTES = 2**30  # all members together, uncompressed
+MAX_NPZ_RATIO = 200  # uncompressed / compressed, for members past RATIO_FREE_BYTES
+RATIO_FREE_BYTES = 16 * 2**20  # small members may compress as well as they like (zeros)
+
+
+def _check_npz_members(f: BinaryIO, path: Path) -> None:
+    try:
+        archive = zipfile.ZipFile(f)
+    except zipfile.BadZipFile:
+        f.seek(0)
+        return  # not an archive at all: np.load says what it is
+    with archive:
+        members = archive.infolist()
+        total = sum(m.file_size for m in members)
+        if total > MAX_NPZ_BYTES:
+            raise DatasetError(
+                f"{path}: the archive declares {total:,} bytes uncompressed; "
+                f"the limit is {MAX_NPZ_BYTES:,}"
+            )
+        for m in members:
+            ratio = m.file_size / max(m.compress_size, 1)
+            if m.file_size > RATIO_FREE_BYTES and ratio > MAX_NPZ_RATIO:
+                raise DatasetError(
+                    f"{path}: member {m.filename!r} expands {ratio:,.0f}x "
+                    f"({m.compress_size:,} to {m.file_size:,} bytes); at most "
+                    f"{MAX_NPZ_RATIO}x is accepted"
+                )
+            if m.filename.endswith(".npy"):
+                _check_npy_header(archive, m, path)
+    f.seek(0)
+
+
+def _check_npy_header(archive: zipfile.ZipFile, member: zipfile.ZipInfo, path: Path) -> None:
+    """The array a member's header declares fits in the bytes the member declares."""
+    fmt = np.lib.format
+    try:
+        with archive.open(member) as fh:
+            version = fmt.read_magic(fh)
+            read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+            shape, _, dtype = read(fh)
+    except (ValueError, EOFError, OSError, zipfile.BadZipFile) as exc:
+        raise DatasetError(
+            f"{path}: member {member.filename!r} is not a numpy array: {exc}"
+        ) from None
+    declared = math.prod(shape) * dtype.itemsize
+    if not dtype.hasobject and declared > member.file_size:
+        raise DatasetError(
+            f"{path}: member {member.filename!r} declares a {shape} {dtype} array "
+            f"({declared:,} bytes) in {member.file_size:,} bytes"
+        )
+
+
 def _read_npz(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
     _require_file(path)
     try:
         # Our own handle: np.load(path) leaks its file when the archive turns out corrupt.
         with path.open("rb") as f:
+            _check_npz_members(f, path)
             try:
                 archive = np.load(f, allow_pickle=False)
             except (ValueError, EOFError, zipfile.BadZipFile) as exc:

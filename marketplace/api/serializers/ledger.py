@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from rest_framework import serializers
 
 from marketplace.ledger.models import Entry, Payout
+from marketplace.ledger.money import MAX_AMOUNT, parse_amount
 
 
 class AmountField(serializers.CharField):
-    """Money travels as decimal strings; the ledger parses and checks them (never floats)."""
+    """Money travels as decimal strings (never floats), parsed here by the ledger's one
+    parser: bounded to what the ledger stores exactly, so a bad amount is a 400 naming the
+    field before anything is written (parse_amount also refuses over 40 characters)."""
 
-    def to_internal_value(self, data: object) -> str:
+    def __init__(self, **kwargs: object) -> None:
+        kwargs.setdefault(
+            "help_text", f"credits as a decimal string, at most {MAX_AMOUNT} and 6 places"
+        )
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: object) -> Decimal:
         if isinstance(data, float):
             raise serializers.ValidationError("give money as a decimal string, not a number")
-        return super().to_internal_value(str(data) if isinstance(data, int) else data)
+        text = super().to_internal_value(str(data) if isinstance(data, int) else data)
+        try:
+            return parse_amount(text, field=self.field_name or "amount")
+        except ValueError as exc:
+            # parse_amount's message starts with the field name, which DRF adds itself
+            raise serializers.ValidationError(str(exc).partition(": ")[2]) from None
 
 
 class PayoutRequestSerializer(serializers.Serializer):
-    amount = AmountField(max_length=30)
+    amount = AmountField()
     wallet_address = serializers.CharField(max_length=42)
     idempotency_key = serializers.CharField(
         max_length=100,
@@ -27,7 +43,9 @@ class PayoutRequestSerializer(serializers.Serializer):
 
 
 class PayoutSerializer(serializers.ModelSerializer):
-    batch_id = serializers.CharField(source="batch.batch_id", default=None, read_only=True)
+    batch_id = serializers.CharField(
+        source="batch.batch_id", default=None, read_only=True, allow_null=True
+    )
 
     class Meta:
         model = Payout
@@ -59,7 +77,7 @@ class EntrySerializer(serializers.ModelSerializer):
 
 class GrantSerializer(serializers.Serializer):
     username = serializers.CharField(max_length=150)
-    amount = AmountField(max_length=30)
+    amount = AmountField()
     memo = serializers.CharField(max_length=300, required=False, default="operator grant")
     idempotency_key = serializers.CharField(max_length=100, required=False)
 

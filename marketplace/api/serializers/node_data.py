@@ -122,8 +122,9 @@ class HardwareSerializer(serializers.Serializer):
 
     gpu_model = text()
     gpu_vendor = text()
-    memory_gb = optional_number(0, b.MAX_MEMORY_GB)
-    memory_mb = optional_number(0, b.MAX_MEMORY_MB)
+    # what scheduling filters on: a number when given (null is refused, not taken as none)
+    memory_gb = number(0, b.MAX_MEMORY_GB, required=False)
+    memory_mb = number(0, b.MAX_MEMORY_MB, required=False)
     accelerator = text(32)
     driver = text()
     cpu_name = text(200)

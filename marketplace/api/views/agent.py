@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 
 from marketplace.api.encoding import encoded_response
 from marketplace.api.permissions import IsNode
+from marketplace.api.schema import errors
 from marketplace.api.serializers.agent import (
     ClaimQuerySerializer,
     ClaimReplySerializer,
@@ -110,7 +111,7 @@ class TaskModelView(AgentView):
 
 
 class TaskShardView(AgentView):
-    @extend_schema(responses={(200, SAFETENSORS): OpenApiTypes.BINARY})
+    @extend_schema(responses={(200, SAFETENSORS): OpenApiTypes.BINARY, **errors(409)})
     def get(self, request: Request, task_id: str) -> HttpResponse:
         node = self.node(request)
         task = task_for_node(node, task_id)
@@ -129,7 +130,7 @@ class TaskUpdateView(AgentView):
     @extend_schema(
         request={SAFETENSORS: OpenApiTypes.BINARY},
         parameters=[OpenApiParameter("X-GPUFlex-Metrics", str, OpenApiParameter.HEADER)],
-        responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT},
+        responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT, **errors(409, 413, 422)},
     )
     def put(self, request: Request, task_id: str) -> Response:
         node = self.node(request)
@@ -149,7 +150,7 @@ class TaskUpdateView(AgentView):
 
 
 class TaskFailView(AgentView):
-    @extend_schema(request=FailSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=FailSerializer, responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def post(self, request: Request, task_id: str) -> Response:
         body = FailSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -172,7 +173,10 @@ class ProbeView(AgentView):
         query.is_valid(raise_exception=True)
         return HttpResponse(os.urandom(query.validated_data["bytes"]), content_type=SAFETENSORS)
 
-    @extend_schema(request={SAFETENSORS: OpenApiTypes.BINARY}, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        request={SAFETENSORS: OpenApiTypes.BINARY},
+        responses={200: OpenApiTypes.OBJECT, **errors(413)},
+    )
     def post(self, request: Request) -> Response:
         limit = ProbeQuerySerializer.MAX_BYTES
         if int(request.META.get("CONTENT_LENGTH") or 0) > limit:

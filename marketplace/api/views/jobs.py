@@ -9,18 +9,21 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from marketplace.api.parsers import DepthLimitedJSONParser
 from marketplace.api.permissions import IsBuyer
+from marketplace.api.schema import errors
 from marketplace.api.serializers.jobs import (
     JobDetailSerializer,
     JobSerializer,
     JobSubmitSerializer,
     RoundSerializer,
 )
+from marketplace.api.throttles import KeyRateThrottle, SubmitThrottle
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict
 from marketplace.jobs.models import Job
@@ -41,12 +44,13 @@ class BuyerView(APIView):
 class JobListView(generics.ListAPIView):
     permission_classes = [IsBuyer]
     serializer_class = JobSerializer
-    parser_classes = [JSONParser, MultiPartParser, FormParser]
+    parser_classes = [DepthLimitedJSONParser, MultiPartParser, FormParser]
+    throttle_classes = [KeyRateThrottle, SubmitThrottle]  # submissions per buyer
 
     def get_queryset(self):
         return jobs_of(self.request.user).order_by("-created_at")
 
-    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer})
+    @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, **errors(402, 413)})
     def post(self, request: Request) -> Response:
         body = JobSubmitSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -85,14 +89,16 @@ class JobActionView(BuyerView):
     action_name = ""
     actions = {"pause": pause_job, "resume": resume_job, "cancel": cancel_job}
 
-    @extend_schema(request=None, responses=JobSerializer)
+    @extend_schema(request=None, responses={200: JobSerializer, **errors(409)})
     def post(self, request: Request, pk: str) -> Response:
         job = self.actions[self.action_name](self.job(request, pk))
         return Response(JobSerializer(jobs_of(request.user).get(pk=job.pk)).data)
 
 
 class JobModelView(BuyerView):
-    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    @extend_schema(
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, **errors(409)}
+    )
     def get(self, request: Request, pk: str) -> HttpResponse:
         job = self.job(request, pk)
         if not job.model_file:
@@ -104,7 +110,7 @@ class JobModelView(BuyerView):
 
 
 class JobProvenanceView(BuyerView):
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def get(self, request: Request, pk: str) -> HttpResponse:
         job = self.job(request, pk)
         if not job.rounds_done:

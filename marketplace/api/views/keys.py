@@ -1,4 +1,5 @@
-"""A user's own API keys: list, create (shown once), revoke."""
+"""A user's own API keys: list, create (shown once; at most MAX_API_KEYS_PER_USER unrevoked,
+and KeyCreateThrottle's rate), revoke."""
 
 # ruff: noqa: RUF012 - Django/DRF declare Meta options and view settings as class attributes
 
@@ -19,11 +20,13 @@ from marketplace.api.serializers.keys import (
     ApiKeyCreateSerializer,
     ApiKeySerializer,
 )
+from marketplace.api.throttles import KeyCreateThrottle, KeyRateThrottle
 
 
 class KeyListView(generics.ListAPIView):
     permission_classes = [IsUser]
     serializer_class = ApiKeySerializer
+    throttle_classes = [KeyRateThrottle, KeyCreateThrottle]  # new keys per user
 
     def get_queryset(self):
         return user_keys(self.request.user)

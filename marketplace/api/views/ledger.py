@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from marketplace.accounts.models import User
 from marketplace.api.permissions import IsOperator, IsProvider, IsUser
+from marketplace.api.schema import errors
 from marketplace.api.serializers.ledger import (
     EntrySerializer,
     GrantSerializer,
@@ -24,6 +25,7 @@ from marketplace.api.serializers.ledger import (
     ReferenceSerializer,
     WalletSerializer,
 )
+from marketplace.api.serializers.queries import EarningsQuerySerializer
 from marketplace.jobs.errors import Conflict, NotFound
 from marketplace.ledger import selectors, services
 from marketplace.ledger.models import Payout, WalletAddress
@@ -53,9 +55,11 @@ class StatementView(generics.ListAPIView):
 class EarningsView(APIView):
     permission_classes = [IsProvider]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(parameters=[EarningsQuerySerializer], responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
-        days = min(max(int(request.query_params.get("days", 30)), 1), 366)
+        query = EarningsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        days = query.validated_data["days"]
         money = lambda rows: [r | {"amount": str(r["amount"])} for r in rows]  # noqa: E731
         return Response(
             {
@@ -77,7 +81,10 @@ class PayoutListView(generics.ListAPIView):
     def get_queryset(self):
         return selectors.payouts_for(self.request.user).select_related("batch")
 
-    @extend_schema(request=PayoutRequestSerializer, responses={201: PayoutSerializer})
+    @extend_schema(
+        request=PayoutRequestSerializer,
+        responses={201: PayoutSerializer, 200: PayoutSerializer, **errors(402, 409)},
+    )
     def post(self, request: Request) -> Response:
         body = PayoutRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -98,7 +105,7 @@ class PayoutProofView(APIView):
 
     permission_classes = [IsProvider]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def get(self, request: Request, pk: int) -> Response:
         payout = get_object_or_404(selectors.payouts_for(request.user), pk=pk)
         if payout.batch is None:
@@ -123,7 +130,7 @@ class WalletView(APIView):
             body["funding_id"] = funding_id(request.user)
         return Response(body)
 
-    @extend_schema(request=WalletSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=WalletSerializer, responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def put(self, request: Request) -> Response:
         body = WalletSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -139,7 +146,9 @@ class WalletView(APIView):
 class GrantView(APIView):
     permission_classes = [IsOperator]
 
-    @extend_schema(request=GrantSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        request=GrantSerializer, responses={201: OpenApiTypes.OBJECT, **errors(404, 409)}
+    )
     def post(self, request: Request) -> Response:
         body = GrantSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -172,7 +181,7 @@ class ReconcileView(APIView):
 class PayoutPaidView(APIView):
     permission_classes = [IsOperator]
 
-    @extend_schema(request=ReferenceSerializer, responses={200: PayoutSerializer})
+    @extend_schema(request=ReferenceSerializer, responses={200: PayoutSerializer, **errors(409)})
     def post(self, request: Request, pk: int) -> Response:
         body = ReferenceSerializer(data=request.data)
         body.is_valid(raise_exception=True)

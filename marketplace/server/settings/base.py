@@ -1,16 +1,22 @@
 """Settings read from the environment.
 
 With nothing set this is the embedded setup `make demo` uses: SQLite and kombu's filesystem
-broker under the data dir. Production sets DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY,
-ALLOWED_HOSTS and optionally GPUFLEX_STORAGE=s3.
+broker under the data dir, and a random SECRET_KEY generated once per data dir (`gpuflex
+serve` runs on that only in development mode, GPUFLEX_DEV=1 or --dev). Production sets
+DATABASE_URL, CELERY_BROKER_URL, SECRET_KEY, ALLOWED_HOSTS, GPUFLEX_TRUSTED_PROXIES behind a
+reverse proxy, and optionally GPUFLEX_STORAGE=s3.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+
+from marketplace.server.routing import default_queue
+from marketplace.server.secret_key import for_data_dir
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -27,8 +33,10 @@ def env_list(name: str, default: str) -> list[str]:
 DATA_DIR = Path(os.environ.get("GPUFLEX_DATA_DIR", Path.cwd() / ".gpuflex")).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)  # SQLite, media and the broker live here
 
-# A development key: production.py refuses to start without a real one.
-SECRET_KEY = os.environ.get("SECRET_KEY", "gpuflex-development-key-not-for-production-use-0000")
+# Never a constant anyone knows: without SECRET_KEY, this data dir's own generated key.
+# `gpuflex serve` refuses that (and any weak key) outside development mode, so several web
+# servers never sign with different keys; production.py refuses to start without a real one.
+SECRET_KEY = os.environ.get("SECRET_KEY") or for_data_dir(DATA_DIR)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 
@@ -41,6 +49,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "axes",  # web login lockout (AXES_* below)
     "marketplace.accounts",
     "marketplace.nodes",
     "marketplace.jobs",
@@ -51,6 +60,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # first: the id is on every log line, including those of the middleware below
+    "marketplace.server.request_id.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -58,11 +69,37 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # last, as django-axes asks: turns a locked-out login into its 429 page
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Forwarded headers (X-Forwarded-For, X-Forwarded-Proto) are believed only from this many
+# reverse proxies in front of the server, set by the operator; by default nobody's, since
+# any client can send them (accounts/client_ip.py, REST_FRAMEWORK's NUM_PROXIES).
+TRUSTED_PROXIES = int(os.environ.get("GPUFLEX_TRUSTED_PROXIES", "0"))
+if TRUSTED_PROXIES > 0:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# the pages send the CSRF token from their forms (web/static/web/js), never from the cookie
+CSRF_COOKIE_HTTPONLY = True
 
 ROOT_URLCONF = "marketplace.server.urls"
 WSGI_APPLICATION = "marketplace.server.wsgi.application"
 AUTH_USER_MODEL = "accounts.User"
+# axes first: it refuses a locked-out login before the password is even checked
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# checked at sign-up (web/forms.py SignupForm)
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 8},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 
 TEMPLATES = [
     {
@@ -143,6 +180,11 @@ GPUFLEX = {
     "DEFAULT_SHARDS": int(os.environ.get("GPUFLEX_DEFAULT_SHARDS", "4")),
     "MAX_DATASET_BYTES": int(os.environ.get("GPUFLEX_MAX_DATASET_BYTES", str(64 * 2**20))),
     "MAX_UPDATE_BYTES": int(os.environ.get("GPUFLEX_MAX_UPDATE_BYTES", str(256 * 2**20))),
+    # model size per job (marketplace/jobs/limits.py): the tier's ceiling, scaled down for
+    # small budgets at this many parameters per credit, never below the floor
+    "MAX_MODEL_PARAMS": {"volunteer": 100_000_000, "hybrid": 500_000_000, "platform": 2 * 10**9},
+    "MODEL_PARAMS_PER_CREDIT": os.environ.get("GPUFLEX_MODEL_PARAMS_PER_CREDIT", "10000000"),
+    "MODEL_PARAMS_FLOOR": int(os.environ.get("GPUFLEX_MODEL_PARAMS_FLOOR", "5000000")),
     # BOINC-style adaptive replication: every task of a node with fewer verified results
     # than this is replicated; afterwards only REPLICATION_SHARE of them, at random.
     "TRUST_AFTER_VERIFIED": int(os.environ.get("GPUFLEX_TRUST_AFTER_VERIFIED", "3")),
@@ -161,6 +203,8 @@ GPUFLEX = {
     "TICK_S": float(os.environ.get("GPUFLEX_TICK_S", "5")),
     # an aggregating round untouched this long is assumed lost with its worker
     "STUCK_AGGREGATION_S": float(os.environ.get("GPUFLEX_STUCK_AGGREGATION_S", "120")),
+    # an ended job's working files are deleted this long after it ends (rounds/retention.py)
+    "ENDED_JOB_FILES_GRACE_S": float(os.environ.get("GPUFLEX_ENDED_JOB_FILES_GRACE_S", "300")),
     # -- money (docs/money.md) --
     "PLATFORM_FEE": os.environ.get("GPUFLEX_PLATFORM_FEE", "0.10"),
     "QUALITY_BONUS_MAX": os.environ.get("GPUFLEX_QUALITY_BONUS_MAX", "0.10"),
@@ -171,6 +215,9 @@ GPUFLEX = {
     "MIN_PAYOUT": os.environ.get("GPUFLEX_MIN_PAYOUT", "5"),
     # a job goes on only while its escrow covers this many times its dearest round so far
     "ROUND_BUDGET_MARGIN": os.environ.get("GPUFLEX_ROUND_BUDGET_MARGIN", "1.5"),
+    # -- accounts --
+    # unrevoked user keys one user may hold; revoke one to make another
+    "MAX_API_KEYS_PER_USER": int(os.environ.get("GPUFLEX_MAX_API_KEYS_PER_USER", "50")),
 }
 
 # -- chain (docs/money.md): "" disabled, "embedded" an in-process EVM (tests, one process),
@@ -208,7 +255,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # the wait between a round's quorum and its aggregation)
         "polling_interval": 0.1,
     }
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("GPUFLEX_CELERY_QUEUE", "gpuflex")
+CELERY_TASK_DEFAULT_QUEUE = default_queue()
+# aggregation on a queue of its own (server/routing.py): `gpuflex worker --queues`
+CELERY_TASK_ROUTES = ("marketplace.server.routing.route_task",)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -238,18 +287,48 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["marketplace.accounts.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # JSON bodies nested deeper than trainer.nesting.MAX_DEPTH are a 400
+    "DEFAULT_PARSER_CLASSES": [
+        "marketplace.api.parsers.DepthLimitedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "marketplace.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # documents the error envelope and the 4xx answers every operation can give
+    "DEFAULT_SCHEMA_CLASS": "marketplace.api.schema.AutoSchema",
     "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["marketplace.api.throttles.KeyRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         "key": os.environ.get("GPUFLEX_THROTTLE_KEY", "6000/min"),
         "heartbeat": os.environ.get("GPUFLEX_THROTTLE_HEARTBEAT", "120/min"),
         "probe": os.environ.get("GPUFLEX_THROTTLE_PROBE", "60/hour"),
+        # per client address: unknown or revoked API keys, after which it is refused a while
+        "auth_failure": os.environ.get("GPUFLEX_THROTTLE_AUTH_FAILURE", "30/min"),
+        # per user
+        "submit": os.environ.get("GPUFLEX_THROTTLE_SUBMIT", "120/hour"),
+        "key_create": os.environ.get("GPUFLEX_THROTTLE_KEY_CREATE", "30/hour"),
+        # per client address, on the web sign-up page
+        "signup": os.environ.get("GPUFLEX_THROTTLE_SIGNUP", "10/hour"),
     },
+    # the client address is X-Forwarded-For's entry this many proxies back, else REMOTE_ADDR
+    "NUM_PROXIES": TRUSTED_PROXIES,
     "UNAUTHENTICATED_USER": None,
 }
+
+# -- web login lockout (django-axes) ---------------------------------------------------------
+
+# this many wrong passwords for one name from one address lock that pair out for the cool-off,
+# right password or not (attempts are kept in the database, shared by every worker). By the
+# pair, not the name alone, so that nobody can lock another user out from elsewhere; and a
+# success resets only its own pair, so logging into one's own account resets nothing else.
+AXES_FAILURE_LIMIT = int(os.environ.get("GPUFLEX_LOGIN_FAILURE_LIMIT", "10"))
+AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("GPUFLEX_LOGIN_COOLOFF_MIN", "15")))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "marketplace.accounts.client_ip.client_ip"
+AXES_LOCKOUT_CALLABLE = "marketplace.web.views.public.locked_out"
+AXES_VERBOSE = False
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "GPUFlex marketplace API",
@@ -267,9 +346,34 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# Errors reach stderr and a file, each line carrying its request's id (request_id.py); Django
+# alone mails them to ADMINS, which is empty. WatchedFileHandler: every gunicorn worker appends
+# to the one file and reopens it after logrotate moves it.
+LOG_FILE = Path(os.environ.get("GPUFLEX_LOG_FILE", DATA_DIR / "logs" / "marketplace.log"))
+LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"marketplace": {"handlers": ["console"], "level": "INFO"}},
+    "filters": {"request_id": {"()": "marketplace.server.request_id.RequestIdFilter"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"}
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",  # stderr
+            "filters": ["request_id"],
+            "formatter": "plain",
+        },
+        "file": {
+            "class": "logging.handlers.WatchedFileHandler",
+            "filename": str(LOG_FILE),
+            "filters": ["request_id"],
+            "formatter": "plain",
+        },
+    },
+    "loggers": {
+        "marketplace": {"handlers": ["console", "file"], "level": "INFO"},
+        # django.request: 5xx with their tracebacks, 4xx as warnings
+        "django": {"handlers": ["console", "file"], "level": "WARNING"},
+    },
 }

@@ -6,20 +6,34 @@ import os
 
 from django.core.exceptions import ImproperlyConfigured
 
+from marketplace.server.secret_key import MIN_LENGTH, weakness
 from marketplace.server.settings.base import *  # noqa: F403
-from marketplace.server.settings.base import env_bool
+from marketplace.server.settings.base import DATABASES, env_bool
 
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if len(SECRET_KEY) < 50:
-    raise ImproperlyConfigured("production needs SECRET_KEY of at least 50 random characters")
+if (_weak := weakness(SECRET_KEY)) is not None:
+    raise ImproperlyConfigured(
+        f"production needs SECRET_KEY of at least {MIN_LENGTH} random characters; it {_weak}"
+    )
 DEBUG = False
 
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# SQLite is the embedded demo's database: production says it means it, or sets DATABASE_URL
+if DATABASES["default"]["ENGINE"].endswith("sqlite3") and not env_bool(
+    "GPUFLEX_ALLOW_SQLITE", False
+):
+    raise ImproperlyConfigured(
+        "production needs DATABASE_URL (PostgreSQL); set GPUFLEX_ALLOW_SQLITE=1 to run on "
+        "SQLite deliberately"
+    )
+
+# X-Forwarded-Proto is believed only with GPUFLEX_TRUSTED_PROXIES set (base.py): behind a
+# TLS-terminating proxy set it, or SECURE_SSL_REDIRECT would redirect every request forever
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
 SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "31536000"))
 SECURE_HSTS_INCLUDE_SUBDOMAINS = True
 SECURE_HSTS_PRELOAD = True
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
+CSRF_COOKIE_HTTPONLY = True
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"

@@ -52,3 +52,11 @@ GPUFLEX["PLATFORM_SPOT_CHECK_RATE"] = 0.0
 GPUFLEX["MAX_UPDATE_BYTES"] = 4 * 2**20
 DATA_UPLOAD_MAX_MEMORY_SIZE = GPUFLEX["MAX_UPDATE_BYTES"]
 Path(DATA_DIR).mkdir(parents=True, exist_ok=True)
+
+from marketplace.server.settings.base import REST_FRAMEWORK  # noqa: E402
+
+# The suite makes many users, keys, jobs and bad keys from one address; the throttle tests
+# (tests/marketplace/test_throttles.py) set small rates on the classes themselves.
+REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] |= dict.fromkeys(
+    ("auth_failure", "submit", "key_create", "signup"), "100000/min"
+)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
@@ -11,6 +12,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from marketplace.api.throttles import SubmitThrottle
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, InvalidSpec, MarketplaceError
 from marketplace.jobs.models import Job
@@ -118,8 +120,14 @@ def job_new(request: HttpRequest) -> HttpResponse:
     form = JobForm(request.POST or None, request.FILES or None)
     problems: list[dict] = []
     error = ""
+    status, retry_after = 400, None
     if request.method == "POST":
-        if form.is_valid():
+        # the API's submission rate, counted for the buyer across the API and this page
+        throttle = SubmitThrottle()
+        if not throttle.allow_request(request, None):
+            retry_after = max(1, math.ceil(throttle.wait() or 1))
+            status, error = 429, f"Too many submissions: try again in {retry_after} s."
+        elif form.is_valid():
             job, problems, error = _submit(request, form)
             if job is not None:
                 url = reverse("web:job", args=[job.pk])
@@ -131,7 +139,10 @@ def job_new(request: HttpRequest) -> HttpResponse:
         if wants_json(request):
             fields = {k: [str(e) for e in v] for k, v in form.errors.items()}
             body = {"ok": False, "error": error, "problems": problems, "fields": fields}
-            return JsonResponse(body, status=400)
+            response = JsonResponse(body, status=status)
+            if retry_after is not None:
+                response["Retry-After"] = str(retry_after)
+            return response
     context = {
         "form": form,
         "problems": problems,
@@ -139,7 +150,10 @@ def job_new(request: HttpRequest) -> HttpResponse:
         "balances": balances(request.user),
         "max_upload_mb": settings.GPUFLEX["MAX_DATASET_BYTES"] / 2**20,
     }
-    return render(request, "web/job_new.html", context, status=400 if error else 200)
+    response = render(request, "web/job_new.html", context, status=status if error else 200)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
 
 
 @buyer_required

@@ -6,12 +6,14 @@ import secrets
 from typing import Any
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from marketplace.accounts.errors import KeyLimitReached
 from marketplace.accounts.selectors import user_keys
 from marketplace.accounts.services import issue_user_key, revoke_key
+from marketplace.api.throttles import KeyCreateThrottle
 from marketplace.ledger import selectors as ledger
 from marketplace.ledger.errors import LedgerError
 from marketplace.ledger.services import request_payout
@@ -110,14 +112,34 @@ def earnings_live(request: HttpRequest) -> JsonResponse:
 @role_required("buyer", "provider")
 def api_keys(request: HttpRequest) -> HttpResponse:
     """Keys for the SDK, the gpuflex command and gpuflex-node login; shown once, at creation."""
-    plaintext = None
+    plaintext, status, retry_after = None, 200, None
     if request.method == "POST":
         if "revoke" in request.POST:
-            key = user_keys(request.user).filter(pk=request.POST["revoke"]).first()
+            key_id = request.POST["revoke"]
+            if not (key_id.isascii() and key_id.isdigit()):  # filter(pk="abc") was a 500
+                return HttpResponseBadRequest("revoke: a key id is a whole number.")
+            key = user_keys(request.user).filter(pk=int(key_id)).first()
             if key is not None:
                 revoke_key(key)
                 messages.success(request, f"Key {key.prefix}… revoked.")
+            else:
+                messages.error(request, "No such key is yours.")
             return redirect("web:keys")
-        _, plaintext = issue_user_key(request.user, request.POST.get("name", "")[:100])
+        throttle = KeyCreateThrottle()
+        if not throttle.allow_request(request, None):
+            retry_after = int(throttle.wait() or 1)
+            status = 429
+            messages.error(request, f"Too many new keys: try again in {retry_after} s.")
+        else:
+            try:
+                _, plaintext = issue_user_key(request.user, request.POST.get("name", "")[:100])
+            except KeyLimitReached as exc:
+                status = exc.status
+                messages.error(request, exc.detail)
     keys = user_keys(request.user)
-    return render(request, "web/keys.html", {"keys": keys, "plaintext": plaintext})
+    response = render(
+        request, "web/keys.html", {"keys": keys, "plaintext": plaintext}, status=status
+    )
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response

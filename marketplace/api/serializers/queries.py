@@ -1,0 +1,11 @@
+"""Query parameters of read endpoints: a bad value is a 400 naming the parameter, not a 500."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+
+class EarningsQuerySerializer(serializers.Serializer):
+    days = serializers.IntegerField(
+        min_value=1, max_value=366, default=30, help_text="days of daily earnings, 1 to 366"
+    )

@@ -1,0 +1,43 @@
+"""Celery queues: aggregation has a queue of its own, so that a big job's aggregation cannot
+starve the periodic tick (reclaiming leases, closing overdue rounds) and settlement, which stay
+on the default queue.
+
+The aggregation queue's name is derived from the default queue as the message is sent, so a
+deployment (or a test) that renames the default queue with GPUFLEX_CELERY_QUEUE moves both.
+Nothing here imports Django: `gpuflex worker` reads the names before any settings load.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+AGGREGATE_ROUND = "marketplace.jobs.tasks.aggregate_round"  # its historical name
+KINDS = ("all", "maintenance", "aggregation")
+
+
+def default_queue() -> str:
+    return os.environ.get("GPUFLEX_CELERY_QUEUE", "gpuflex")
+
+
+def aggregation_queue(default: str) -> str:
+    return f"{default}.aggregation"
+
+
+def worker_queues(kind: str = "all", default: str | None = None) -> list[str]:
+    """The queues a `gpuflex worker --queues KIND` consumes."""
+    default = default or default_queue()
+    return {
+        "all": [default, aggregation_queue(default)],
+        "maintenance": [default],
+        "aggregation": [aggregation_queue(default)],
+    }[kind]
+
+
+def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any):
+    """Celery's router (CELERY_TASK_ROUTES): aggregation to its queue, the rest default."""
+    if name != AGGREGATE_ROUND:
+        return None
+    from celery import current_app
+
+    return {"queue": aggregation_queue(current_app.conf.task_default_queue)}

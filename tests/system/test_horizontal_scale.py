@@ -1,0 +1,47 @@
+"""Two web servers behind nginx and two Celery workers on one PostgreSQL and one Redis: a
+job completes, every update counted once, while one web server and one worker are killed."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from marketplace.demo.cluster import free_port
+from marketplace.server.proxy import nginx_binary
+from tests.system.harness import log_tail, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.xdist_group("system"),
+    pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (make system-deps)"),
+]
+
+
+def test_a_job_survives_losing_a_web_server_and_a_worker(system, services) -> None:
+    s = system(**services)
+    ports = [free_port(), free_port()]
+    s.cluster.start_web(name="web", port=ports[0])
+    s.cluster.start_web(name="web2", port=ports[1])
+    s.cluster.start_proxy(ports)  # the agents' and the buyer's URL
+    s.cluster.start_beat()  # one clock for the deployment; the workers run none
+    s.cluster.start_worker(name="worker", beat=False)
+    s.cluster.start_worker(name="worker2", beat=False)
+    for plan in s.nodes:
+        s.cluster.configure_agent(plan, s.provider_key)
+        s.cluster.start_agent(plan)
+    job_id = s.submit()
+    wait_for(lambda: s.job(job_id)["rounds_done"] >= 2, 240, "round 2 to finish")
+
+    s.cluster.kill("web", signal.SIGKILL)
+    s.cluster.kill("worker", signal.SIGKILL)
+
+    job = s.wait_done(job_id, timeout=300)
+    assert job["status"] == "completed", log_tail(s.cluster, "agent-p0")
+    report = s.report(job_id)
+    assert report["rounds"] == 5 and all(n["tasks"] > 0 for n in report["nodes"])
+    assert report["updates_counted_twice"] == 0 and report["tasks_still_leased"] == 0
+    assert report["charges"] == report["verified_contributions"] == 15
+    assert report["ledger_balanced"], report["ledger_problems"]
+    assert report["provenance_verified"]
