@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from marketplace.accounts.models import ApiKey
 from marketplace.accounts.services import issue_node_key, revoke_key
 from marketplace.api.permissions import IsOperator, IsProvider
+from marketplace.api.schema import ErrorSerializer
 from marketplace.api.serializers.nodes import (
     EnrollmentTokenRequestSerializer,
     EnrollmentTokenSerializer,
@@ -38,9 +39,10 @@ class NodeListView(generics.ListAPIView):
         request=NodeRegisterSerializer,
         responses={
             201: NodeCreatedSerializer,
-            400: OpenApiResponse(description="a field is invalid; `fields` names it"),
             403: OpenApiResponse(
-                description="kind 'platform' without a valid operator enrollment token"
+                ErrorSerializer,
+                description="kind 'platform' without a valid operator enrollment token "
+                "(error enrollment_required, field enrollment_token), or not a provider's key",
             ),
         },
     )
