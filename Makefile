@@ -23,7 +23,7 @@ $(PY):
 $(VENV)/.dev-installed: pyproject.toml contracts/package-lock.json | $(PY)
 	$(PY) -m pip install -q --disable-pip-version-check $(TORCH) -e ".[dev]"
 	if command -v npm >/dev/null; then npm ci --prefix contracts --no-audit --no-fund --silent; \
-	else echo "npm not found: the contracts recompile test will be skipped"; fi
+	else echo "npm not found: the contracts recompile and JSON-RPC node tests will be skipped"; fi
 	touch $@
 
 # Debian packages the tests use: installed when running as root and missing.

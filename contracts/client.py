@@ -8,7 +8,7 @@ the ``chain`` extra (web3, eth-tester), so import it only when the chain is enab
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from eth_typing import ChecksumAddress
 from eth_utils import to_checksum_address
@@ -17,7 +17,7 @@ from web3 import Web3
 from web3.contract import Contract
 from web3.contract.contract import ContractFunction
 from web3.logs import DISCARD
-from web3.types import TxReceipt
+from web3.types import Nonce, TxParams, TxReceipt, Wei
 
 from contracts.artifacts import ESCROW, NODE_REGISTRY, PROVENANCE, load_artifact
 from contracts.connection import add_signer, embedded_web3, rpc_web3
@@ -40,6 +40,8 @@ from contracts.settlement import ClaimProof, SettlementBatch
 
 OPERATOR_ROLE = Web3.keccak(text="OPERATOR_ROLE")
 DEFAULT_ADMIN_ROLE = b"\x00" * 32
+
+NonceState = Literal["mined", "pending", "unsent"]
 
 # eth_getLogs ranges are capped by most providers; scan in windows this size.
 LOG_WINDOW = 5_000
@@ -88,10 +90,13 @@ class ChainClient:
         return cls(w3, deploy(w3, admin, admin, operator), operator=operator, admin=admin)
 
     @classmethod
-    def from_url(cls, url: str, deployment: Deployment, operator_key: str) -> ChainClient:
-        """Production: a JSON-RPC endpoint, contracts already deployed, the operator's key."""
+    def from_url(
+        cls, url: str, deployment: Deployment, operator_key: str, admin: str | None = None
+    ) -> ChainClient:
+        """Production: a JSON-RPC endpoint, contracts already deployed, the operator's key.
+        ``admin`` is only for a development node that signs for its own unlocked accounts."""
         w3, _ = rpc_web3(url)
-        return cls(w3, deployment, operator=add_signer(w3, operator_key))
+        return cls(w3, deployment, operator=add_signer(w3, operator_key), admin=admin)
 
     def _contract(self, name: str, address: str) -> Contract:
         return self.w3.eth.contract(address=address, abi=load_artifact(name).abi)
@@ -106,12 +111,17 @@ class ChainClient:
 
     # ------------------------------------------------------------ plumbing
 
-    def transact(self, fn: ContractFunction, sender: str, value: int = 0) -> TxReceipt:
-        """Send ``fn`` from ``sender``; a revert (at estimation or mined) raises ChainError.
-        Anything else (a node that cannot be reached, say) propagates as it is: unlike a
-        revert, it may be worth retrying."""
+    def transact(
+        self, fn: ContractFunction, sender: str, value: int = 0, nonce: int | None = None
+    ) -> TxReceipt:
+        """Send ``fn`` from ``sender`` (with ``nonce`` when given: see ``nonce_state``); a
+        revert (at estimation or mined) raises ChainError. Anything else (a node that cannot be
+        reached, say) propagates as it is: unlike a revert, it may be worth retrying."""
+        params: TxParams = {"from": to_checksum_address(sender), "value": Wei(value)}
+        if nonce is not None:
+            params["nonce"] = Nonce(nonce)
         try:
-            tx_hash = fn.transact({"from": to_checksum_address(sender), "value": value})
+            tx_hash = fn.transact(params)
         except REVERTS as exc:
             raise from_web3_error(exc) from exc
         receipt = self.w3.eth.wait_for_transaction_receipt(tx_hash)
@@ -129,15 +139,39 @@ class ChainClient:
     def block_number(self) -> int:
         return int(self.w3.eth.block_number)
 
+    def next_nonce(self, sender: str | None = None) -> int:
+        """The nonce the next transaction from ``sender`` (the operator) would get. A caller
+        that must never send one thing twice stores it before sending, then passes it in."""
+        address = to_checksum_address(sender or self.operator)
+        return int(self.w3.eth.get_transaction_count(address, "pending"))
+
+    def nonce_state(self, nonce: int, sender: str | None = None) -> NonceState:
+        """What became of ``sender``'s transaction with ``nonce``: ``mined`` (that nonce is
+        spent, by whichever transaction: nothing else with it can ever run), ``pending`` (the
+        node holds it and may still mine it) or ``unsent`` (the node never got it, or dropped
+        it: sending it again with the same nonce is safe, at most one can run)."""
+        address = to_checksum_address(sender or self.operator)
+        if nonce < int(self.w3.eth.get_transaction_count(address, "latest")):
+            return "mined"
+        if nonce < int(self.w3.eth.get_transaction_count(address, "pending")):
+            return "pending"
+        return "unsent"
+
     def _scan(
-        self, event: Any, from_block: int, to_block: int | None, make: Callable[[Any], Any]
+        self,
+        event: Any,
+        from_block: int,
+        to_block: int | None,
+        make: Callable[[Any], Any],
+        argument_filters: dict[str, Any] | None = None,
     ) -> list[Any]:
         last = self.block_number if to_block is None else to_block
         found: list[Any] = []
         start = from_block
         while start <= last:
             end = min(start + LOG_WINDOW - 1, last)
-            found.extend(make(e) for e in event.get_logs(from_block=start, to_block=end))
+            logs = event.get_logs(from_block=start, to_block=end, argument_filters=argument_filters)
+            found.extend(make(e) for e in logs)
             start = end + 1
         return found
 
@@ -201,9 +235,11 @@ class ChainClient:
             refunded=int(j[5]),
         )
 
-    def post_batch(self, batch: SettlementBatch) -> PostedBatch:
+    def post_batch(self, batch: SettlementBatch, nonce: int | None = None) -> PostedBatch:
         """Post the batch's root and debit its jobs. Reposting the same ``batch_id`` reverts
-        with ``BatchExists``: after a timeout, check ``batch_state`` instead of retrying."""
+        with ``BatchExists``. A post whose answer was lost may still be mined: store ``nonce``
+        (``next_nonce``) before posting, and after a failure ask ``batch_state`` and
+        ``nonce_state`` before posting again (marketplace/ledger/chain.py does)."""
         receipt = self.transact(
             self.escrow.functions.postBatch(
                 batch.batch_id,
@@ -213,16 +249,25 @@ class ChainClient:
                 [amount for _, amount in batch.debits],
             ),
             self.operator,
+            nonce=nonce,
         )
         (event,) = self.escrow.events.BatchPosted().process_receipt(receipt, errors=DISCARD)
-        return PostedBatch(
-            batch_id=bytes(event["args"]["batchId"]),
-            root=bytes(event["args"]["root"]),
-            token=to_checksum_address(event["args"]["token"]),
-            total=int(event["args"]["total"]),
-            gas_used=int(receipt["gasUsed"]),
-            ref=_ref(event),
+        return _posted_batch(event, int(receipt["gasUsed"]))
+
+    def batch_posted(self, batch_id: Bytes32Like) -> PostedBatch | None:
+        """The transaction that posted ``batch_id``, found by its event: what a client that
+        lost the receipt learns after the fact (its hash and gas)."""
+        events = self._scan(
+            self.escrow.events.BatchPosted(),
+            self.deployment.from_block,
+            None,
+            lambda e: e,
+            argument_filters={"batchId": to_bytes32(batch_id)},
         )
+        if not events:
+            return None
+        receipt = self.w3.eth.get_transaction_receipt(events[0]["transactionHash"])
+        return _posted_batch(events[0], int(receipt["gasUsed"]))
 
     def batch_state(self, batch_id: Bytes32Like) -> BatchState | None:
         key = to_bytes32(batch_id)
@@ -341,6 +386,17 @@ class ChainClient:
 
     def has_role(self, contract: Contract, role: bytes, account: str) -> bool:
         return bool(self.call(contract.functions.hasRole(role, to_checksum_address(account))))
+
+
+def _posted_batch(event: Any, gas_used: int) -> PostedBatch:
+    return PostedBatch(
+        batch_id=bytes(event["args"]["batchId"]),
+        root=bytes(event["args"]["root"]),
+        token=to_checksum_address(event["args"]["token"]),
+        total=int(event["args"]["total"]),
+        gas_used=gas_used,
+        ref=_ref(event),
+    )
 
 
 def _claim_record(e: Any) -> ClaimRecord:

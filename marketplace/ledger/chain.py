@@ -19,6 +19,7 @@ from django.db.models import Max
 
 from contracts import ChainClient, ChainError, Deployment, JobDebit, SettlementBatch, to_bytes32
 from contracts import Payout as ChainPayout
+from contracts.records import PostedBatch
 from marketplace.accounts.models import User
 from marketplace.ledger import accounts
 from marketplace.ledger.models import (
@@ -207,17 +208,47 @@ def settle_payouts(client: ChainClient) -> SettlementRecord | None:
 
 
 def _post(client: ChainClient, record: SettlementRecord) -> None:
+    """Get a stored batch on chain exactly once.
+
+    The operator nonce is stored before the transaction is sent, so a run that lost the answer
+    (a dropped connection, a crash) can tell after a restart what became of it: on chain (done),
+    still pending (leave it: the next run looks again), or never arrived (send it again with the
+    same nonce, so at most one of the two can run). Posting afresh while the first transaction
+    could still be mined was how a lost receipt paid twice: the second post reverted with
+    BatchExists, the payouts went back to pending and a new batch paid them again.
+    """
     batch = SettlementBatch.from_json(record.batch_json)
-    state = client.batch_state(batch.batch_id)
-    if state is None:
-        try:
-            posted = client.post_batch(batch)
-        except ChainError as exc:
-            _undo(record, str(exc))
+    if client.batch_state(batch.batch_id) is not None:
+        _mark_posted(record, client.batch_posted(batch.batch_id))
+        return
+    if record.nonce is not None:
+        sent = client.nonce_state(int(record.nonce))
+        if sent == "pending":
+            log.info("settlement batch %s is pending on chain", record.batch_id)
             return
-        record.gas_used = posted.gas_used
+        if sent == "mined":
+            # The nonce is spent and the batch is not on chain: that transaction reverted (or
+            # never carried the batch) and can never land now, so posting afresh is safe.
+            record.nonce = None
+    if record.nonce is None:
+        record.nonce = client.next_nonce()
+        record.save(update_fields=["nonce"])
+    try:
+        posted = client.post_batch(batch, nonce=int(record.nonce))
+    except ChainError as exc:
+        if exc.name == "BatchExists":  # it landed after all: the next run records it
+            return
+        _undo(record, str(exc))
+        return
+    _mark_posted(record, posted)
+
+
+def _mark_posted(record: SettlementRecord, posted: PostedBatch | None) -> None:
     record.posted = True
-    record.save(update_fields=["posted", "gas_used"])
+    if posted is not None:
+        record.gas_used = posted.gas_used
+        record.tx_hash = "0x" + posted.ref.tx_hash.hex()
+    record.save(update_fields=["posted", "gas_used", "tx_hash"])
 
 
 @transaction.atomic

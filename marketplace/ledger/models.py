@@ -179,6 +179,10 @@ class SettlementRecord(models.Model):
     # a revert: the batch's payouts went back to pending and this record is history
     failed = models.CharField(max_length=300, blank=True)
     gas_used = models.PositiveBigIntegerField(null=True, blank=True)
+    # the operator nonce of the posting transaction, stored before it is sent: after a lost
+    # answer it tells whether that transaction was mined, is pending or never arrived
+    nonce = models.PositiveBigIntegerField(null=True, blank=True)
+    tx_hash = models.CharField(max_length=66, blank=True)  # of the transaction that posted it
     created_at = models.DateTimeField(auto_now_add=True)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -52,3 +53,20 @@ class RequestIdFilter(logging.Filter):
             request_id = getattr(getattr(record, "request", None), "request_id", "-")
         record.request_id = request_id
         return True
+
+
+class StderrHandler(logging.StreamHandler):
+    """A StreamHandler on whatever sys.stderr is when a record is written, not the one there
+    was when logging was configured: a process (a test runner, a daemonizing server) may swap
+    and close the original, and a handler bound to it would then fail on every record."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass

@@ -15,20 +15,30 @@ from marketplace.ledger import chain as ledger_chain
 from marketplace.ledger.models import ChainDeposit, Payout
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
+from tests.marketplace.chain_payouts import UPC, configure_rpc, restart
 from tests.marketplace.helpers import client_for
 from tests.marketplace.test_ledger_jobs import work_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
-UPC = 10**12  # wei per credit
 
 
-@pytest.fixture
-def chain(settings):
-    settings.CHAIN = settings.CHAIN | {"URL": "embedded", "UNITS_PER_CREDIT": UPC}
+@pytest.fixture(params=["embedded", "rpc"])
+def chain(request, settings):
+    """The in-process EVM, or Hardhat's JSON-RPC node reached exactly as production reaches a
+    chain (settings from GPUFLEX_CHAIN_URL and friends, the client built by chain_client)."""
     settings.GPUFLEX = settings.GPUFLEX | {"MIN_PAYOUT": "0.01"}
-    client = ChainClient.embedded()
-    ledger_chain.use_client(client)
+    if request.param == "embedded":
+        settings.CHAIN = settings.CHAIN | {"URL": "embedded", "UNITS_PER_CREDIT": UPC}
+        client = ChainClient.embedded()
+        ledger_chain.use_client(client)
+        yield client
+        ledger_chain.use_client(None)
+        return
+    configure_rpc(settings, request.getfixturevalue("rpc_chain"))
+    client = restart()
+    snapshot = client.w3.testing.snapshot()  # the node lives for the session
     yield client
+    client.w3.testing.revert(snapshot)
     ledger_chain.use_client(None)
 
 
@@ -66,7 +76,7 @@ def test_deposit_spend_settle_claim_and_reconcile(chain, make_user, make_agent, 
     request = {"amount": str(earned), "wallet_address": provider_addr, "idempotency_key": "p1"}
     payout = provider.post("/api/v1/payouts/", request, format="json").json()
 
-    def refuse(batch):
+    def refuse(batch, nonce=None):
         raise ChainError("InsufficientEscrow", (), "simulated")
 
     real_post, chain.post_batch = chain.post_batch, refuse

@@ -360,7 +360,7 @@ LOGGING = {
     },
     "handlers": {
         "console": {
-            "class": "logging.StreamHandler",  # stderr
+            "class": "marketplace.server.request_id.StderrHandler",
             "filters": ["request_id"],
             "formatter": "plain",
         },
