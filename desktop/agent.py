@@ -474,6 +474,8 @@ class Agent:
                     "work_on_battery": s.work_on_battery,
                 },
             }
+            if s.kind == "platform":  # the operator's token; a volunteer sends none
+                body["enrollment_token"] = s.enrollment_token
             try:
                 answer = self.client.register(provider, body)
             except Unavailable as exc:

@@ -58,6 +58,8 @@ def cmd_login(args: argparse.Namespace) -> int:
         settings.price_per_gpu_hour = args.price
     if args.name:
         settings.node_name = args.name
+    if args.platform_token:  # an operator enrolls this machine as a platform node
+        settings.kind, settings.enrollment_token = "platform", args.platform_token
     key = args.key or getpass.getpass("Provider API key (gfx_u_…): ")
     if not key.startswith("gfx_u_"):
         print("that does not look like a provider key (they start with gfx_u_)", file=sys.stderr)
@@ -192,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--server", help="marketplace URL")
     s.add_argument("--price", help="price per GPU hour, e.g. 0.40")
     s.add_argument("--name", help="this node's name")
+    s.add_argument(
+        "--platform-token", help="an operator's enrollment token: register as a platform node"
+    )
     s.set_defaults(fn=cmd_login)
 
     s = sub.add_parser("run", help="run the agent in the foreground (headless)")

@@ -56,6 +56,9 @@ class Settings:
     dashboard_url: str = ""  # empty: the server's own web UI
     node_name: str = ""
     kind: str = "volunteer"  # "volunteer" | "platform"
+    # an operator's token (gfx_e_…) that enrolls this machine as a platform node; the
+    # marketplace registers a platform node only with one (docs/agent-api.md, Registration)
+    enrollment_token: str = ""
     price_per_gpu_hour: str = "0.40"  # a decimal string, as the API carries money
     # work policy (BOINC's computing preferences)
     idle_minutes: float = 0.0  # 0: work whenever allowed

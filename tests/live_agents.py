@@ -10,6 +10,7 @@ from desktop.bench_result import BenchmarkResult
 from desktop.client import Backoff
 from desktop.config import Credentials, Paths, Settings
 from desktop.hardware import detect
+from marketplace.nodes.enrollment import create_enrollment_token
 
 
 def live_agent(
@@ -21,9 +22,11 @@ def live_agent(
         monkeypatch.setenv(f"GPUFLEX_NODE_{folder}_DIR", str(tmp / name / folder.lower()))
     paths = Paths.default()
     Credentials(paths).set_provider_key(key)
+    # a platform node is enrolled as an operator enrolls one: with a one-use token
+    token = create_enrollment_token(operator=None)[1] if kind == "platform" else ""
     settings = Settings(server_url=url, node_name=name, kind=kind, task_wall_s=300,
                         task_memory_mb=4096, first_run_done=True,
-                        price_per_gpu_hour=price)  # fmt: skip
+                        price_per_gpu_hour=price, enrollment_token=token)  # fmt: skip
     hw = detect()
     bench = BenchmarkResult(
         fingerprint=hw.fingerprint(), device="cpu", device_name=hw.cpu_name, quick=True,

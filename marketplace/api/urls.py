@@ -47,6 +47,11 @@ urlpatterns = [
     # market and operators
     path("market/capacity", market.CapacityView.as_view(), name="market-capacity"),
     path("operator/nodes/", market.OperatorNodesView.as_view(), name="operator-nodes"),
+    path(
+        "operator/enrollment-tokens",
+        nodes.EnrollmentTokenView.as_view(),
+        name="operator-enrollment-tokens",
+    ),
     path("operator/summary", market.OperatorSummaryView.as_view(), name="operator-summary"),
     # keys
     path("keys/", keys.KeyListView.as_view(), name="keys"),

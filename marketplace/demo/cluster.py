@@ -159,10 +159,21 @@ class Cluster:
             server_url=self.url, node_name=plan.name, kind=plan.kind,
             price_per_gpu_hour=plan.price, idle_minutes=0, task_wall_s=300,
             task_memory_mb=2048, first_run_done=True,
+            enrollment_token=self.enrollment_token() if plan.kind == "platform" else "",
         )  # fmt: skip
         save_settings(settings, paths)
         # the agent process reads this file: GPUFLEX_KEYRING=file in its environment
         Credentials(paths, use_keyring=False).set_provider_key(provider_key)
+
+    def enrollment_token(self) -> str:
+        """A platform node is enrolled by the operator: a one-use token from the command an
+        operator runs (`gpuflex manage create_enrollment_token`)."""
+        out = subprocess.run(
+            [sys.executable, "-m", "marketplace.manage", "create_enrollment_token",
+             "--memo", "demo cluster"],
+            env=self.env(), capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        return out.stdout.strip()
 
     def start_agent(self, plan: NodePlan) -> None:
         cmd = [sys.executable, "-m", "desktop.cli", "run", "--server", self.url,

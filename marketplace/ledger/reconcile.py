@@ -8,8 +8,10 @@ with the escrow contract (chain.reconcile_chain).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -25,6 +27,7 @@ from marketplace.ledger.models import (
 )
 from marketplace.ledger.money import ZERO, q
 from marketplace.ledger.sums import exact_sum, exact_sums_by
+from marketplace.rounds.models import Round, RoundStatus
 
 
 @dataclass
@@ -70,11 +73,30 @@ def check_non_negative(bal: dict[int, Decimal]) -> list[str]:
     ]
 
 
+def _stuck_rounds() -> dict[object, tuple[int, int, object]]:
+    """Job id -> (round number, restarts, aggregating since) of rounds whose aggregation is
+    stuck: restarted at least once (it failed or its worker was lost), or running past
+    STUCK_AGGREGATION_S. Such a round's escrow is not on its way to anyone."""
+    cutoff = timezone.now() - timedelta(seconds=settings.GPUFLEX["STUCK_AGGREGATION_S"])
+    rows = (
+        Round.objects.filter(status=RoundStatus.AGGREGATING)
+        .filter(Q(aggregation_restarts__gt=0) | Q(aggregating_since__lt=cutoff))
+        .values_list("job_id", "number", "aggregation_restarts", "aggregating_since")
+    )
+    return {job_id: (number, restarts, since) for job_id, number, restarts, since in rows}
+
+
 def check_escrow(bal: dict[int, Decimal]) -> list[str]:
-    """Open jobs' escrow equals their hold less their charges; ended jobs hold nothing."""
+    """Open jobs' escrow equals their hold less their charges; ended jobs hold nothing (but
+    while their last round's aggregation, not stuck, still pays its verified work); no
+    budget is held by a job whose aggregation is stuck."""
     problems = []
     charges = Entry.objects.filter(transaction__kind=TxKind.CHARGE, account__job__isnull=False)
     charged = {k: q(-v) for k, v in exact_sums_by(charges, "account__job_id").items()}
+    stuck = _stuck_rounds()
+    aggregating = set(
+        Round.objects.filter(status=RoundStatus.AGGREGATING).values_list("job_id", flat=True)
+    )
     for account in Account.objects.filter(job__isnull=False).select_related("job"):
         job, held = account.job, bal.get(account.pk, ZERO)
         if job.is_active:
@@ -83,9 +105,15 @@ def check_escrow(bal: dict[int, Decimal]) -> list[str]:
                 problems.append(
                     f"Job {job.pk} escrow is {held}; its budget less charges is {expected}."
                 )
-        elif held != 0 and not job.rounds.filter(status="aggregating").exists():
-            # a cancelled job's last aggregation still pays its verified work first
+        elif held != 0 and (job.pk not in aggregating or job.pk in stuck):
             problems.append(f"Job {job.pk} is {job.status} but still holds {held} in escrow.")
+        if held != 0 and job.pk in stuck:
+            number, restarts, since = stuck[job.pk]
+            problems.append(
+                f"Job {job.pk} ({job.status}) holds {held} in escrow behind a stuck "
+                f"aggregation: round {number} aggregating since {since:%Y-%m-%d %H:%M:%S}, "
+                f"restarted {restarts} times."
+            )
     unheld = Job.objects.filter(
         status__in=[JobStatus.RUNNING, JobStatus.PAUSED], escrow_account__isnull=True
     ).values_list("pk", flat=True)
@@ -130,7 +158,10 @@ def reconcile(with_chain: bool = True) -> Report:
     bal = _balances()
     report.add("entries sum to zero, per transaction and overall", check_zero_sum())
     report.add("user and platform accounts are not below zero", check_non_negative(bal))
-    report.add("escrow equals open jobs' holds less charges", check_escrow(bal))
+    report.add(
+        "escrow equals open jobs' holds less charges; no ended or stuck job holds any",
+        check_escrow(bal),
+    )
     report.add("only credited results are charged", check_charges())
     report.add("payout records agree with the payout accounts", check_payouts(bal))
     if with_chain:

@@ -27,6 +27,7 @@ from marketplace.ledger.metering import Rules, cap, meter
 from marketplace.ledger.models import Payout, PayoutStatus, Transaction, TxKind
 from marketplace.ledger.money import ZERO, parse_amount, q
 from marketplace.ledger.posting import balance, post
+from marketplace.nodes.selectors import benchmark_of
 from marketplace.rounds.models import TaskResult
 
 ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -122,7 +123,8 @@ def charge_result(result: TaskResult) -> Transaction | None:
     m = meter(
         reported_s=result.compute_s,
         observed_s=observed,
-        fp32_tflops=(node.benchmark or {}).get("fp32_tflops"),
+        # validated as read: a stored non-number must not fail the aggregation that pays
+        fp32_tflops=benchmark_of(node).get("fp32_tflops"),
         price_per_hour=Decimal(price),
         cosine=result.cosine,
         rules=rules,

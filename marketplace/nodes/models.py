@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
+
+from marketplace.nodes.bounds import MAX_MEMORY_GB
 
 
 class NodeKind(models.TextChoices):
@@ -21,6 +24,27 @@ class NodeState(models.TextChoices):
     OFFLINE = "offline"
 
 
+class EnrollmentToken(models.Model):
+    """An operator's permission to enroll platform nodes (docs/operations.md): shown once as
+    plaintext, stored as its sha256 only, good for `uses_left` registrations until it
+    expires or is revoked. A provider's registration without one is always a volunteer's."""
+
+    digest = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16, help_text="first characters, to recognise it")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="+", help_text="the operator; empty when made on the command line",
+    )  # fmt: skip
+    memo = models.CharField(max_length=200, blank=True)
+    uses_left = models.PositiveIntegerField(default=1)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.uses_left} left)"
+
+
 class Node(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="nodes"
@@ -34,6 +58,15 @@ class Node(models.Model):
     price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4)
     # named local datasets (federated silos) this node can train on without uploading them
     local_datasets = models.JSONField(default=list, blank=True)
+    # the rows it declared for each of them (name -> rows): a federated update's sample
+    # count, its weight in the average, is checked against this; null (a node registered
+    # before rows were declared) is no rows, and such a node's federated updates are refused
+    local_dataset_rows = models.JSONField(default=dict, blank=True, null=True)
+    # the operator's token a platform node was enrolled with (None: a volunteer, or set in
+    # the admin)
+    enrolled_with = models.ForeignKey(
+        EnrollmentToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="nodes"
+    )
     # denormalised from `hardware` so that scheduling filters in SQL
     gpu_model = models.CharField(max_length=100, blank=True)
     memory_gb = models.FloatField(default=0.0)
@@ -55,6 +88,22 @@ class Node(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["state", "last_heartbeat_at"])]
+        # the database holds the line for the figures scheduling and the market sum: NaN and
+        # infinities fail these comparisons (PostgreSQL sorts NaN above every number)
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(memory_gb__gte=0) & Q(memory_gb__lte=MAX_MEMORY_GB),
+                name="node_memory_gb_bounded",
+            ),
+            models.CheckConstraint(
+                condition=Q(reliability__gte=0) & Q(reliability__lte=1),
+                name="node_reliability_unit",
+            ),
+            models.CheckConstraint(
+                condition=Q(price_per_gpu_hour__gte=0), name="node_price_not_negative"
+            ),
+            models.CheckConstraint(condition=Q(kind__in=NodeKind.values), name="node_kind_known"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"

@@ -11,6 +11,7 @@ from django.db.models import Count, Max, Min, QuerySet, Sum
 from django.utils import timezone
 
 from marketplace.accounts.models import User
+from marketplace.nodes.bounds import NETWORK_BOUNDS, clean_benchmark, clean_figures
 from marketplace.nodes.models import Node, NodeState, NodeTraffic
 
 
@@ -75,6 +76,15 @@ def nodes_by_state() -> dict[str, int]:
     return {r["state"]: r["n"] for r in rows}
 
 
-def network_of(node: Node) -> dict[str, Any]:
-    """The node's link as last measured (heartbeats), over what it registered with."""
-    return {**(node.network or {}), **(node.live_network or {})}
+def network_of(node: Node) -> dict[str, float]:
+    """The node's link as last measured (heartbeats), over what it registered with: only
+    figures that are numbers within bounds (a value stored before validation, or by hand,
+    counts as unreported), so one node's data never breaks another's claim or page."""
+    registered = clean_figures(node.network, NETWORK_BOUNDS)
+    return registered | clean_figures(node.live_network, NETWORK_BOUNDS)
+
+
+def benchmark_of(node: Node) -> dict[str, Any]:
+    """The node's benchmark figures the marketplace computes with, validated as it reads
+    them (as network_of): billing and sizing never meet a string or an infinity."""
+    return clean_benchmark(node.benchmark)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -14,25 +13,18 @@ from django.utils import timezone
 
 from marketplace.accounts.models import User
 from marketplace.accounts.services import issue_node_key
-from marketplace.jobs.errors import MarketplaceError
-from marketplace.nodes.models import Node, NodeState, NodeTraffic, reliability_score
+from marketplace.nodes.bounds import MAX_MEMORY_GB, MAX_MEMORY_MB, finite_in
+from marketplace.nodes.enrollment import redeem_enrollment_token
+from marketplace.nodes.models import Node, NodeKind, NodeState, NodeTraffic, reliability_score
 
 
 def _memory_gb(hardware: dict[str, Any]) -> float:
-    for key, per_gb in (("memory_gb", 1.0), ("memory_mb", 1024.0)):
-        if key in hardware:
-            value = hardware[key]
-            # null was a TypeError (500); "NaN" or "inf" was stored and broke every capacity
-            # page after it (JSON has no NaN)
-            try:
-                number = float(value) if not isinstance(value, bool) else math.nan
-            except (TypeError, ValueError):
-                number = math.nan
-            if not (math.isfinite(number) and number >= 0):
-                raise MarketplaceError(
-                    f"hardware.{key} must be a finite number of at least 0, not {value!r}."[:200]
-                )
-            return number / per_gb
+    """The memory scheduling filters on; a figure out of bounds counts as none (the API's
+    schema refuses it first; this guards other callers and the database constraint)."""
+    if finite_in(hardware.get("memory_gb"), 0, MAX_MEMORY_GB):
+        return float(hardware["memory_gb"])
+    if finite_in(hardware.get("memory_mb"), 0, MAX_MEMORY_MB):
+        return float(hardware["memory_mb"]) / 1024.0
     return 0.0
 
 
@@ -41,15 +33,24 @@ def register_node(
     *,
     owner: User,
     name: str,
-    kind: str,
+    kind: str = NodeKind.VOLUNTEER,
     hardware: dict[str, Any],
     benchmark: dict[str, Any],
     network: dict[str, Any],
     price_per_gpu_hour: Decimal,
     availability: dict[str, Any],
-    local_datasets: list[str] | None = None,
+    local_datasets: list[dict[str, Any]] | None = None,
+    enrollment_token: str | None = None,
 ) -> tuple[Node, str]:
-    """Create a node and its own credential; returns (node, plaintext node key)."""
+    """Create a node and its own credential; returns (node, plaintext node key).
+
+    A provider's node is a volunteer. A platform node needs an operator's enrollment token,
+    one of whose uses this registration takes (EnrollmentRequired otherwise, and nothing is
+    stored). `local_datasets` are {"name", "rows"}: the rows bound its federated updates'
+    sample counts.
+    """
+    token = redeem_enrollment_token(enrollment_token) if kind == NodeKind.PLATFORM else None
+    datasets = list(local_datasets or [])
     node = Node.objects.create(
         owner=owner,
         name=name,
@@ -59,10 +60,12 @@ def register_node(
         network=network,
         availability=availability,
         price_per_gpu_hour=price_per_gpu_hour,
-        local_datasets=list(local_datasets or []),
+        local_datasets=[d["name"] for d in datasets],
+        local_dataset_rows={d["name"]: int(d["rows"]) for d in datasets},
         gpu_model=str(hardware.get("gpu_model", ""))[:100],
         memory_gb=_memory_gb(hardware),
         last_heartbeat_at=timezone.now(),
+        enrolled_with=token,
     )
     _, plaintext = issue_node_key(node)
     return node, plaintext

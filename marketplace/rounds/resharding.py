@@ -21,7 +21,7 @@ from marketplace.jobs import files
 from marketplace.jobs.datasets import job_dataset
 from marketplace.jobs.models import Job, Shard
 from marketplace.nodes.models import Node
-from marketplace.nodes.selectors import online_nodes
+from marketplace.nodes.selectors import benchmark_of, online_nodes
 from marketplace.rounds.scheduling import nodes_that_may_work_on
 from marketplace.rounds.sizing import step_seconds
 from trainer.datasets import Dataset
@@ -124,7 +124,7 @@ def shard_weights(spec: JobSpec, cohort: Sequence[Node], count: int) -> list[flo
     strategy's minimum: no node of their own)."""
     if spec.sharding.method != "capability":
         return [1.0] * count
-    speeds = sorted((1.0 / step_seconds(n.benchmark, spec) for n in cohort), reverse=True)
+    speeds = sorted((1.0 / step_seconds(benchmark_of(n), spec) for n in cohort), reverse=True)
     mean = sum(speeds) / len(speeds)
     return sorted(speeds[:count] + [mean] * (count - len(speeds)), reverse=True)
 

@@ -8,7 +8,8 @@ compare-and-set `UPDATE ... WHERE status = 'pending'` whose row count says who w
 
 from __future__ import annotations
 
-import random
+import hashlib
+import hmac
 import time
 import uuid
 from collections.abc import Sequence
@@ -142,14 +143,25 @@ def preference(node: Node) -> list[Q]:
     return groups[::-1] if node.kind == NodeKind.PLATFORM else groups
 
 
-def _needs_replica(node: Node) -> bool:
-    """BOINC adaptive replication: every task of an untrusted node, then a random share."""
-    if node.kind == NodeKind.PLATFORM:
-        return False
+def spot_draw(task_id: object) -> float:
+    """The task's draw in [0, 1) for a random check: an HMAC of its id under the server's
+    secret, so a node cannot tell which of its tasks are checked, while the same secret and
+    task always draw the same (a test, or a replay, is not left to chance)."""
+    digest = hmac.new(settings.SECRET_KEY.encode(), str(task_id).encode(), hashlib.sha256)
+    return int.from_bytes(digest.digest()[:8], "big") / 2**64
+
+
+def _needs_replica(node: Node, task: Task) -> bool:
+    """The one place replication is decided. BOINC adaptive replication for volunteers:
+    every task of an untrusted node, then a random share (REPLICATION_SHARE). A platform
+    node is the operator's, enrolled with a token, and trusted from the start, but its
+    results are still spot-checked: PLATFORM_SPOT_CHECK_RATE of its tasks get a replica."""
     conf = settings.GPUFLEX
+    if node.kind == NodeKind.PLATFORM:
+        return spot_draw(task.pk) < conf["PLATFORM_SPOT_CHECK_RATE"]
     if node.verified_ok < conf["TRUST_AFTER_VERIFIED"] or node.verified_bad > 0:
         return True
-    return random.random() < conf["REPLICATION_SHARE"]
+    return spot_draw(task.pk) < conf["REPLICATION_SHARE"]
 
 
 def extend_lease(node: Node, *task_ids: str | None) -> int:
@@ -195,12 +207,8 @@ def _lease(task: Task, node: Node) -> bool:
     # far node's two-round task is not replicated: a replica's on-time result would settle
     # the unit and the far node's update, folded in a round later, would be thrown away
     # (the statistical filter still screens it when it is folded in)
-    replicable = (
-        task.shard_id is not None
-        and job.tier != Tier.PLATFORM
-        and not is_far(task.round.plan, node.pk)
-    )
-    replicate = task.replica == 0 and replicable and _needs_replica(node)
+    replicable = task.shard_id is not None and not is_far(task.round.plan, node.pk)
+    replicate = task.replica == 0 and replicable and _needs_replica(node, task)
     if replicate and codec == "topk":
         # top-k's error feedback makes an upload depend on the node's earlier tasks, so two
         # honest replicas would not agree; a verified task travels as deterministic int8

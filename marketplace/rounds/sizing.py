@@ -17,6 +17,7 @@ from typing import Any
 
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node, NodeState
+from marketplace.nodes.selectors import benchmark_of, network_of
 from marketplace.rounds.models import TaskResult
 from trainer.adapt import NodeMeasurement, NodePlan, PolicyState, RoundPlan, Tier, plan_round
 from trainer.local import planned_steps
@@ -148,12 +149,12 @@ def observed_step_s(job: Job, nodes: Sequence[Node]) -> dict[object, float]:
 def measurement(node: Node, spec: JobSpec, step_s: float | None = None) -> NodeMeasurement:
     """What the policy knows of a node: its measured link, its step time (observed on the
     job when given, else from its benchmark) and its record."""
-    net = {**node.network, **node.live_network}
+    net = network_of(node)  # validated figures only: a bad stored one counts as unreported
     rtt_ms = float(net.get("rtt_ms") or DEFAULT_RTT_MS)
     reports = node.verified_ok + node.verified_bad
     return NodeMeasurement(
         node_id=str(node.pk),
-        step_s=step_s if step_s is not None else step_seconds(node.benchmark, spec),
+        step_s=step_s if step_s is not None else step_seconds(benchmark_of(node), spec),
         rtt_s=max(rtt_ms, 0.1) / 1000,
         up_bps=float(net.get("up_mbps") or DEFAULT_MBPS) * 1e6,
         down_bps=float(net.get("down_mbps") or DEFAULT_MBPS) * 1e6,

@@ -14,6 +14,7 @@ from django.utils import timezone
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
 from marketplace.jobs.models_io import load_model_file
+from marketplace.nodes.bounds import MAX_DATASET_ROWS
 from marketplace.nodes.models import Node
 from marketplace.rounds.delivery import record_model
 from marketplace.rounds.lifecycle import maybe_close, two_round
@@ -27,6 +28,13 @@ from trainer.replicas import claimed_device, claimed_precision
 from trainer.updates import UpdateRejected, encode_state
 
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
+# what an update's X-GPUFlex-Metrics may report: name -> (min, max)
+METRIC_BOUNDS: dict[str, tuple[float, float]] = {
+    "loss": (-1e12, 1e12),
+    "steps": (0, 1e9),
+    "samples": (0, MAX_DATASET_ROWS),
+    "compute_s": (0, 1e9),
+}
 MAX_ATTEMPTS = 5
 
 
@@ -50,7 +58,7 @@ def parse_metrics(header: str | None) -> dict[str, float]:
     if not isinstance(raw, dict):
         raise MarketplaceError("The X-GPUFlex-Metrics header must be a JSON object.")
     metrics = {}
-    for key in ("loss", "steps", "samples", "compute_s"):
+    for key, (low, high) in METRIC_BOUNDS.items():
         if key in raw:
             value = raw[key]
             if (
@@ -58,9 +66,46 @@ def parse_metrics(header: str | None) -> dict[str, float]:
                 or not isinstance(value, int | float)
                 or not math.isfinite(value)
             ):
-                raise MarketplaceError(f"X-GPUFlex-Metrics field {key!r} must be a finite number.")
+                raise MarketplaceError(
+                    f"X-GPUFlex-Metrics field {key!r} must be a finite number.",
+                    field=f"X-GPUFlex-Metrics.{key}",
+                )
+            if not low <= value <= high:
+                raise MarketplaceError(
+                    f"X-GPUFlex-Metrics field {key!r} must be between {low:g} and {high:g}.",
+                    field=f"X-GPUFlex-Metrics.{key}",
+                )
             metrics[key] = float(value)
     return metrics
+
+
+def federated_samples(node: Node, task: Task, metrics: dict[str, float]) -> int:
+    """A federated update's sample count, its weight in the average: what the node reports,
+    a whole number no larger than the rows it declared for the dataset at registration (a
+    node claiming more rows than it holds would outweigh every other silo)."""
+    name = task.round.job.federated_dataset
+    declared = (node.local_dataset_rows or {}).get(name)
+    reported = metrics.get("samples", 0)
+    field = "X-GPUFlex-Metrics.samples"
+    if reported < 1 or not float(reported).is_integer():
+        raise MarketplaceError(
+            "A federated update must report its sample count in X-GPUFlex-Metrics 'samples' "
+            "(a whole number of at least 1).",
+            field=field,
+        )
+    if not isinstance(declared, int) or declared < 1:
+        raise MarketplaceError(
+            f"This node declared no row count for its local dataset {name!r}; register it as "
+            f'{{"name": "{name}", "rows": N}} in local_datasets.',
+            field="local_datasets",
+        )
+    if reported > declared:
+        raise MarketplaceError(
+            f"X-GPUFlex-Metrics 'samples' is {reported:g}, more than the {declared} rows this "
+            f"node declared for {name!r}.",
+            field=field,
+        )
+    return int(reported)
 
 
 def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str | None) -> int:
@@ -78,11 +123,8 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     if len(body) > limit:
         raise MarketplaceError(f"The update is {len(body)} bytes; the limit is {limit}.")
     metrics = parse_metrics(metrics_header)
-    num_samples = task.shard.size if task.shard else int(metrics.get("samples", 0))
-    if num_samples < 1:
-        raise MarketplaceError(
-            "A federated update must report its sample count in X-GPUFlex-Metrics 'samples'."
-        )
+    # checked before anything is written: a refused update leaves no file behind
+    num_samples = task.shard.size if task.shard else federated_samples(node, task, metrics)
     reference = load_model_file(task.round.input_model_file)
     try:
         # any codec the task allowed; compressed updates get the same checks after decoding

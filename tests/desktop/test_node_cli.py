@@ -28,6 +28,14 @@ def test_login_stores_key_and_settings(isolated_dirs: Paths, capsys) -> None:
     assert main(["login", "--key", "not-a-key"]) == 2
 
 
+def test_login_with_an_operator_token_makes_a_platform_node(isolated_dirs: Paths) -> None:
+    """#20: a platform node registers with an operator's enrollment token, which the
+    agent sends with `kind: platform` (docs/agent-api.md, Registration)."""
+    assert main(["login", "--key", "gfx_u_cli", "--platform-token", "gfx_e_op"]) == 0
+    s = load_settings(isolated_dirs)
+    assert s.kind == "platform" and s.enrollment_token == "gfx_e_op"
+
+
 def test_status_without_an_agent(isolated_dirs: Paths, capsys) -> None:
     assert main(["status", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

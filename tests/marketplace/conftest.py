@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 
 from marketplace.accounts.services import create_user, issue_user_key
 from marketplace.ledger.services import grant_credit
+from marketplace.nodes.enrollment import create_enrollment_token
 from tests.marketplace.agents import Agent
 from tests.marketplace.helpers import HARDWARE, SMALL_SPEC, client_for
 
@@ -53,6 +54,8 @@ def make_agent(provider: APIClient) -> Callable[..., Agent]:
             "price_per_gpu_hour": price,
             "availability": {"hours": "always"},
         } | extra
+        if kind == "platform":  # enrolled as an operator enrolls one: with a token
+            body.setdefault("enrollment_token", create_enrollment_token(operator=None)[1])
         response = provider.post("/api/v1/nodes/", body, format="json")
         assert response.status_code == 201, response.content
         data = response.json()

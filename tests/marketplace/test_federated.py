@@ -28,6 +28,9 @@ FEDERATED_SPEC = SMALL_SPEC | {
     "local": {"steps": 5, "batch_size": 32},
 }
 
+# a silo declares its dataset's rows: its updates' sample counts are checked against them
+CLINIC = [{"name": "clinic", "rows": 1797}]
+
 
 def silo_data(count: int):
     """Each silo's private rows (the server never sees them)."""
@@ -63,7 +66,7 @@ def submit_federated(buyer, **fields):
 
 
 def test_silos_train_on_their_own_data(make_agent, buyer) -> None:
-    silos = [make_agent(local_datasets=["clinic"]) for _ in range(2)]
+    silos = [make_agent(local_datasets=CLINIC) for _ in range(2)]
     outsider = make_agent()
     job = submit_federated(buyer)
     assert job["federated_dataset"] == "clinic"
@@ -91,7 +94,7 @@ def test_silos_train_on_their_own_data(make_agent, buyer) -> None:
 
 
 def test_federated_update_must_report_samples(make_agent, buyer) -> None:
-    silo = make_agent(local_datasets=["clinic"])
+    silo = make_agent(local_datasets=CLINIC)
     submit_federated(buyer)
     task = silo.claim()
     state, _ = decode_state(silo.model(task["id"]).content)
@@ -102,10 +105,10 @@ def test_federated_update_must_report_samples(make_agent, buyer) -> None:
 
 
 def test_silo_coming_online_joins_the_open_round(make_agent, buyer) -> None:
-    first = make_agent(local_datasets=["clinic"])
+    first = make_agent(local_datasets=CLINIC)
     submit_federated(buyer)
     assert Task.objects.count() == 1
-    late = make_agent(local_datasets=["clinic"])
+    late = make_agent(local_datasets=CLINIC)
     assert late.claim() is None  # not part of this round yet
     assert tick()["silos"] == 1
     assert late.claim()["local_dataset"] == "clinic"

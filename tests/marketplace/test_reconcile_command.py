@@ -56,3 +56,25 @@ def _json_ignoring_exit() -> str:
     with pytest.raises(CommandError):
         call_command("reconcile", "--json", stdout=out)
     return out.getvalue()
+
+
+def test_escrow_held_behind_a_stuck_aggregation_is_reported(submit, buyer) -> None:
+    """#20: a job whose aggregation failed on every retry, then cancelled by its buyer,
+    kept its budget in escrow while reconcile said ok (an aggregating round was taken to be
+    still paying). A round just closed still is; one restarted or past STUCK_AGGREGATION_S
+    is stuck, and the escrow it holds is reported."""
+    from django.utils import timezone
+
+    from marketplace.rounds.models import Round
+
+    job = submit(tier="volunteer")
+    rnd = Round.objects.get(job_id=job["id"])
+    Round.objects.filter(pk=rnd.pk).update(status="aggregating", aggregating_since=timezone.now())
+    assert buyer.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
+    assert "the ledger reconciles" in run()  # its last aggregation still pays, then refunds
+
+    Round.objects.filter(pk=rnd.pk).update(aggregation_restarts=3)
+    report = json.loads(_json_ignoring_exit())
+    problems = " ".join(report["problems"])
+    assert f"Job {job['id']} is cancelled but still holds 10.000000 in escrow" in problems
+    assert "behind a stuck aggregation: round 1" in problems and "restarted 3 times" in problems

@@ -52,7 +52,11 @@ class System:
 
     def __init__(self, root: Path, nodes: tuple[NodePlan, ...] = NODES, **env: str) -> None:
         # every CPU node counts as the fastest GPU, so each task costs whole micro-credits
-        env = {"GPUFLEX_REFERENCE_FP32_TFLOPS": "0.0001"} | env
+        # no platform spot checks: these tests count each unit's one update (no replicas)
+        env = {
+            "GPUFLEX_REFERENCE_FP32_TFLOPS": "0.0001",
+            "GPUFLEX_PLATFORM_SPOT_CHECK_RATE": "0",
+        } | env
         self.cluster = Cluster(root, extra_env=env, inherit_services=False)
         self.nodes = nodes
         manage(self.cluster, "migrate", "--noinput", "-v", "0")

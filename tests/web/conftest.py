@@ -16,6 +16,7 @@ from marketplace.accounts.services import create_user, issue_node_key
 from marketplace.jobs.models import Job
 from marketplace.jobs.submission import submit_job
 from marketplace.ledger.services import grant_credit
+from marketplace.nodes.enrollment import create_enrollment_token
 from marketplace.nodes.models import Node
 from marketplace.nodes.services import register_node
 from tests.marketplace.agents import Agent
@@ -51,10 +52,14 @@ def login() -> Callable[[User], Client]:
 @pytest.fixture
 def make_node() -> Callable[..., Node]:
     def make(owner: User, price: str = "0.40", rtt_ms: float = 20.0, **extra: Any) -> Node:
+        kind = extra.pop("kind", "platform")
         node, _ = register_node(
             owner=owner,
             name=f"node-{next(_names)}",
-            kind=extra.pop("kind", "platform"),
+            kind=kind,
+            enrollment_token=create_enrollment_token(operator=None)[1]
+            if kind == "platform"
+            else None,
             hardware=HARDWARE,
             benchmark={"fp32_tflops": 80, "train_samples_per_s": {"mlp": 40000.0}},
             network={"rtt_ms": rtt_ms, "up_mbps": 100, "down_mbps": 300},

@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from marketplace.api.serializers.node_data import NetworkSerializer, StrictFloatField, number
+from marketplace.nodes import bounds as b
 from marketplace.rounds.scheduling import MAX_CLAIM_BATCH, MAX_HEARTBEAT_TASKS
 from marketplace.rounds.uploads import FAIL_REASONS
 
 
 class HeartbeatMetricsSerializer(serializers.Serializer):
-    gpu_util = serializers.FloatField(required=False, min_value=0)
-    gpu_temp_c = serializers.FloatField(required=False)
-    gpu_mem_used_mb = serializers.FloatField(required=False, min_value=0)
+    """What the agent's heartbeat reports of its GPU (desktop.hardware.gpu_metrics)."""
+
+    gpu_util = number(0, b.MAX_PERCENT, required=False)
+    gpu_temp_c = number(-100, b.MAX_TEMP_C, required=False)
+    gpu_mem_used_mb = number(0, b.MAX_MEMORY_MB, required=False)
 
 
-class HeartbeatNetworkSerializer(serializers.Serializer):
-    rtt_ms = serializers.FloatField(required=False, min_value=0)
-    up_mbps = serializers.FloatField(required=False, min_value=0)
-    down_mbps = serializers.FloatField(required=False, min_value=0)
+class HeartbeatNetworkSerializer(NetworkSerializer):
+    """The link as the node measures it now (stored over what it registered with)."""
 
 
 class HeartbeatSerializer(serializers.Serializer):
@@ -35,9 +37,16 @@ class HeartbeatSerializer(serializers.Serializer):
         help_text="every task the node holds (training, prefetched, uploading): their leases "
         "are extended while the node is alive",
     )  # fmt: skip
-    progress = serializers.FloatField(required=False, allow_null=True, min_value=0, max_value=1)
+    progress = StrictFloatField(required=False, allow_null=True, min_value=0, max_value=1)
     metrics = HeartbeatMetricsSerializer(required=False, default=dict)
     network = HeartbeatNetworkSerializer(required=False, default=dict)
+
+    def to_internal_value(self, data: object) -> dict:
+        out = super().to_internal_value(data)
+        # plain dicts for the JSON columns, unknown figures (null) left out
+        for key in ("metrics", "network"):
+            out[key] = {k: v for k, v in dict(out.get(key) or {}).items() if v is not None}
+        return out
 
 
 class HeartbeatReplySerializer(serializers.Serializer):

@@ -6,22 +6,83 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from marketplace.api.serializers.node_data import (
+    AvailabilitySerializer,
+    BenchmarkSerializer,
+    HardwareSerializer,
+    LocalDatasetSerializer,
+    NetworkSerializer,
+)
+from marketplace.nodes.bounds import MAX_LOCAL_DATASETS
+from marketplace.nodes.enrollment import MAX_TOKEN_LENGTH
 from marketplace.nodes.models import Node, NodeKind
 
 
 class NodeRegisterSerializer(serializers.Serializer):
+    """docs/agent-api.md, "Registration": every object typed and bounded (node_data)."""
+
     name = serializers.CharField(max_length=100)
-    kind = serializers.ChoiceField(choices=NodeKind.choices)
-    hardware = serializers.DictField()
-    benchmark = serializers.DictField(required=False, default=dict)
-    network = serializers.DictField(required=False, default=dict)
+    kind = serializers.ChoiceField(
+        choices=NodeKind.choices, required=False, default=NodeKind.VOLUNTEER,
+        help_text="'platform' needs an operator's `enrollment_token` (403 without one)",
+    )  # fmt: skip
+    enrollment_token = serializers.CharField(
+        required=False, allow_blank=True, write_only=True, max_length=MAX_TOKEN_LENGTH,
+        help_text="an operator's platform enrollment token (gfx_e_…); volunteers leave it out",
+    )  # fmt: skip
+    hardware = HardwareSerializer()
+    benchmark = BenchmarkSerializer(required=False, default=dict)
+    network = NetworkSerializer(required=False, default=dict)
     price_per_gpu_hour = serializers.DecimalField(
         max_digits=10, decimal_places=4, min_value=Decimal("0")
     )
-    availability = serializers.DictField(required=False, default=dict)
+    availability = AvailabilitySerializer(required=False, default=dict)
     local_datasets = serializers.ListField(
-        child=serializers.CharField(max_length=100), required=False, default=list
-    )
+        child=LocalDatasetSerializer(), required=False, default=list,
+        max_length=MAX_LOCAL_DATASETS,
+        help_text='federated silos held here: [{"name": "clinic", "rows": 1437}]',
+    )  # fmt: skip
+
+    def validate_local_datasets(self, value: list[dict]) -> list[dict]:
+        names = [d["name"] for d in value]
+        if len(set(names)) != len(names):
+            raise serializers.ValidationError("Each dataset is declared once.")
+        return value
+
+    def to_internal_value(self, data: object) -> dict:
+        out = super().to_internal_value(data)
+        # plain dicts for the JSON columns (DRF hands back OrderedDicts)
+        for key in ("hardware", "benchmark", "network", "availability"):
+            out[key] = _plain(out.get(key) or {})
+        out["local_datasets"] = [dict(d) for d in out.get("local_datasets", [])]
+        return out
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+class EnrollmentTokenRequestSerializer(serializers.Serializer):
+    uses = serializers.IntegerField(required=False, default=1, min_value=1, max_value=1000)
+    expires_in_s = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=60, max_value=365 * 86400,
+        help_text="seconds until the token expires; null: never",
+    )  # fmt: skip
+    memo = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+
+
+class EnrollmentTokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    prefix = serializers.CharField()
+    uses_left = serializers.IntegerField()
+    expires_at = serializers.DateTimeField(allow_null=True)
+    memo = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    enrollment_token = serializers.CharField(help_text="shown only this once")
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -37,6 +98,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "availability",
             "price_per_gpu_hour",
             "local_datasets",
+            "local_dataset_rows",
             "gpu_model",
             "memory_gb",
             "state",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,12 +14,16 @@ from rest_framework.views import APIView
 
 from marketplace.accounts.models import ApiKey
 from marketplace.accounts.services import issue_node_key, revoke_key
-from marketplace.api.permissions import IsProvider
+from marketplace.api.permissions import IsOperator, IsProvider
+from marketplace.api.schema import ErrorSerializer
 from marketplace.api.serializers.nodes import (
+    EnrollmentTokenRequestSerializer,
+    EnrollmentTokenSerializer,
     NodeCreatedSerializer,
     NodeRegisterSerializer,
     NodeSerializer,
 )
+from marketplace.nodes.enrollment import create_enrollment_token
 from marketplace.nodes.selectors import nodes_of
 from marketplace.nodes.services import register_node
 
@@ -31,7 +35,17 @@ class NodeListView(generics.ListAPIView):
     def get_queryset(self):
         return nodes_of(self.request.user)
 
-    @extend_schema(request=NodeRegisterSerializer, responses={201: NodeCreatedSerializer})
+    @extend_schema(
+        request=NodeRegisterSerializer,
+        responses={
+            201: NodeCreatedSerializer,
+            403: OpenApiResponse(
+                ErrorSerializer,
+                description="kind 'platform' without a valid operator enrollment token "
+                "(error enrollment_required, field enrollment_token), or not a provider's key",
+            ),
+        },
+    )
     def post(self, request: Request) -> Response:
         body = NodeRegisterSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -62,3 +76,23 @@ class NodeKeyView(APIView):
             _, plaintext = issue_node_key(node)
         data = NodeSerializer(node).data | {"node_key": plaintext}
         return Response(data, status=status.HTTP_201_CREATED)
+
+
+class EnrollmentTokenView(APIView):
+    """An operator makes a token that enrolls platform nodes (docs/operations.md)."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(
+        request=EnrollmentTokenRequestSerializer, responses={201: EnrollmentTokenSerializer}
+    )
+    def post(self, request: Request) -> Response:
+        body = EnrollmentTokenRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        token, plaintext = create_enrollment_token(operator=request.user, **body.validated_data)
+        data = {
+            "id": token.pk, "prefix": token.prefix, "uses_left": token.uses_left,
+            "expires_at": token.expires_at, "memo": token.memo, "created_at": token.created_at,
+            "enrollment_token": plaintext,
+        }  # fmt: skip
+        return Response(EnrollmentTokenSerializer(data).data, status=status.HTTP_201_CREATED)

@@ -189,6 +189,9 @@ GPUFLEX = {
     # than this is replicated; afterwards only REPLICATION_SHARE of them, at random.
     "TRUST_AFTER_VERIFIED": int(os.environ.get("GPUFLEX_TRUST_AFTER_VERIFIED", "3")),
     "REPLICATION_SHARE": float(os.environ.get("GPUFLEX_REPLICATION_SHARE", "0.1")),
+    # platform nodes (enrolled by an operator) are not replicated until trusted, but this
+    # share of their tasks still gets a verification replica (a keyed draw per task)
+    "PLATFORM_SPOT_CHECK_RATE": float(os.environ.get("GPUFLEX_PLATFORM_SPOT_CHECK_RATE", "0.05")),
     # relative L2 distance within which two replicas claiming the same precision agree:
     # trainer.replicas.CROSS_DEVICE_TOLERANCE (measured, see there), since one precision still
     # runs differently on different devices; a fleet of one kind of device may set 1e-3

@@ -45,6 +45,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {"NAME": str(Path(DATA_DIR) / "test.sqlite3")}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 GPUFLEX["MAX_DATASET_BYTES"] = 2 * 2**20
+# no platform spot checks unless a test asks for them (test_node_trust.py): a replica that
+# no second platform node takes would hold a platform-tier round until its deadline
+GPUFLEX["PLATFORM_SPOT_CHECK_RATE"] = 0.0
 # small so that a test can exceed it without building a huge body
 GPUFLEX["MAX_UPDATE_BYTES"] = 4 * 2**20
 DATA_UPLOAD_MAX_MEMORY_SIZE = GPUFLEX["MAX_UPDATE_BYTES"]

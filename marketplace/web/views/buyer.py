@@ -22,7 +22,7 @@ from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import parse_job_spec, submit_job
 from marketplace.ledger.metering import Rules, speed_factor
 from marketplace.ledger.selectors import balances
-from marketplace.nodes.selectors import online_nodes
+from marketplace.nodes.selectors import benchmark_of, online_nodes
 from marketplace.rounds.aggregation import provenance_name
 from marketplace.web import estimate, jobview
 from marketplace.web.access import buyer_required
@@ -54,8 +54,8 @@ def _market_estimate(spec: JobSpec, tier: str, max_price: Decimal) -> dict | Non
     offers = [
         estimate.Offer(
             n.price_per_gpu_hour,
-            estimate.samples_per_s(n.benchmark or {}, arch),
-            speed_factor((n.benchmark or {}).get("fp32_tflops"), rules),
+            estimate.samples_per_s(benchmark_of(n), arch),
+            speed_factor(benchmark_of(n).get("fp32_tflops"), rules),
         )
         for n in online_nodes().filter(price_per_gpu_hour__lte=max_price)
     ]
