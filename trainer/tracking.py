@@ -11,19 +11,42 @@ Nothing here reaches the network unless an MLflow tracking URI says so: W&B runs
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
 import shutil
+import socket
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
 JOB_TAG = "gpuflex.job"  # the MLflow tag (and W&B run id) that finds a job's run again
 MAX_PARAM = 500  # characters of one param value; MLflow refuses longer ones
+
+
+class PrivateAddress(ValueError):
+    """A tracking URL that reaches the server's own network, not the buyer's."""
+
+
+def check_public_url(url: str, resolve: Callable[..., list] = socket.getaddrinfo) -> None:
+    """Refuse an http(s) URL whose host is, or resolves to, an address off the public
+    internet (loopback, private, link-local, cloud metadata): the server would otherwise
+    call its own network on a buyer's say-so. A deployment whose MLflow is internal turns
+    the check off (the marketplace's GPUFLEX["TRACKING_ALLOW_PRIVATE"])."""
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = resolve(host, None)
+    except (OSError, UnicodeError) as exc:
+        raise PrivateAddress(f"{host!r} does not resolve: {exc}") from None
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        if not address.is_global:
+            raise PrivateAddress(f"{host!r} is {address}, not a public address")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from trainer.tracking import (
     TensorBoardTracker,
     Tracker,
     WandbTracker,
+    check_public_url,
     log_job,
     spec_params,
 )
@@ -103,6 +104,8 @@ def _trackers(job: Job, names: list[str]) -> list[Tracker]:
     for name in names:
         if name == "mlflow":
             uri = spec.mlflow_uri or f"file:{base / 'mlflow'}"
+            if spec.mlflow_uri and not settings.GPUFLEX["TRACKING_ALLOW_PRIVATE"]:
+                check_public_url(uri)  # resolved each time: an address may change
             out.append(MLflowTracker(uri, _experiment(job), str(job.pk), job.name))
         elif name == "tensorboard":
             out.append(TensorBoardTracker(base / "tensorboard"))

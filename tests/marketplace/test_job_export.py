@@ -138,3 +138,21 @@ def test_jobs_export_after_the_fact(finished: Job, tmp_path: Path, monkeypatch) 
     events = EventAccumulator(logdir)
     events.Reload()
     assert [e.step for e in events.Scalars("accuracy")] == [1, 2]
+
+
+def test_a_job_cannot_make_the_server_call_its_own_network(
+    make_agent, submit, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """mlflow_uri on a loopback address: the rounds run, and nothing is sent there."""
+    from marketplace.jobs import tracking
+
+    def never(*_a, **_k):
+        raise AssertionError("the tracker was made for a private address")
+
+    monkeypatch.setattr(tracking, "MLflowTracker", never)
+    spec = SMALL_SPEC | {"tracking": {"backends": ["mlflow"], "mlflow_uri": "http://127.0.0.1:9/"}}
+    agents = [make_agent(kind="platform") for _ in range(3)]
+    job = submit(spec, tier="platform")
+    run_until_idle(agents)
+    assert Job.objects.get(pk=job["id"]).status == "completed"
+    assert "'127.0.0.1' is 127.0.0.1, not a public address" in caplog.text

@@ -181,3 +181,36 @@ def test_spec_tracking_takes_a_remote_mlflow() -> None:
         }
     )
     assert spec.tracking.backends == ["mlflow", "tensorboard"]
+
+
+@pytest.mark.parametrize(
+    ("resolved", "refused"),
+    [
+        ("127.0.0.1", True),
+        ("10.1.2.3", True),
+        ("169.254.169.254", True),  # a cloud's metadata service
+        ("::1", True),
+        ("fd00::1", True),
+        ("93.184.216.34", False),
+    ],
+)
+def test_a_tracking_url_must_reach_a_public_address(resolved: str, refused: bool) -> None:
+    """The server calls the buyer's MLflow URL: it must not be made to call its own network."""
+    from trainer.tracking import PrivateAddress, check_public_url
+
+    def resolve(host: str, port: object) -> list:
+        assert host == "mlflow.example"
+        return [(None, None, None, "", (resolved, 0))]
+
+    if refused:
+        with pytest.raises(PrivateAddress, match=rf"'mlflow.example' is {resolved}"):
+            check_public_url("https://mlflow.example:5000/", resolve=resolve)
+    else:
+        check_public_url("https://mlflow.example:5000/", resolve=resolve)
+
+
+def test_a_tracking_url_that_does_not_resolve_is_refused() -> None:
+    from trainer.tracking import PrivateAddress, check_public_url
+
+    with pytest.raises(PrivateAddress, match="does not resolve"):
+        check_public_url("https://no-such-host.invalid/")

@@ -203,6 +203,9 @@ GPUFLEX = {
     "TICK_S": float(os.environ.get("GPUFLEX_TICK_S", "5")),
     # an aggregating round untouched this long is assumed lost with its worker
     "STUCK_AGGREGATION_S": float(os.environ.get("GPUFLEX_STUCK_AGGREGATION_S", "120")),
+    # a job's mlflow_uri must resolve to public addresses (trainer/tracking.py): set this
+    # where the tracking server is on the deployment's own network
+    "TRACKING_ALLOW_PRIVATE": os.environ.get("GPUFLEX_TRACKING_ALLOW_PRIVATE", "") == "1",
     # an ended job's working files are deleted this long after it ends (rounds/retention.py)
     "ENDED_JOB_FILES_GRACE_S": float(os.environ.get("GPUFLEX_ENDED_JOB_FILES_GRACE_S", "300")),
     # -- money (docs/money.md) --
