@@ -206,12 +206,23 @@ def build_model(
     return ByteTransformer(input_shape[0], num_classes, spec)
 
 
-def model_size(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> tuple[int, int]:
+def model_size(
+    spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int, integer_input: bool = False
+) -> tuple[int, int]:
     """(parameters, fp32 bytes of the state dict) without allocating the weights: the model
-    is built on the meta device, so a spec asking for billions of parameters costs nothing
-    to measure before it is refused."""
+    is built, and one sample run through it, on the meta device, so a spec asking for
+    billions of parameters costs nothing to measure before it is refused, and one that
+    does not fit its data (an image too small for its pooling) is found all the same."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = build_model(spec, input_shape, num_classes)
+        sample = torch.zeros((1, *input_shape), dtype=torch.long if integer_input else None)
+        try:
+            with torch.no_grad():
+                model.eval()(sample)
+        except RuntimeError as exc:
+            raise ModelSpecError(
+                f"the model does not fit inputs of shape {input_shape}: {exc}"
+            ) from None
     params = sum(p.numel() for p in model.parameters())
     return params, 4 * sum(t.numel() for t in model.state_dict().values())
 

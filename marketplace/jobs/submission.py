@@ -13,7 +13,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
@@ -24,12 +23,13 @@ from marketplace.jobs import files
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.models import Job, Shard, Tier
+from marketplace.jobs.preparation import enqueue_preparation
 from marketplace.ledger.services import check_credit, hold_budget
 from marketplace.rounds import resharding
-from marketplace.rounds.lifecycle import open_round, quorum_units
+from marketplace.rounds.lifecycle import quorum_units
 from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
-from trainer.models import ModelSpecError, build_model, describe_model, model_size
+from trainer.models import ModelSpecError, model_size
 from trainer.nesting import TooDeep, check_depth, loads_json, loads_yaml
 from trainer.sharding import ShardingError
 from trainer.spec import JobSpec, SpecError, parse_spec
@@ -158,18 +158,18 @@ def submit_job(
     with tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp:
         dataset, local_path = _load(spec, dataset_upload, Path(tmp))
         try:
-            params, nbytes = model_size(spec.model, dataset.input_shape, dataset.num_classes)
-            too_big = model_cap(tier, budget).problems(params, nbytes, describe_cap(tier, budget))
-            if too_big:
-                raise _spec_error(too_big)
-            model = build_model(
-                spec.model, dataset.input_shape, dataset.num_classes, seed=spec.seed
+            # measured and tried on the meta device: the weights are built by a worker
+            # (jobs/preparation.py), never in this request
+            lm = dataset.task == "language_model"
+            params, nbytes = model_size(
+                spec.model, dataset.input_shape, dataset.num_classes, integer_input=lm
             )
         except ModelSpecError as exc:
             raise _spec_error([("model.arch", str(exc))]) from None
+        too_big = model_cap(tier, budget).problems(params, nbytes, describe_cap(tier, budget))
+        if too_big:
+            raise _spec_error(too_big)
         plans = [] if federated_dataset else _plan(spec, dataset)
-        info = describe_model(model, dataset.input_shape, dataset.task == "language_model")
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         dataset_bytes = local_path.read_bytes() if local_path else None
         stored_spec = spec
         if dataset_upload is not None:
@@ -181,9 +181,8 @@ def submit_job(
             dataset=dataset,
             dataset_bytes=dataset_bytes,
             plans=plans,
-            state=state,
             # weights, gradients, optimizer state and activations: about 4x the fp32 weights
-            min_memory_gb=max(spec.requirements.min_memory_gb, 4 * info.bytes_fp32 / 2**30),
+            min_memory_gb=max(spec.requirements.min_memory_gb, 4 * nbytes / 2**30),
             tier=tier,
             budget=budget,
             max_price=_max_price(spec, max_price_per_gpu_hour),
@@ -226,7 +225,6 @@ def _store(
     dataset: Dataset,
     dataset_bytes: bytes | None,
     plans: list,
-    state: dict[str, torch.Tensor],
     min_memory_gb: float,
     tier: str,
     budget: Decimal,
@@ -263,8 +261,7 @@ def _store(
             )
             hold_budget(job)  # re-checked under the account's lock
             Shard.objects.bulk_create(shard_rows)
-            rnd = open_round(job, 1, state)
-            written.append(rnd.input_model_file)
+            enqueue_preparation(job.pk)  # builds the model and opens round 1
     except BaseException:
         files.delete_tree(written)
         raise

@@ -8,8 +8,16 @@ from celery import shared_task
 from django.db import transaction
 
 from marketplace.jobs.models import Job
+from marketplace.server.routing import PREPARE_JOB
 
 log = logging.getLogger(__name__)
+
+
+@shared_task(acks_late=True, name=PREPARE_JOB)
+def prepare_job(job_id: str) -> None:
+    from marketplace.jobs.preparation import prepare_job as run
+
+    run(job_id)
 
 
 @shared_task(acks_late=True, name="marketplace.jobs.tasks.track_round")

@@ -18,6 +18,7 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from marketplace.jobs.models import Job, JobStatus
+from marketplace.jobs.preparation import enqueue_preparation
 from marketplace.ledger.services import release_escrow
 from marketplace.nodes.services import mark_offline
 from marketplace.rounds.lifecycle import (
@@ -133,6 +134,13 @@ def resume_orphaned_jobs() -> int:
             ckpt = read_checkpoint(job)
             if ckpt is not None:
                 number, state = ckpt.round + 1, ckpt.model_state
+            elif not Round.objects.filter(job=job).exists():
+                # submitted, its model not built yet (jobs/preparation.py): a preparation
+                # message lost with its worker or broker is sent again after a while
+                age = (timezone.now() - job.created_at).total_seconds()
+                if age > settings.GPUFLEX["STUCK_AGGREGATION_S"]:
+                    enqueue_preparation(job.pk)
+                continue
             else:
                 first = Round.objects.get(job=job, number=1)
                 number, state = 1, load_model_file(first.input_model_file)

@@ -13,6 +13,9 @@ import os
 from typing import Any
 
 AGGREGATE_ROUND = "marketplace.jobs.tasks.aggregate_round"  # its historical name
+# building a submitted job's model is the same kind of heavy work (jobs/preparation.py)
+PREPARE_JOB = "marketplace.jobs.tasks.prepare_job"
+HEAVY = (AGGREGATE_ROUND, PREPARE_JOB)
 KINDS = ("all", "maintenance", "aggregation")
 
 
@@ -35,8 +38,9 @@ def worker_queues(kind: str = "all", default: str | None = None) -> list[str]:
 
 
 def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any):
-    """Celery's router (CELERY_TASK_ROUTES): aggregation to its queue, the rest default."""
-    if name != AGGREGATE_ROUND:
+    """Celery's router (CELERY_TASK_ROUTES): aggregation and job preparation to the
+    aggregation queue, the rest default."""
+    if name not in HEAVY:
         return None
     from celery import current_app
 

@@ -65,11 +65,14 @@ def make_agent(provider: APIClient) -> Callable[..., Agent]:
 
 
 @pytest.fixture
-def submit(buyer: APIClient) -> Callable[..., dict[str, Any]]:
+def submit(buyer: APIClient, django_capture_on_commit_callbacks) -> Callable[..., dict[str, Any]]:
     def do(spec: dict[str, Any] | None = None, client: APIClient | None = None, **fields: Any):
         body = {"spec": spec or SMALL_SPEC, "max_price_per_gpu_hour": "1.00", "budget": "10"}
         body |= fields
-        response = (client or buyer).post("/api/v1/jobs/", body, format="json")
+        # the job's model is built by a task sent on commit: a test inside a transaction
+        # runs it as the commit would (a transactional test has run it already)
+        with django_capture_on_commit_callbacks(execute=True):
+            response = (client or buyer).post("/api/v1/jobs/", body, format="json")
         assert response.status_code == 201, response.content
         return response.json()
 

@@ -72,11 +72,13 @@ def make_node() -> Callable[..., Node]:
 
 
 @pytest.fixture
-def make_job() -> Callable[..., Job]:
+def make_job(django_capture_on_commit_callbacks) -> Callable[..., Job]:
     def make(buyer: User, **fields: Any) -> Job:
         args = {"spec_data": SMALL_SPEC, "budget": Decimal("10"), "tier": "platform",
                 "max_price_per_gpu_hour": Decimal("1.00")} | fields  # fmt: skip
-        return submit_job(buyer=buyer, **args)
+        # round 1 opens in a task sent on commit (jobs/preparation.py): run it as a commit would
+        with django_capture_on_commit_callbacks(execute=True):
+            return submit_job(buyer=buyer, **args)
 
     return make
 

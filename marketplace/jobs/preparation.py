@@ -1,0 +1,42 @@
+"""Building a submitted job's model and opening its first round, in a worker.
+
+The request that submits a job validates everything (the model's size is measured on the meta
+device, nothing allocated) and stores the job, its dataset and its shards; the model's weights
+are built here, in a Celery task on the aggregation queue, never in a web process: a spec
+that asks for hundreds of millions of parameters costs a worker the memory, not the server
+everyone's requests go through. Idempotent: a job whose round 1 exists is left alone, so a
+redelivered message, or the tick's re-enqueue of a lost one, does nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import current_app
+from django.db import transaction
+
+from marketplace.jobs.models import Job
+from marketplace.rounds.lifecycle import open_round
+from marketplace.rounds.models import Round
+from marketplace.server.routing import PREPARE_JOB
+from trainer.models import build_model
+
+log = logging.getLogger(__name__)
+
+
+def enqueue_preparation(job_id: object) -> None:
+    """Once the caller's transaction commits: a rolled-back submission prepares nothing."""
+    job = str(job_id)
+    transaction.on_commit(lambda: current_app.tasks[PREPARE_JOB].delay(job))
+
+
+def prepare_job(job_id: object) -> Round | None:
+    """Build the seed's model and open round 1; None when there is nothing to do."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or not job.is_active or Round.objects.filter(job=job).exists():
+            return None
+        spec = job.parsed_spec
+        model = build_model(spec.model, tuple(job.input_shape), job.num_classes, seed=spec.seed)
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return open_round(job, 1, state)
