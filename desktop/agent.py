@@ -51,7 +51,7 @@ from desktop.client import (
     Unavailable,
     simulated_link,
 )
-from desktop.config import Credentials, Paths, Settings, load_settings, save_settings
+from desktop.config import Credentials, Paths, Settings, load_settings, save_settings, sign_in
 from desktop.hardware import HardwareReport, gpu_metrics
 from desktop.input_cache import InputCache
 from desktop.journal import Journal, TaskRecord
@@ -329,7 +329,9 @@ class Agent:
         self._info("settings saved")
 
     def login(self, provider_key: str) -> None:
-        self.credentials.set_provider_key(provider_key.strip())
+        """The provider key, through the one login (desktop.config.sign_in)."""
+        with self._lock:
+            sign_in(provider_key, self._settings, self.paths, self.credentials)
         self._wake.set()
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
