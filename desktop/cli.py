@@ -289,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="gpuflex-node", description="GPUFlex contributor agent")
     p.add_argument("--version", action="version", version=f"gpuflex-node {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{info,bench,login,run,status,pause,resume,stop,logs,settings,service}")
+    commands = "info,bench,login,run,status,pause,resume,stop,logs,settings,service"
+    sub = p.add_subparsers(dest="command", required=True, metavar="{" + commands + "}")
 
     s = sub.add_parser("info", help="detected hardware")
     s.add_argument("--json", action="store_true")

@@ -11,7 +11,7 @@ from decimal import Decimal, InvalidOperation
 
 
 def credits(amount: object, rate: tuple[str, str] | None = None) -> str:
-    """"12.50 credits"; with a (currency, per-credit) rate, "12.50 credits (≈ 12.50 USD)"."""
+    """ "12.50 credits"; with a (currency, per-credit) rate, "12.50 credits (≈ 12.50 USD)"."""
     try:
         value = Decimal(str(amount))
     except InvalidOperation:
