@@ -175,10 +175,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"done      {local.get('completed', 0)} ok, {local.get('failed', 0)} failed (this run)")
     for gpu in (local.get("hardware") or {}).get("gpus", []):
         print(f"gpu {gpu.get('index')}     {gpu.get('name')}")
-    if remote and "earnings" in remote:
-        e = remote["earnings"]
+    e = (remote or {}).get("earnings") or local.get("earnings")  # the agent's last figures
+    if e:
         print(f"earnings  today {credits(e.get('today'))}, total {credits(e.get('total'))}")
-    elif remote:
+    if remote and "error" in remote:
         print(f"marketplace: {remote.get('error')}")
     return 0
 

@@ -41,7 +41,7 @@ def test_status_with_a_registered_node(market, isolated_dirs: Paths, capsys) -> 
     Credentials(isolated_dirs).set_node_key(market.url, market.register_node())
     market.earnings = {"today": "0.10", "total": "1.00"}
     assert main(["status"]) == 0
-    assert "today 0.10, total 1.00" in capsys.readouterr().out
+    assert "today 0.10 credits, total 1.00 credits" in capsys.readouterr().out
 
 
 def test_run_rejects_an_unknown_network_profile(capsys) -> None:
