@@ -8,6 +8,7 @@ import signal
 import pytest
 
 import desktop.agent
+import desktop.daemon
 from desktop import __version__
 from desktop.cli import main
 from desktop.config import Credentials, Paths, load_settings
@@ -58,13 +59,20 @@ def test_run_byzantine_reaches_the_agent_settings(monkeypatch, capsys) -> None:
     seen = []
 
     class Spy:
-        def __init__(self, settings, **kw) -> None:
+        def __init__(self, settings, *args, **kw) -> None:
             seen.append(settings.extra.get("byzantine"))
+
+    class NoDaemon:  # builds the agent as `run` would, then returns at once
+        @classmethod
+        def open(cls, paths, make_agent):
+            make_agent()
+            return cls()
 
         def run_forever(self) -> None:
             pass
 
     monkeypatch.setattr(desktop.agent, "Agent", Spy)
+    monkeypatch.setattr(desktop.daemon, "Daemon", NoDaemon)
     monkeypatch.setattr(signal, "signal", lambda *a: None)
     assert main(["run", "--byzantine", "sign_flip"]) == 0
     assert main(["run", "--byzantine", "noise", "--byzantine-scale", "5"]) == 0
