@@ -167,3 +167,35 @@ def test_notifications_for_finished_tasks_and_errors(qtbot, live) -> None:
     with qtbot.waitSignal(bridge.notify, timeout=10_000) as failed:
         agent._error("task t-y failed (oom): too big")
     assert failed.args[0] == "GPUFlex: problem" and "oom" in failed.args[1]
+
+
+def test_the_tray_starts_the_service_and_a_second_attaches(qtbot, isolated_dirs,
+                                                           fake_bench) -> None:  # fmt: skip
+    """A real `gpuflex-node run` process, spawned detached as the tray does when no service
+    runs; both trays attach to it, and closing them leaves it running."""
+    import os
+    import signal
+
+    from desktop.bench_result import save_cached
+    from desktop.control import ensure_running
+
+    save_cached(isolated_dirs.cache, fake_bench)  # the spawned agent skips the benchmark
+    client = ensure_running(isolated_dirs, wait_s=120)
+    pid = client.status()["pid"]
+    try:
+        assert pid != os.getpid()
+        first = AgentBridge(ControlClient(isolated_dirs), poll_ms=50)
+        second = AgentBridge(ensure_running(isolated_dirs), poll_ms=50)  # attaches, no spawn
+        assert first.agent_pid == second.agent_pid == pid
+        first.close()
+        second.pause("test")
+        qtbot.waitUntil(lambda: second.status.reason == "paused by you: test", timeout=30_000)
+        second.close()
+        assert client.status()["pid"] == pid  # no tray left, the agent still serves
+        client.stop()
+        qtbot.waitUntil(lambda: not client.running(), timeout=90_000)
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
