@@ -83,8 +83,14 @@ def test_status_pause_resume(daemon, isolated_dirs) -> None:
 
 def test_settings_round_trip_and_validation(daemon, isolated_dirs) -> None:
     client = ControlClient(isolated_dirs)
-    new = client.update_settings({"idle_minutes": 5, "schedule_start": "22:00",
-                                  "schedule_end": "07:00", "price_per_gpu_hour": "0.55"})
+    new = client.update_settings(
+        {
+            "idle_minutes": 5,
+            "schedule_start": "22:00",
+            "schedule_end": "07:00",
+            "price_per_gpu_hour": "0.55",
+        }
+    )
     assert new["idle_minutes"] == 5.0 and client.settings()["price_per_gpu_hour"] == "0.55"
     assert load_settings(isolated_dirs).schedule_end == "07:00"  # saved
     assert daemon.agent.settings.idle_minutes == 5.0  # and in force

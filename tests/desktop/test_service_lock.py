@@ -32,8 +32,8 @@ def test_other_data_folders_are_other_agents(isolated_dirs: Paths, tmp_path) -> 
 def test_a_second_gpuflex_node_run_names_the_running_ones_pid(isolated_dirs: Paths,
                                                               capsys) -> None:  # fmt: skip
     code = ("import sys, time; from pathlib import Path; from desktop.service_lock import "
-            "InstanceLock; lock = InstanceLock(Path(sys.argv[1])).acquire(); print('held', flush=True);"
-            " time.sleep(300)")  # fmt: skip
+            "InstanceLock; lock = InstanceLock(Path(sys.argv[1])).acquire(); "
+            "print('held', flush=True); time.sleep(300)")  # fmt: skip
     holder = subprocess.Popen([sys.executable, "-c", code, str(isolated_dirs.data)],
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:

@@ -126,7 +126,8 @@ def test_two_trays_attach_and_closing_one_leaves_the_work_going(qtbot, live,
     tray1 = TrayController(first, parent=first)
     tray2 = TrayController(second, parent=second)
     agent.start()
-    qtbot.waitUntil(lambda: tray2.status_action.text() == "GPUFlex — Ready, waiting for work", timeout=60_000)
+    ready = "GPUFlex — Ready, waiting for work"
+    qtbot.waitUntil(lambda: tray2.status_action.text() == ready, timeout=60_000)
     with qtbot.waitSignal(first.stopped, timeout=10_000):
         tray1.quit_action.trigger()  # "Close this tray (work goes on)"
     assert agent.running and agent.status().state is State.IDLE
@@ -173,6 +174,7 @@ def test_the_tray_starts_the_service_and_a_second_attaches(qtbot, isolated_dirs,
                                                            fake_bench) -> None:  # fmt: skip
     """A real `gpuflex-node run` process, spawned detached as the tray does when no service
     runs; both trays attach to it, and closing them leaves it running."""
+    import contextlib
     import os
     import signal
 
@@ -195,7 +197,5 @@ def test_the_tray_starts_the_service_and_a_second_attaches(qtbot, isolated_dirs,
         client.stop()
         qtbot.waitUntil(lambda: not client.running(), timeout=90_000)
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
