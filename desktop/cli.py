@@ -252,7 +252,7 @@ def cmd_service(args: argparse.Namespace) -> int:
         service_units.uninstall()
         print("removed")
     else:
-        from desktop.control import node_command
+        from desktop.entry import node_command
 
         if sys.platform.startswith("linux"):
             print(service_units.systemd_unit(node_command()), end="")

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from desktop.config import Paths
+from desktop.entry import node_command
 
 TIMEOUT_S = 10.0
 
@@ -174,15 +175,6 @@ class ControlClient:
 
 
 # ------------------------------------------------------------------ starting the service
-
-
-def node_command() -> list[str]:
-    """How to run the headless agent: the bundled gpuflex-node, else this Python."""
-    if getattr(sys, "frozen", False):
-        exe = Path(sys.executable)
-        node = exe.with_name("gpuflex-node" + exe.suffix)
-        return [str(node if node.exists() else exe), "run"]
-    return [sys.executable, "-m", "desktop.cli", "run"]
 
 
 def start_service(paths: Paths | None = None) -> str:

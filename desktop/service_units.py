@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from desktop.control import node_command
+from desktop.entry import node_command
 
 UNIT = "gpuflex-node.service"
 LABEL = "io.gpuflex.node"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from desktop import service_units
 from desktop.cli import main
-from desktop.control import node_command
+from desktop.entry import node_command
 
 
 def test_systemd_user_unit() -> None:
