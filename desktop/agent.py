@@ -51,7 +51,7 @@ from desktop.client import (
     Unavailable,
     simulated_link,
 )
-from desktop.config import Credentials, Paths, Settings, load_settings, save_settings
+from desktop.config import Credentials, Paths, Settings, load_settings, save_settings, sign_in
 from desktop.hardware import HardwareReport, gpu_metrics
 from desktop.input_cache import InputCache
 from desktop.journal import Journal, TaskRecord
@@ -114,6 +114,15 @@ class LogEntry:
     time: float
     level: str  # "info" | "warning" | "error"
     message: str
+    seq: int = 0  # increasing per agent: a client asks for the lines after the last it saw
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time": self.time, "level": self.level, "message": self.message, "seq": self.seq}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LogEntry:
+        return cls(float(data["time"]), str(data["level"]), str(data["message"]),
+                   int(data.get("seq", 0)))  # fmt: skip
 
     def __str__(self) -> str:
         return f"{dt.datetime.fromtimestamp(self.time):%H:%M:%S} {self.message}"
@@ -149,7 +158,28 @@ class AgentStatus:
             "earnings": {"today": self.earnings_today, "total": self.earnings_total},
             "completed": self.completed, "failed": self.failed, "isolated": self.isolated,
             "network": self.network, "last_error": self.last_error, "updated": time.time(),
+            "hardware": None if self.hardware is None else self.hardware.to_dict(),
+            "benchmark": None if self.benchmark is None else self.benchmark.to_dict(),
         }  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AgentStatus:
+        """The snapshot as the local API carries it (desktop.control): the GUI's view."""
+        task, hw, bench = d.get("task"), d.get("hardware"), d.get("benchmark")
+        earnings = d.get("earnings") or {}
+        return cls(
+            state=State(d.get("state", "stopped")), reason=str(d.get("reason", "")),
+            task=None if not task else TaskStatus(**task),
+            server=str(d.get("server", "")), node_id=str(d.get("node_id", "")),
+            registered=bool(d.get("registered")),
+            earnings_today=str(earnings.get("today", "0.00")),
+            earnings_total=str(earnings.get("total", "0.00")),
+            completed=int(d.get("completed", 0)), failed=int(d.get("failed", 0)),
+            isolated=bool(d.get("isolated")),
+            hardware=None if not hw else HardwareReport.from_dict(hw),
+            benchmark=None if not bench else BenchmarkResult.from_dict(bench),
+            network=dict(d.get("network") or {}), last_error=str(d.get("last_error", "")),
+        )  # fmt: skip
 
 
 Event = tuple[str, Any]  # ("log", LogEntry) | ("state", AgentStatus) | ("task_done", dict)
@@ -217,6 +247,8 @@ class Agent:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._paused = threading.Event()
+        self._pause_reason = "paused by you"
+        self._log_seq = 0
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._hb_thread: threading.Thread | None = None
@@ -255,11 +287,14 @@ class Agent:
         self._set(state=State.STOPPED, reason="", task=None)
         self._write_status_file()
 
-    def pause(self) -> None:
+    def pause(self, reason: str = "") -> None:
+        """`reason`: the owner's words ("gaming"), shown in the tray and sent to buyers."""
+        reason = " ".join(reason.split())[:120]
+        self._pause_reason = "paused by you" + (f": {reason}" if reason else "")
         self._paused.set()
         self._wake.set()
-        self._set(state=State.PAUSED, reason="paused by you")
-        self._info("paused")
+        self._set(state=State.PAUSED, reason=self._pause_reason)
+        self._info(self._pause_reason.replace("paused by you", "paused", 1))
 
     def resume(self) -> None:
         self._paused.clear()
@@ -276,9 +311,10 @@ class Agent:
         with self._lock:
             return self._status
 
-    def logs(self, n: int = 100) -> list[LogEntry]:
+    def logs(self, n: int = 100, after: int = 0) -> list[LogEntry]:
+        """The last `n` lines, only those after sequence number `after`."""
         with self._lock:
-            return list(self._log)[-n:]
+            return [e for e in self._log if e.seq > after][-n:] if n > 0 else []
 
     @property
     def settings(self) -> Settings:
@@ -293,7 +329,9 @@ class Agent:
         self._info("settings saved")
 
     def login(self, provider_key: str) -> None:
-        self.credentials.set_provider_key(provider_key.strip())
+        """The provider key, through the one login (desktop.config.sign_in)."""
+        with self._lock:
+            sign_in(provider_key, self._settings, self.paths, self.credentials)
         self._wake.set()
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
@@ -318,7 +356,7 @@ class Agent:
         # the loop may be between its pause check and an IDLE/WAITING update when the owner
         # pauses: a pause is never overwritten by those
         if self._paused.is_set() and changes.get("state") in (State.IDLE, State.WAITING):
-            changes.update(state=State.PAUSED, reason="paused by you")
+            changes.update(state=State.PAUSED, reason=self._pause_reason)
         with self._lock:
             old = self._status
             self._status = replace(old, **changes)
@@ -334,8 +372,9 @@ class Agent:
                 log.exception("event subscriber failed")
 
     def _add_log(self, level: str, message: str) -> None:
-        entry = LogEntry(time.time(), level, message)
         with self._lock:
+            self._log_seq += 1
+            entry = LogEntry(time.time(), level, message, self._log_seq)
             self._log.append(entry)
         getattr(log, level)(message)
         self._emit(("log", entry))
@@ -538,7 +577,7 @@ class Agent:
         outage = 0
         while not self._stop.is_set():
             if self._paused.is_set():
-                self._set(state=State.PAUSED, reason="paused by you", task=None)
+                self._set(state=State.PAUSED, reason=self._pause_reason, task=None)
                 self._sleep(self.idle_sleep_s)
                 continue
             decision = self._policy()
@@ -755,7 +794,7 @@ class Agent:
             if self._stop.is_set():
                 return "the agent is stopping"
             if self._paused.is_set():
-                return "paused by you"
+                return self._pause_reason
             return None
 
         def on_event(event: dict[str, Any]) -> None:

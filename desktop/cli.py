@@ -49,26 +49,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_login(args: argparse.Namespace) -> int:
-    from desktop.config import Credentials, load_settings, save_settings
+    """Through the running agent when there is one, else the same code here (config.sign_in)."""
+    from desktop.config import InvalidSettings, apply_changes, load_settings, sign_in
+    from desktop.control import ControlClient, ControlError
 
-    settings = load_settings()
-    if args.server:
-        settings.server_url = args.server
-    if args.price:
-        settings.price_per_gpu_hour = args.price
-    if args.name:
-        settings.node_name = args.name
+    changes = {k: v for k, v in (("server_url", args.server), ("price_per_gpu_hour", args.price),
+                                 ("node_name", args.name)) if v}  # fmt: skip
     if args.platform_token:  # an operator enrolls this machine as a platform node
-        settings.kind, settings.enrollment_token = "platform", args.platform_token
+        changes |= {"kind": "platform", "enrollment_token": args.platform_token}
     key = args.key or getpass.getpass("Provider API key (gfx_u_…): ")
-    if not key.startswith("gfx_u_"):
-        print("that does not look like a provider key (they start with gfx_u_)", file=sys.stderr)
+    client = ControlClient()
+    try:
+        if client.running():
+            if changes:
+                client.update_settings(changes)
+            backend = client.login(key)["backend"]
+            print(f"saved for the running agent (pid {client.status()['pid']}) in the {backend}")
+            return 0
+        settings = apply_changes(load_settings(), changes)
+        creds = sign_in(key, settings)
+    except (InvalidSettings, ControlError) as exc:
+        print(exc, file=sys.stderr)
         return 2
-    creds = Credentials()
-    creds.set_provider_key(key)
-    creds.set_node_key(settings.server_url, None)  # register afresh with this account
-    settings.first_run_done = True
-    save_settings(settings)
     print(f"saved for {settings.server_url} in the {creds.backend}")
     return 0
 
@@ -103,25 +105,52 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         scale = args.byzantine_scale or BYZANTINE_SCALES[args.byzantine]
         settings.extra["byzantine"] = f"{args.byzantine}:{scale}"
-    agent = Agent(settings, claim_wait_s=args.claim_wait)
+    from desktop.config import Paths
+    from desktop.daemon import Daemon
+    from desktop.service_lock import AlreadyRunning
+
+    paths = Paths.default()
+    try:
+        daemon = Daemon.open(paths, lambda: Agent(settings, paths, claim_wait_s=args.claim_wait))
+    except AlreadyRunning as exc:
+        who = f"pid {exc.pid}" if exc.pid else "another process"
+        print(f"gpuflex-node is already running for {paths.data} ({who}); "
+              "see 'gpuflex-node status', or stop it with 'gpuflex-node stop'",
+              file=sys.stderr)  # fmt: skip
+        return 1
 
     def on_term(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt  # run_forever stops gracefully
 
     signal.signal(signal.SIGTERM, on_term)
-    agent.run_forever()
+    daemon.run_forever()
     return 0
+
+
+def _local_status() -> dict[str, Any]:
+    """The running agent's status through its API; else what the last one left behind."""
+    from desktop.config import Paths
+    from desktop.control import ControlClient, ControlError, NotRunning
+
+    paths = Paths.default()
+    try:
+        return ControlClient(paths).status()
+    except (NotRunning, ControlError):
+        pass
+    try:
+        local = json.loads((paths.data / "status.json").read_text(encoding="utf-8"))
+        return {**local, "state": "stopped", "reason": "", "task": None, "pid": None}
+    except (OSError, ValueError):
+        return {"state": "stopped", "note": "no agent has run here yet", "pid": None}
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from desktop.config import Credentials, Paths, load_settings
+    from desktop.money import credits
 
     paths = Paths.default()
     settings = load_settings(paths)
-    try:
-        local = json.loads((paths.data / "status.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        local = {"state": "stopped", "note": "no agent has run here yet"}
+    local = _local_status()
     remote: dict[str, Any] | None = None
     key = Credentials(paths).node_key(settings.server_url)
     if key:
@@ -139,18 +168,103 @@ def cmd_status(args: argparse.Namespace) -> int:
         _print_json({"agent": local, "marketplace": remote})
         return 0
     task = local.get("task")
-    print(
-        f"agent     {local.get('state')}" + (f" ({local['reason']})" if local.get("reason") else "")
-    )
+    pid = f" (pid {local['pid']})" if local.get("pid") else ""
+    reason = f": {local['reason']}" if local.get("reason") else ""
+    print(f"agent     {local.get('state')}{reason}{pid}")
     print(f"server    {settings.server_url}" + ("" if key else " (not registered)"))
     if task:
         print(f"task      {task['id']} {task['phase']} {100 * task['progress']:.0f}%")
     print(f"done      {local.get('completed', 0)} ok, {local.get('failed', 0)} failed (this run)")
-    if remote and "earnings" in remote:
-        e = remote["earnings"]
-        print(f"earnings  today {e.get('today')}, total {e.get('total')}")
-    elif remote:
+    for gpu in (local.get("hardware") or {}).get("gpus", []):
+        print(f"gpu {gpu.get('index')}     {gpu.get('name')}")
+    e = (remote or {}).get("earnings") or local.get("earnings")  # the agent's last figures
+    if e:
+        print(f"earnings  today {credits(e.get('today'))}, total {credits(e.get('total'))}")
+    if remote and "error" in remote:
         print(f"marketplace: {remote.get('error')}")
+    return 0
+
+
+def _control(fn: Any) -> int:
+    """Runs fn(client) against the running agent; a clear line and 1 when none runs."""
+    from desktop.control import ControlClient, ControlError, NotRunning
+
+    try:
+        return int(fn(ControlClient()) or 0)
+    except NotRunning as exc:
+        print(f"{exc}; start it with 'gpuflex-node run' (or the tray app)", file=sys.stderr)
+        return 1
+    except ControlError as exc:
+        print(f"the agent refused: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    def pause(c: Any) -> None:
+        print(f"agent {c.pause(args.reason)['reason']}")
+
+    return _control(pause)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return _control(lambda c: print(f"agent {c.resume()['state']}"))
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    return _control(lambda c: print(f"stopping the agent (pid {c.stop()['pid']})"))
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    def logs(c: Any) -> None:
+        from desktop.agent import LogEntry
+
+        for line in c.logs(args.n):
+            entry = LogEntry.from_dict(line)
+            print(f"{entry} [{entry.level}]" if entry.level != "info" else entry)
+
+    return _control(logs)
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    def settings(c: Any) -> None:
+        changes: dict[str, Any] = {}
+        for pair in args.set or []:
+            name, sep, value = pair.partition("=")
+            if not sep:
+                raise SystemExit(f"--set takes NAME=VALUE, not {pair!r}")
+            try:
+                changes[name] = json.loads(value)  # numbers and true/false as JSON
+            except ValueError:
+                changes[name] = value  # anything else: a string
+        _print_json(c.update_settings(changes) if changes else c.settings())
+
+    return _control(settings)
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from desktop import service_units
+
+    if args.action == "install":
+        try:
+            print(f"installed {service_units.install(start=args.start)}")
+        except OSError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+    elif args.action == "uninstall":
+        service_units.uninstall()
+        print("removed")
+    else:
+        from desktop.entry import node_command
+
+        if sys.platform.startswith("linux"):
+            print(service_units.systemd_unit(node_command()), end="")
+        elif sys.platform == "darwin":
+            from desktop.config import Paths
+
+            log_file = Paths.default().data / "agent.log"
+            print(service_units.launch_agent(node_command(), log_file).decode(), end="")
+        else:
+            print(service_units.windows_run_value(node_command()))
     return 0
 
 
@@ -177,7 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="gpuflex-node", description="GPUFlex contributor agent")
     p.add_argument("--version", action="version", version=f"gpuflex-node {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{info,bench,login,run,status}")
+    commands = "info,bench,login,run,status,pause,resume,stop,logs,settings,service"
+    sub = p.add_subparsers(dest="command", required=True, metavar="{" + commands + "}")
 
     s = sub.add_parser("info", help="detected hardware")
     s.add_argument("--json", action="store_true")
@@ -199,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=cmd_login)
 
-    s = sub.add_parser("run", help="run the agent in the foreground (headless)")
+    s = sub.add_parser("run", help="the agent: the background service, in the foreground")
     s.add_argument("--server", help="marketplace URL (default: from settings)")
     s.add_argument(
         "--network-profile",
@@ -230,6 +345,24 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="what the agent is doing, and earnings")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_status)
+
+    s = sub.add_parser("pause", help="pause the running agent's work")
+    s.add_argument("--reason", default="", help="shown in the tray and to buyers")
+    s.set_defaults(fn=cmd_pause)
+    s = sub.add_parser("resume", help="resume the running agent's work")
+    s.set_defaults(fn=cmd_resume)
+    s = sub.add_parser("stop", help="stop the running agent (its task is kept for later)")
+    s.set_defaults(fn=cmd_stop)
+    s = sub.add_parser("logs", help="the running agent's recent log lines")
+    s.add_argument("-n", type=int, default=50, help="how many (at most 500)")
+    s.set_defaults(fn=cmd_logs)
+    s = sub.add_parser("settings", help="show or change the running agent's settings")
+    s.add_argument("--set", action="append", metavar="NAME=VALUE")
+    s.set_defaults(fn=cmd_settings)
+    s = sub.add_parser("service", help="the per-user background service (systemd, launchd)")
+    s.add_argument("action", choices=("show", "install", "uninstall"))
+    s.add_argument("--start", action="store_true", help="with install: enable and start now")
+    s.set_defaults(fn=cmd_service)
 
     # what the sandbox runs inside a PyInstaller bundle (no `python -m` there)
     s = sub.add_parser("_zygote")  # the warm task worker, in a frozen app (desktop/warm.py)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 from dataclasses import asdict, dataclass, field, fields
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +205,74 @@ def _keyring_ok() -> bool:
         return kr.priority > 0 and "fail" not in name and "null" not in name  # type: ignore[operator]
     except Exception:
         return False
+
+
+# -------------------------------------------------------------------------- validation
+
+_HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$")
+
+
+class InvalidSettings(ValueError):
+    """A change the agent refuses; the message names the field and what it must be."""
+
+
+def apply_changes(current: Settings, changes: dict[str, Any]) -> Settings:
+    """`current` with `changes` (field name -> value) applied, each checked: the one place
+    settings from the local API (the tray, `gpuflex-node settings`) are validated."""
+    if not isinstance(changes, dict):
+        raise InvalidSettings("settings must be a JSON object of field: value")
+    kinds = {f.name: type(getattr(current, f.name)) for f in fields(Settings)}
+    values = current.to_dict()
+    for name, value in changes.items():
+        kind = kinds.get(name)
+        if kind is None:
+            raise InvalidSettings(f"unknown setting {name!r}")
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if type(value) is not kind:
+            raise InvalidSettings(f"{name} must be a {kind.__name__}, not {value!r}")
+        values[name] = value
+    new = Settings.from_dict(values)
+    _check(new)
+    return new
+
+
+def _check(s: Settings) -> None:
+    try:
+        price = Decimal(s.price_per_gpu_hour)
+    except InvalidOperation:
+        price = Decimal(-1)
+    if not (price.is_finite() and price >= 0):
+        raise InvalidSettings("price_per_gpu_hour must be a decimal string, 0 or more")
+    if not s.server_url.startswith(("http://", "https://")):
+        raise InvalidSettings("server_url must start with http:// or https://")
+    if s.kind not in ("volunteer", "platform"):
+        raise InvalidSettings("kind must be 'volunteer' or 'platform'")
+    if bool(s.schedule_start) != bool(s.schedule_end) or not all(
+        _HHMM.match(t) for t in (s.schedule_start, s.schedule_end) if t
+    ):
+        raise InvalidSettings("schedule_start and schedule_end must both be HH:MM, or both ''")
+    if not 0 < s.gpu_memory_fraction <= 1:
+        raise InvalidSettings("gpu_memory_fraction must be above 0 and at most 1")
+    if s.idle_minutes < 0 or not 0 < s.max_gpu_temp_c <= 120:
+        raise InvalidSettings("idle_minutes must be 0 or more, max_gpu_temp_c 1 to 120")
+    for name in ("task_memory_mb", "task_cpu_s", "task_wall_s"):
+        if getattr(s, name) <= 0:
+            raise InvalidSettings(f"{name} must be positive")
+
+
+def sign_in(
+    key: str, settings: Settings, paths: Paths | None = None, creds: Credentials | None = None
+) -> Credentials:
+    """The one login (the CLI's `login`, and the agent's for the tray through the local API):
+    the provider key stored, this server's node key dropped so the node registers afresh
+    with that account, and the first run marked done."""
+    key = key.strip()
+    if not key.startswith("gfx_u_"):
+        raise InvalidSettings("that does not look like a provider key (they start with gfx_u_)")
+    creds = creds or Credentials(paths)
+    creds.set_provider_key(key)
+    creds.set_node_key(settings.server_url, None)
+    settings.first_run_done = True
+    save_settings(settings, paths)
+    return creds

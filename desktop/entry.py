@@ -14,3 +14,13 @@ def entry_argv(module: str, command: str, *args: str) -> list[str]:
         node = exe.with_name("gpuflex-node" + exe.suffix)
         return [str(node if node.exists() else exe), command, *args]
     return [sys.executable, "-m", module, *args]
+
+
+def node_command() -> list[str]:
+    """How to run the headless agent (the service): the bundled gpuflex-node, else this
+    Python."""
+    if getattr(sys, "frozen", False):
+        exe = Path(sys.executable)
+        node = exe.with_name("gpuflex-node" + exe.suffix)
+        return [str(node if node.exists() else exe), "run"]
+    return [sys.executable, "-m", "desktop.cli", "run"]

@@ -1,4 +1,9 @@
-"""`gpuflex-tray`: the tray app. The agent runs in background threads of this process."""
+"""`gpuflex-tray`: the tray app, a thin client of the agent's background service.
+
+It starts the service when none runs (the installed systemd/launchd unit, else a detached
+`gpuflex-node run`) and attaches to it; a second tray attaches to the same agent, and
+closing a tray never stops the work.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", action="store_true", help="open the status window at start")
     args = parser.parse_args(argv)
 
-    from PySide6.QtWidgets import QApplication, QSystemTrayIcon
+    from PySide6.QtWidgets import QApplication, QMessageBox, QSystemTrayIcon
 
-    from desktop.agent import Agent
+    from desktop.control import NotRunning, ensure_running
     from desktop.gui.bridge import AgentBridge
     from desktop.gui.first_run import FirstRunWizard
     from desktop.gui.icons import app_icon
@@ -29,16 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     app.setWindowIcon(app_icon())
     app.setQuitOnLastWindowClosed(False)  # closing the window leaves the tray running
 
-    agent = Agent()
-    bridge = AgentBridge(agent)
+    try:
+        client = ensure_running()
+    except NotRunning as exc:
+        QMessageBox.critical(None, "GPUFlex", f"The GPUFlex agent could not be started.\n\n{exc}")
+        return 1
+    bridge = AgentBridge(client)
     tray = TrayController(bridge)
     tray.show()
-    if not agent.settings.first_run_done:
-        wizard = FirstRunWizard(bridge)
-        wizard.finished.connect(lambda _: bridge.start())
-        wizard.show()
-    else:
-        bridge.start()
+    if not bridge.settings().first_run_done:
+        FirstRunWizard(bridge).show()
     if args.show or not QSystemTrayIcon.isSystemTrayAvailable():
         tray.show_window()  # without a tray (some Wayland desktops) the window is the app
     return app.exec()

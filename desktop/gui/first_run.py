@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
 )
 
 from desktop.bench_result import BenchmarkResult
+from desktop.control import ControlError, NotRunning
 from desktop.gui.bridge import AgentBridge, Worker
 from desktop.gui.icons import app_icon
 from desktop.gui.style import STYLE
@@ -45,7 +46,7 @@ class MeasurePage(QWizardPage):
     def initializePage(self) -> None:
         if self.result is not None:
             return
-        paths = self.bridge.agent.paths
+        paths = self.bridge.client.paths  # the agent's own folders: one benchmark cache
 
         def measure() -> tuple[HardwareReport, BenchmarkResult]:
             hw, result, _ = probe(paths.cache, quick=True)
@@ -72,7 +73,7 @@ class MeasurePage(QWizardPage):
 class AccountPage(QWizardPage):
     def __init__(self, bridge: AgentBridge) -> None:
         super().__init__()
-        s = bridge.agent.settings
+        s = bridge.settings()
         self.setTitle("Sign in and set your price")
         self.setSubTitle("Your provider key is on the marketplace's account page.")
         form = QFormLayout(self)
@@ -83,13 +84,15 @@ class AccountPage(QWizardPage):
         self.name = QLineEdit(s.node_name)
         self.price = QDoubleSpinBox()
         self.price.setRange(0, 100)
-        self.price.setPrefix("$ ")
-        self.price.setSuffix(" per GPU hour")
+        self.price.setSuffix(" credits per GPU hour")
         self.price.setValue(float(s.price_per_gpu_hour))
         form.addRow("Marketplace", self.server)
         form.addRow("Provider API key", self.key)
         form.addRow("Node name", self.name)
         form.addRow("Price", self.price)
+        self.error = QLabel()
+        self.error.setWordWrap(True)
+        form.addRow(self.error)
         self.key.textChanged.connect(self.completeChanged)
 
     def isComplete(self) -> bool:
@@ -113,11 +116,14 @@ class FirstRunWizard(QWizard):
     def accept(self) -> None:
         a = self.account
         s = replace(
-            self.bridge.agent.settings,
+            self.bridge.settings(),
             server_url=a.server.text().strip(),
             node_name=a.name.text().strip(),
             price_per_gpu_hour=f"{a.price.value():.2f}",
-            first_run_done=True,
         )
-        self.bridge.save_settings(s, a.key.text().strip())
+        try:  # the agent signs in (desktop.config.sign_in), which marks the first run done
+            self.bridge.save_settings(s, a.key.text().strip())
+        except (ControlError, NotRunning) as exc:
+            a.error.setText(str(exc))
+            return
         super().accept()

@@ -2,8 +2,9 @@
 
     QT_QPA_PLATFORM=offscreen python -m desktop.gui.screenshots [docs/screenshots]
 
-The windows are the real widgets, fed a demo status (an RTX 4090 node mid-task) so the
-pictures show the product as an owner sees it rather than this GPU-less build machine.
+The windows are the real widgets attached to a real local API (desktop.local_api), served
+by an agent that is never started and holds a demo status (an RTX 4090 node mid-task), so
+the pictures show the product as an owner sees it rather than this GPU-less build machine.
 """
 
 from __future__ import annotations
@@ -62,9 +63,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from PySide6.QtWidgets import QApplication
 
+    from desktop.control import ControlClient
     from desktop.gui.bridge import AgentBridge
     from desktop.gui.settings_dialog import SettingsDialog
     from desktop.gui.tray import TrayController
+    from desktop.local_api import LocalApi
 
     app = QApplication.instance() or QApplication([])
     with tempfile.TemporaryDirectory() as tmp:
@@ -78,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         agent._status = status  # a demo snapshot; the agent itself is never started
         base = time.time() - 300
         for i, line in enumerate(DEMO_LOG):
-            agent._log.append(LogEntry(base + 60 * i, "info", line))
-        bridge = AgentBridge(agent)
+            agent._log.append(LogEntry(base + 60 * i, "info", line, i + 1))
+        api = LocalApi(agent).start()
+        bridge = AgentBridge(ControlClient(paths))
         tray = TrayController(bridge)
         window = tray.show_window()
         app.processEvents()
@@ -98,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         dialog.grab().save(str(out / "settings-schedule.png"))
         dialog.close()
         window.close()
+        bridge.close()
+        api.close()
     for name in ("status-window.png", "tray-menu.png", "settings.png", "settings-schedule.png"):
         print(out / name)
     return 0

@@ -20,8 +20,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from desktop import autostart
 from desktop.config import Settings
+from desktop.control import ControlError, NotRunning
 from desktop.gui.bridge import AgentBridge
 from desktop.gui.icons import app_icon
 from desktop.gui.style import STYLE
@@ -48,7 +48,7 @@ class SettingsDialog(QDialog):
     def __init__(self, bridge: AgentBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.bridge = bridge
-        s = bridge.agent.settings
+        s = self._loaded = bridge.settings()
         self.setWindowTitle("GPUFlex settings")
         self.setWindowIcon(app_icon())
         self.setStyleSheet(STYLE)
@@ -63,7 +63,7 @@ class SettingsDialog(QDialog):
         f.addRow("Marketplace", self.server)
         self.key = QLineEdit()
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
-        has_key = bridge.agent.credentials.provider_key() is not None
+        has_key = bool(bridge.login_info.get("provider_key"))
         self.key.setPlaceholderText("saved — type to replace" if has_key else "gfx_u_…")
         f.addRow("Provider API key", self.key)
         self.name = QLineEdit(s.node_name)
@@ -73,14 +73,13 @@ class SettingsDialog(QDialog):
         self.price.setRange(0.0, 100.0)
         self.price.setDecimals(2)
         self.price.setSingleStep(0.05)
-        self.price.setPrefix("$ ")
-        self.price.setSuffix(" per GPU hour")
+        self.price.setSuffix(" credits per GPU hour")
         self.price.setValue(float(s.price_per_gpu_hour))
         f.addRow("Price", self.price)
         self.autostart = QCheckBox("Start GPUFlex when I log in")
         self.autostart.setChecked(s.start_at_login)
         f.addRow("", self.autostart)
-        f.addRow(_hint(f"Keys are kept in the {bridge.agent.credentials.backend}."))
+        f.addRow(_hint(f"Keys are kept in the {bridge.login_info.get('backend') or 'agent'}."))
 
         f = _form(tabs, "When to work")
         self.idle = QSpinBox()
@@ -135,11 +134,16 @@ class SettingsDialog(QDialog):
         buttons.button(QDialogButtonBox.StandardButton.Save).setObjectName("primary")
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        self.error = QLabel()
+        self.error.setObjectName("error")
+        self.error.setWordWrap(True)
+        self.error.setVisible(False)
+        root.addWidget(self.error)
         root.addWidget(buttons)
 
     def settings(self) -> Settings:
         """The settings as edited (the widgets only collect values)."""
-        s = self.bridge.agent.settings
+        s = self._loaded
         schedule = self.use_schedule.isChecked()
         return replace(
             s,
@@ -159,10 +163,11 @@ class SettingsDialog(QDialog):
         )
 
     def accept(self) -> None:
-        new = self.settings()
-        self.bridge.save_settings(new, self.key.text().strip() or None)
+        """The agent checks and saves (and applies start at login); its refusal stays shown."""
         try:
-            autostart.apply(new.start_at_login)
-        except OSError as exc:
-            self.bridge.notify.emit("Start at login", str(exc))
+            self.bridge.save_settings(self.settings(), self.key.text().strip() or None)
+        except (ControlError, NotRunning) as exc:
+            self.error.setText(str(exc))
+            self.error.setVisible(True)
+            return
         super().accept()

@@ -20,6 +20,7 @@ from desktop.bench_result import BenchmarkResult
 from desktop.gui.bridge import AgentBridge
 from desktop.gui.icons import COLORS, LABELS, app_icon, state_pixmap
 from desktop.gui.style import STYLE
+from desktop.money import credits
 
 
 def compact(v: float | None, unit: str = "") -> str:
@@ -148,7 +149,7 @@ class StatusWindow(QWidget):
 
         bridge.status_changed.connect(self.update_status)
         bridge.log_added.connect(self.append_log)
-        for entry in bridge.agent.logs(100):
+        for entry in bridge.logs()[-100:]:
             self.append_log(entry)
         self.update_status(bridge.status)
 
@@ -168,8 +169,8 @@ class StatusWindow(QWidget):
         self.reason.setText(st.reason or (f"Node {st.node_id} on {st.server}" if st.node_id
                                           else st.server))  # fmt: skip
         self.pause_button.setText("Resume" if st.paused else "Pause")
-        self.today.setText(f"${st.earnings_today}")
-        self.total.setText(f"${st.earnings_total}")
+        self.today.setText(credits(st.earnings_today))
+        self.total.setText(credits(st.earnings_total))
         self.tasks.setText(f"{st.completed}" + (f"  ·  {st.failed} failed" if st.failed else ""))
         if st.task is None:
             self.task_label.setText("No task right now")

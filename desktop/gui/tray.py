@@ -1,4 +1,4 @@
-"""The tray icon and its menu; its look follows the agent's state."""
+"""The tray icon and its menu; its look follows the agent's state (through the bridge)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from desktop.gui.icons import LABELS, state_icon
 from desktop.gui.settings_dialog import SettingsDialog
 from desktop.gui.status_window import StatusWindow
 from desktop.gui.style import STYLE
+from desktop.money import credits
 
 
 class TrayController(QObject):
@@ -37,11 +38,14 @@ class TrayController(QObject):
         self.dashboard_action.triggered.connect(self.open_dashboard)
         self.settings_action = QAction("Settings…", self.menu)
         self.settings_action.triggered.connect(self.show_settings)
-        self.quit_action = QAction("Quit GPUFlex", self.menu)
+        self.stop_action = QAction("Stop the agent", self.menu)
+        self.stop_action.triggered.connect(bridge.stop_agent)
+        # closing the tray never stops the work: the agent is its own background service
+        self.quit_action = QAction("Close this tray (work goes on)", self.menu)
         self.quit_action.triggered.connect(self.quit)
         items = [self.status_action, self.task_action, self.earnings_action, None,
                  self.pause_action, self.open_action, self.dashboard_action,
-                 self.settings_action, None, self.quit_action]  # fmt: skip
+                 self.settings_action, None, self.stop_action, self.quit_action]  # fmt: skip
         for item in items:
             if item is None:
                 self.menu.addSeparator()
@@ -68,10 +72,10 @@ class TrayController(QObject):
             self.task_action.setText(f"Task {st.task.id[:10]} · {100 * st.task.progress:.0f}%")
         self.task_action.setVisible(st.task is not None)
         self.earnings_action.setText(
-            f"Earned ${st.earnings_today} today · ${st.earnings_total} in total"
+            f"Earned {credits(st.earnings_today)} today · {credits(st.earnings_total)} in total"
         )
         self.pause_action.setText("Resume" if st.state is State.PAUSED else "Pause")
-        self.tray.setToolTip(f"{line}\nEarned today ${st.earnings_today}")
+        self.tray.setToolTip(f"{line}\nEarned today {credits(st.earnings_today)}")
 
     def notify(self, title: str, message: str) -> None:
         if self.tray.supportsMessages():
@@ -95,10 +99,9 @@ class TrayController(QObject):
         return dialog
 
     def open_dashboard(self) -> None:
-        s = self.bridge.agent.settings
+        s = self.bridge.settings()
         QDesktopServices.openUrl(QUrl(s.dashboard_url or s.server_url.rstrip("/") + "/"))
 
     def quit(self) -> None:
-        self.status_action.setText("GPUFlex — stopping…")
-        self.tray.setIcon(state_icon("stopped"))
-        self.bridge.shutdown()
+        self.tray.hide()
+        self.bridge.close()

@@ -8,6 +8,7 @@ import signal
 import pytest
 
 import desktop.agent
+import desktop.daemon
 from desktop import __version__
 from desktop.cli import main
 from desktop.config import Credentials, Paths, load_settings
@@ -49,7 +50,7 @@ def test_status_with_a_registered_node(market, isolated_dirs: Paths, capsys) -> 
     Credentials(isolated_dirs).set_node_key(market.url, market.register_node())
     market.earnings = {"today": "0.10", "total": "1.00"}
     assert main(["status"]) == 0
-    assert "today 0.10, total 1.00" in capsys.readouterr().out
+    assert "today 0.10 credits, total 1.00 credits" in capsys.readouterr().out
 
 
 def test_run_rejects_an_unknown_network_profile(capsys) -> None:
@@ -66,13 +67,20 @@ def test_run_byzantine_reaches_the_agent_settings(monkeypatch, capsys) -> None:
     seen = []
 
     class Spy:
-        def __init__(self, settings, **kw) -> None:
+        def __init__(self, settings, *args, **kw) -> None:
             seen.append(settings.extra.get("byzantine"))
+
+    class NoDaemon:  # builds the agent as `run` would, then returns at once
+        @classmethod
+        def open(cls, paths, make_agent):
+            make_agent()
+            return cls()
 
         def run_forever(self) -> None:
             pass
 
     monkeypatch.setattr(desktop.agent, "Agent", Spy)
+    monkeypatch.setattr(desktop.daemon, "Daemon", NoDaemon)
     monkeypatch.setattr(signal, "signal", lambda *a: None)
     assert main(["run", "--byzantine", "sign_flip"]) == 0
     assert main(["run", "--byzantine", "noise", "--byzantine-scale", "5"]) == 0

@@ -1,4 +1,5 @@
-"""The tray app's real widgets, offscreen, driving a live agent against the test marketplace."""
+"""The tray app's real widgets, offscreen, as clients of a live agent's local API (a daemon
+on a real Unix socket) against the test marketplace."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from desktop import autostart
 from desktop.agent import Agent, State
 from desktop.client import Backoff
 from desktop.config import Credentials, load_settings
+from desktop.control import ControlClient
+from desktop.daemon import Daemon
 from desktop.gui.bridge import AgentBridge
 from desktop.gui.first_run import FirstRunWizard
 from desktop.gui.settings_dialog import SettingsDialog
@@ -22,12 +25,14 @@ from desktop.gui.tray import TrayController
 
 @pytest.fixture
 def live(qtbot, market, logged_in, isolated_dirs, fake_bench):
-    agent = Agent(logged_in, isolated_dirs, bench=fake_bench, claim_wait_s=1, idle_sleep_s=0.1,
-                  backoff=Backoff(base_s=0.05, cap_s=0.3))  # fmt: skip
-    bridge = AgentBridge(agent, poll_ms=50)
-    yield agent, bridge
-    agent.stop()
-    bridge._timer.stop()
+    daemon = Daemon.open(isolated_dirs, lambda: Agent(
+        logged_in, isolated_dirs, bench=fake_bench, claim_wait_s=1, idle_sleep_s=0.1,
+        backoff=Backoff(base_s=0.05, cap_s=0.3)))  # fmt: skip
+    daemon.api.start()  # the agent itself starts in each test (daemon.agent.start())
+    bridge = AgentBridge(ControlClient(isolated_dirs), poll_ms=50)
+    yield daemon.agent, bridge
+    bridge.close()
+    daemon.close()
     bridge.deleteLater()
 
 
@@ -36,7 +41,7 @@ def test_pause_and_resume_through_the_widgets(qtbot, live) -> None:
     window = StatusWindow(bridge)
     qtbot.addWidget(window)
     tray = TrayController(bridge, parent=bridge)
-    bridge.start()
+    agent.start()
     qtbot.waitUntil(lambda: agent.status().state is State.IDLE, timeout=60_000)
     qtbot.mouseClick(window.pause_button, Qt.MouseButton.LeftButton)
     assert agent.status().state is State.PAUSED
@@ -49,20 +54,20 @@ def test_pause_and_resume_through_the_widgets(qtbot, live) -> None:
 
 
 def test_status_window_follows_a_running_task(qtbot, live, market) -> None:
-    _agent, bridge = live
+    agent, bridge = live
     window = StatusWindow(bridge)
     qtbot.addWidget(window)
     market.earnings = {"today": "0.12", "total": "3.40"}
     market.add(digits_task("gui-1", steps=1200, rows=300))
     seen: list[int] = []
     window.progress.valueChanged.connect(seen.append)
-    bridge.start()
+    agent.start()
     qtbot.waitUntil(lambda: "gui-1" in window.task_label.text(), timeout=60_000)
     qtbot.waitUntil(lambda: 0 < window.progress.value() < 1000, timeout=60_000)
     assert "Training" in window.task_detail.text()
     qtbot.waitUntil(lambda: "gui-1" in market.accepted(), timeout=90_000)
     qtbot.waitUntil(lambda: window.task_label.text() == "No task right now", timeout=10_000)
-    qtbot.waitUntil(lambda: window.total.text() == "$3.40", timeout=10_000)
+    qtbot.waitUntil(lambda: window.total.text() == "3.40 credits", timeout=10_000)
     assert window.tasks.text().startswith("1")
     assert "uploaded" in window.log.toPlainText()
     assert any(0 < v < 1000 for v in seen)
@@ -114,14 +119,25 @@ def test_first_run_measures_then_saves_the_account(qtbot, live, isolated_dirs) -
     assert Credentials(isolated_dirs).provider_key() == "gfx_u_firstrun"
 
 
-def test_tray_quit_stops_the_agent(qtbot, live) -> None:
-    agent, bridge = live
-    tray = TrayController(bridge, parent=bridge)
-    bridge.start()
-    qtbot.waitUntil(lambda: agent.running, timeout=10_000)
-    with qtbot.waitSignal(bridge.stopped, timeout=60_000):
-        tray.quit_action.trigger()
-    assert agent.status().state is State.STOPPED
+def test_two_trays_attach_and_closing_one_leaves_the_work_going(qtbot, live,
+                                                               isolated_dirs) -> None:  # fmt: skip
+    agent, first = live
+    second = AgentBridge(ControlClient(isolated_dirs), poll_ms=50)
+    tray1 = TrayController(first, parent=first)
+    tray2 = TrayController(second, parent=second)
+    agent.start()
+    ready = "GPUFlex — Ready, waiting for work"
+    qtbot.waitUntil(lambda: tray2.status_action.text() == ready, timeout=60_000)
+    with qtbot.waitSignal(first.stopped, timeout=10_000):
+        tray1.quit_action.trigger()  # "Close this tray (work goes on)"
+    assert agent.running and agent.status().state is State.IDLE
+    tray2.pause_action.trigger()  # the other tray still drives the same agent
+    assert agent.status().state is State.PAUSED
+    qtbot.waitUntil(lambda: tray2.pause_action.text() == "Resume", timeout=10_000)
+    assert "Earned 0.00 credits today" in tray2.earnings_action.text()
+    tray2.stop_action.trigger()  # stopping the agent is its own, explicit item
+    qtbot.waitUntil(lambda: not agent.running, timeout=60_000)
+    second.close()
 
 
 def test_autostart_files(tmp_path: Path, monkeypatch) -> None:
@@ -146,9 +162,40 @@ def test_screenshots_are_written(qtbot, tmp_path: Path) -> None:
 
 def test_notifications_for_finished_tasks_and_errors(qtbot, live) -> None:
     agent, bridge = live
-    with qtbot.waitSignal(bridge.notify, timeout=5_000) as done:
-        agent._emit(("task_done", {"id": "t-x", "outcome": "uploaded", "ok": True}))
-    assert done.args == ["Task finished", "Task t-x was uploaded."]
-    with qtbot.waitSignal(bridge.notify, timeout=5_000) as failed:
+    with qtbot.waitSignal(bridge.notify, timeout=10_000) as done:
+        agent._set(completed=1)
+    assert done.args == ["Task finished", "1 more task(s) uploaded; 1 this session."]
+    with qtbot.waitSignal(bridge.notify, timeout=10_000) as failed:
         agent._error("task t-y failed (oom): too big")
     assert failed.args[0] == "GPUFlex: problem" and "oom" in failed.args[1]
+
+
+def test_the_tray_starts_the_service_and_a_second_attaches(qtbot, isolated_dirs,
+                                                           fake_bench) -> None:  # fmt: skip
+    """A real `gpuflex-node run` process, spawned detached as the tray does when no service
+    runs; both trays attach to it, and closing them leaves it running."""
+    import contextlib
+    import os
+    import signal
+
+    from desktop.bench_result import save_cached
+    from desktop.control import ensure_running
+
+    save_cached(isolated_dirs.cache, fake_bench)  # the spawned agent skips the benchmark
+    client = ensure_running(isolated_dirs, wait_s=120)
+    pid = client.status()["pid"]
+    try:
+        assert pid != os.getpid()
+        first = AgentBridge(ControlClient(isolated_dirs), poll_ms=50)
+        second = AgentBridge(ensure_running(isolated_dirs), poll_ms=50)  # attaches, no spawn
+        assert first.agent_pid == second.agent_pid == pid
+        first.close()
+        second.pause("test")
+        qtbot.waitUntil(lambda: second.status.reason == "paused by you: test", timeout=30_000)
+        second.close()
+        assert client.status()["pid"] == pid  # no tray left, the agent still serves
+        client.stop()
+        qtbot.waitUntil(lambda: not client.running(), timeout=90_000)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
