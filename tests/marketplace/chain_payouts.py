@@ -57,6 +57,16 @@ def earn_and_request_payout(
     register_wallet(provider, provider_addr)
     chain.deposit(funding, 30 * UPC, sender=buyer_addr)
     assert ledger_chain.sync_deposits(chain) == 1
+    earned = earn_from_a_paid_job(buyer, provider, make_agent)
+    request = {"amount": str(earned), "wallet_address": provider_addr, "idempotency_key": "p1"}
+    response = provider.post("/api/v1/payouts/", request, format="json")
+    assert response.status_code == 201, response.content
+    return dict(response.json()) | {"funding_id": funding}
+
+
+def earn_from_a_paid_job(buyer: Any, provider: Any, make_agent: Any) -> Decimal:
+    """The buyer's one-round job on three of the provider's platform nodes at 600 credits an
+    hour: returns what the provider earned."""
     agents = [make_agent(kind="platform", price="600") for _ in range(3)]
     body = {"spec": {"name": "paid", "dataset": {"kind": "digits"}, "local": {"steps": 4},
                      "rounds": {"max_rounds": 1}, "sharding": {"method": "stratified",
@@ -66,7 +76,4 @@ def earn_and_request_payout(
     work_all(agents)
     earned = Decimal(provider.get("/api/v1/ledger/earnings").json()["balance"])
     assert earned > Decimal("0.5")
-    request = {"amount": str(earned), "wallet_address": provider_addr, "idempotency_key": "p1"}
-    response = provider.post("/api/v1/payouts/", request, format="json")
-    assert response.status_code == 201, response.content
-    return dict(response.json()) | {"funding_id": funding}
+    return earned

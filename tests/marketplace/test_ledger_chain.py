@@ -15,9 +15,8 @@ from marketplace.ledger import chain as ledger_chain
 from marketplace.ledger.models import ChainDeposit, Payout
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
-from tests.marketplace.chain_payouts import UPC, configure_rpc, restart
+from tests.marketplace.chain_payouts import UPC, configure_rpc, earn_from_a_paid_job, restart
 from tests.marketplace.helpers import client_for
-from tests.marketplace.test_ledger_jobs import work_all
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,15 +62,7 @@ def test_deposit_spend_settle_claim_and_reconcile(chain, make_user, make_agent, 
     assert balance(accounts.buyer_credit(buyer_user)) == Decimal("1030")  # 1000 granted + 30
     assert reconcile().ok, reconcile().problems
 
-    agents = [make_agent(kind="platform", price="600") for _ in range(3)]
-    body = {"spec": {"name": "paid", "dataset": {"kind": "digits"}, "local": {"steps": 4},
-                     "rounds": {"max_rounds": 1}, "sharding": {"method": "stratified",
-                                                               "num_shards": 3}},
-            "tier": "platform", "budget": "20", "max_price_per_gpu_hour": "1000"}  # fmt: skip
-    assert buyer.post("/api/v1/jobs/", body, format="json").status_code == 201
-    work_all(agents)
-    earned = Decimal(provider.get("/api/v1/ledger/earnings").json()["balance"])
-    assert earned > Decimal("0.5")
+    earned = earn_from_a_paid_job(buyer, provider, make_agent)
 
     request = {"amount": str(earned), "wallet_address": provider_addr, "idempotency_key": "p1"}
     payout = provider.post("/api/v1/payouts/", request, format="json").json()
