@@ -126,7 +126,9 @@ def test_worker_runs_the_rounds_and_the_tick(worker, make_agent, submit) -> None
     job = submit(SMALL_SPEC | {"rounds": {"max_rounds": 2}}, tier="platform")
 
     # a node takes a task and vanishes; the worker's beat tick must hand it to another node
-    stolen = lost.claim()
+    # round 1 opens once the worker has built the job's model (jobs/preparation.py)
+    stolen = lost.claim(wait=30)
+    assert stolen is not None
     Node.objects.filter(pk=lost.node_id).update(
         last_heartbeat_at=timezone.now() - timedelta(hours=1)
     )

@@ -24,7 +24,11 @@ SPEC: dict[str, Any] = {
     "rounds": {"max_rounds": 5, "deadline_s": 60},
     "sharding": {"method": "stratified", "num_shards": 3},
 }
-NODES = tuple(NodePlan(f"p{i}", kind="platform", profile="lan", price="20.00") for i in range(3))
+# 2 credits an hour (x8 for the fastest-GPU speed factor below): the job's 20 credits pay for
+# 75 minutes of metered compute, so a loaded CI machine, whose tasks run slower, never runs a
+# job's escrow dry (its last charges would be cut to nothing, and one credited result unpaid)
+PRICE = "2.00"
+NODES = tuple(NodePlan(f"p{i}", kind="platform", profile="lan", price=PRICE) for i in range(3))
 
 
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 0.2) -> Any:

@@ -7,15 +7,15 @@ import signal
 import pytest
 
 from marketplace.demo.cluster import NodePlan
-from tests.system.harness import log_tail, wait_for
+from tests.system.harness import PRICE, log_tail, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("system")]
 
 NODES = (
-    NodePlan("steady-1", kind="platform", price="20.00"),
-    NodePlan("steady-2", kind="platform", price="20.00"),
+    NodePlan("steady-1", kind="platform", price=PRICE),
+    NodePlan("steady-2", kind="platform", price=PRICE),
     # slow enough that it is surely caught holding a task
-    NodePlan("victim", kind="platform", compute_scale=8.0, price="20.00"),
+    NodePlan("victim", kind="platform", compute_scale=8.0, price=PRICE),
 )
 
 

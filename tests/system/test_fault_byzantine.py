@@ -19,11 +19,11 @@ import pytest
 
 from desktop.journal import Journal
 from marketplace.demo.cluster import NodePlan
-from tests.system.harness import SPEC, System, log_tail, wait_for
+from tests.system.harness import PRICE, SPEC, System, log_tail, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("system")]
 
-NODES = tuple(NodePlan(f"p{i}", kind="platform", price="20.00") for i in range(5))
+NODES = tuple(NodePlan(f"p{i}", kind="platform", price=PRICE) for i in range(5))
 TRAITOR = NODES[-1]  # 20 %
 ROUNDS = SPEC["rounds"]["max_rounds"]
 ROBUST = {

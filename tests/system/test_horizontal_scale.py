@@ -9,7 +9,21 @@ import pytest
 
 from marketplace.demo.cluster import free_port
 from marketplace.server.proxy import nginx_binary
-from tests.system.harness import log_tail, wait_for
+from tests.system.harness import log_tail, manage, wait_for
+
+# every result of the job, for a failure message: what was credited, and what it reported
+RESULTS = """
+from marketplace.rounds.models import TaskResult
+rows = TaskResult.objects.filter(task__round__job_id="{job}").select_related("task__round")
+for r in rows:
+    print(r.task.round.number, r.task_id, r.node_id, r.credited, r.late, r.compute_s,
+          (r.created_at - r.task.leased_at).total_seconds() if r.task.leased_at else None)
+"""
+
+
+def results(s, job_id: str) -> str:
+    return manage(s.cluster, "shell", "-c", RESULTS.format(job=job_id))
+
 
 pytestmark = [
     pytest.mark.integration,
@@ -42,6 +56,6 @@ def test_a_job_survives_losing_a_web_server_and_a_worker(system, services) -> No
     report = s.report(job_id)
     assert report["rounds"] == 5 and all(n["tasks"] > 0 for n in report["nodes"])
     assert report["updates_counted_twice"] == 0 and report["tasks_still_leased"] == 0
-    assert report["charges"] == report["verified_contributions"] == 15
+    assert report["charges"] == report["verified_contributions"] == 15, results(s, job_id)
     assert report["ledger_balanced"], report["ledger_problems"]
     assert report["provenance_verified"]

@@ -100,8 +100,8 @@ def test_zero_costs_reproduce_the_pure_model(spec) -> None:
     # (since re-measured: later models reach nodes as the job's int8 delta chain, sized as the
     # marketplace sends it, rather than as per-node deltas; and round 1's download is the spec
     # itself, a few bytes longer with each spec field added: download_codec, weighting,
-    # elastic)
-    expected = [0.7272767036685446, 1.2216598531209153, 1.716043002573286]
+    # elastic, tracking)
+    expected = [0.7285857313269659, 1.2229688807793366, 1.7173520302317073]
     assert aware.sim_time_per_round == pytest.approx(expected, rel=1e-12)
 
 
