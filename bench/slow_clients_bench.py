@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from bench.marketplace_bench import ROOT, _free_port, _manage, _register_nodes, _server_env
-from marketplace.server.proxy import ProxySettings, nginx_binary, nginx_standalone_config
+from marketplace.server.proxy import ProxySettings, nginx_binary, standalone_nginx
 
 PROBE = "/api/v1/nodes/"  # a 401 without a key: no database work, only the server's own
 
@@ -81,27 +81,21 @@ def serving(
         url = f"http://127.0.0.1:{port}"
         try:
             if proxy is not None:
+                _wait_listening(url)  # else nginx answers 502 for it, which is no wait
                 front = _free_port()
-                prefix = Path(tmp) / "nginx"
-                prefix.mkdir()
-                os.chmod(tmp, 0o755)  # a root nginx's workers run as nobody
                 settings = dataclasses.replace(
                     proxy, listen=f"127.0.0.1:{front}", upstream=f"127.0.0.1:{port}"
                 )
-                conf = prefix / "nginx.conf"
-                conf.write_text(nginx_standalone_config(settings, str(prefix)))
                 procs.append(
                     subprocess.Popen(
-                        [nginx_binary() or "nginx", "-p", str(prefix), "-c", str(conf)],
+                        standalone_nginx(settings, Path(tmp) / "nginx"),
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                         start_new_session=True,
                     )
                 )
-                _wait_listening(url)
                 url = f"http://127.0.0.1:{front}"
-            _wait_listening(url)
-            (node_key,) = _register_nodes(url, provider_key, 1)
+            (node_key,) = _register_nodes(url, provider_key, 1)  # waits for it to listen
             yield url, node_key
         finally:
             for proc in reversed(procs):

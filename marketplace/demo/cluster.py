@@ -123,17 +123,11 @@ class Cluster:
     def start_proxy(self, web_ports: list[int]) -> None:
         """nginx on the cluster's port in front of web servers on `web_ports`, as
         `gpuflex nginx-config` deploys it (docs/deploy.md)."""
-        from marketplace.server.proxy import ProxySettings, nginx_binary, nginx_standalone_config
+        from marketplace.server.proxy import ProxySettings, standalone_nginx
 
-        prefix = self.root / "nginx"
-        prefix.mkdir(parents=True, exist_ok=True)
-        for folder in (self.root, prefix):
-            folder.chmod(0o755)  # a root nginx's workers run as nobody
         upstream = ",".join(f"127.0.0.1:{p}" for p in web_ports)
         settings = ProxySettings(listen=f"127.0.0.1:{self.port}", upstream=upstream)
-        conf = prefix / "nginx.conf"
-        conf.write_text(nginx_standalone_config(settings, str(prefix)))
-        self._start("proxy", [nginx_binary() or "nginx", "-p", str(prefix), "-c", str(conf)])
+        self._start("proxy", standalone_nginx(settings, self.root / "nginx"))
         self.wait_http("proxy")
 
     def agent_dirs(self, name: str) -> dict[str, str]:

@@ -9,6 +9,8 @@ from typing import Any
 
 from celery import shared_task
 
+from marketplace.server.routing import AGGREGATE_ROUND
+
 
 @shared_task(
     bind=True,
@@ -16,7 +18,7 @@ from celery import shared_task
     autoretry_for=(OSError,),
     retry_backoff=True,
     max_retries=5,
-    name="marketplace.jobs.tasks.aggregate_round",
+    name=AGGREGATE_ROUND,
 )
 def aggregate_round(self: Any, round_id: int) -> None:
     from marketplace.rounds.aggregation import run_aggregation

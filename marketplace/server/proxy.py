@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -97,3 +98,13 @@ def nginx_binary() -> str | None:
     return shutil.which("nginx") or next(
         (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.path.exists(p)), None
     )
+
+
+def standalone_nginx(settings: ProxySettings, prefix: Path) -> list[str]:
+    """Write nginx_standalone_config under `prefix` and return the command that runs it."""
+    prefix.mkdir(parents=True, exist_ok=True)
+    for folder in (prefix.parent, prefix):
+        folder.chmod(0o755)  # a root nginx's workers run as nobody
+    conf = prefix / "nginx.conf"
+    conf.write_text(nginx_standalone_config(settings, str(prefix)))
+    return [nginx_binary() or "nginx", "-p", str(prefix), "-c", str(conf)]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from desktop.sandbox import Limits, Sandbox, bwrap_usable
-from tests.desktop.sandboxed import PY, run
+from tests.desktop.sandboxed import PY, run, run_reporting
 
 needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap missing or unusable")
 pytestmark = needs_bwrap
@@ -21,16 +21,11 @@ pytestmark = needs_bwrap
 SECRET = "gfx_n_SECRET-MARKER-7f3a9c"
 
 
-REPORT = (
-    "import json, pathlib\ndef report(r): pathlib.Path('report.json').write_text(json.dumps(r))\n"
-)
-
-
 def test_no_agent_secret_in_any_environ_a_task_can_read(
     tmp_path: Path, task_start: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GPUFLEX_API_KEY", SECRET)
-    code = REPORT + (
+    code = (
         "import os\n"
         "seen = {}\n"
         "for pid in ['self', '1', str(os.getppid())] + os.listdir('/proc'):\n"
@@ -40,32 +35,26 @@ def test_no_agent_secret_in_any_environ_a_task_can_read(
         "        seen[pid] = 'DENIED'\n"
         "report(seen)\n"
     )
-    folder = tmp_path / "task"
-    result = run(folder, code)
-    assert result.status == "ok", (result.detail, result.stderr_tail)
-    seen = json.loads((folder / "report.json").read_text())
+    seen = run_reporting(tmp_path / "task", code)
     assert "1" in seen and "self" in seen
     assert not [pid for pid, env in seen.items() if SECRET in env], seen
 
 
 def test_a_task_has_no_capability_and_is_not_root(tmp_path: Path, task_start: str) -> None:
-    code = REPORT + (
+    code = (
         "import os\n"
         "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
         "report({'uid': os.getuid(), 'euid': os.geteuid(), 'gid': os.getgid(),\n"
         "        'CapEff': status['CapEff'].strip(), 'CapPrm': status['CapPrm'].strip()})\n"
     )
-    folder = tmp_path / "task"
-    result = run(folder, code)
-    assert result.status == "ok", (result.detail, result.stderr_tail)
-    seen = json.loads((folder / "report.json").read_text())
+    seen = run_reporting(tmp_path / "task", code)
     assert seen["uid"] != 0 and seen["euid"] != 0 and seen["gid"] != 0, seen
     assert int(seen["CapEff"], 16) == 0 and int(seen["CapPrm"], 16) == 0, seen
 
 
 def test_a_task_cannot_remount_write_the_host_or_ptrace_init(tmp_path: Path) -> None:
     project_code = Path(__file__).resolve().parents[2] / "desktop"
-    code = REPORT + (
+    code = (
         "import ctypes, os\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "r = {}\n"
@@ -84,10 +73,7 @@ def test_a_task_cannot_remount_write_the_host_or_ptrace_init(tmp_path: Path) -> 
         "r['ptrace 1'] = 'DONE' if rc == 0 else 'DENIED'\n"
         "report(r)\n"
     )
-    folder = tmp_path / "task"
-    result = run(folder, code)
-    assert result.status == "ok", (result.detail, result.stderr_tail)
-    seen = json.loads((folder / "report.json").read_text())
+    seen = run_reporting(tmp_path / "task", code)
     assert set(seen.values()) == {"DENIED"}, seen
     assert not (project_code / "escape.txt").exists()
 
@@ -108,7 +94,7 @@ def test_a_fork_bomb_hits_the_process_limit(tmp_path: Path, task_start: str) -> 
 
 
 def test_dev_shm_and_tmp_are_capped_and_counted_in_memory(tmp_path: Path) -> None:
-    code = REPORT + (
+    code = (
         "r = {}\n"
         "for place in ['/dev/shm', '/tmp']:\n"
         "    try:\n"
@@ -120,10 +106,8 @@ def test_dev_shm_and_tmp_are_capped_and_counted_in_memory(tmp_path: Path) -> Non
         "        r[place] = 'FULL' if e.errno == 28 else str(e)\n"
         "report(r)\n"
     )
-    folder = tmp_path / "task"
-    result = run(folder, code, tmpfs_mb=8)
-    assert result.status == "ok", (result.detail, result.stderr_tail)
-    assert json.loads((folder / "report.json").read_text()) == {"/dev/shm": "FULL", "/tmp": "FULL"}
+    seen = run_reporting(tmp_path / "task", code, tmpfs_mb=8)
+    assert seen == {"/dev/shm": "FULL", "/tmp": "FULL"}
     limits = Limits(memory_mb=1024, tmpfs_mb=8)
     assert limits.resident_mb == 1024 - 16  # the watchdog leaves room for both tmpfs
     assert Limits(memory_mb=256).tmpfs_size_mb == 32  # at most an eighth of the memory
