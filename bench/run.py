@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from bench import network_bench, scaling_bench, slow_clients_bench, trainer_bench
+from bench import network_bench, pause_bench, scaling_bench, slow_clients_bench, trainer_bench
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -149,6 +149,8 @@ def render(results: dict[str, Any]) -> str:
         parts += render_live(results["live"])
     if "scaling" in results:
         parts += scaling_bench.render(results["scaling"])
+    if "pause" in results:
+        parts += pause_bench.render(results["pause"])
     return "\n".join(parts)
 
 
@@ -246,6 +248,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
+    "pause",
 )  # fmt: skip
 
 
@@ -478,6 +481,9 @@ def main(argv: list[str] | None = None) -> int:
             results["live"] = live_section()
         elif section == "scaling":
             results["scaling"] = scaling_bench.run(RESULTS)
+        elif section == "pause":
+            print("pause: a game starting mid-task, the real agent and sandbox")
+            results["pause"] = pause_bench.run()
         elif section == "slow_clients":
             print("slow clients: gunicorn alone, then behind nginx")
             results["slow_clients"] = slow_clients_bench.run()

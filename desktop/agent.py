@@ -69,13 +69,24 @@ from desktop.task_outputs import (
     read_json_output,
     read_output,
 )
-from desktop.task_runner import BYZANTINE_ENV, CONTINUE, CORRUPT_INPUT, LOCAL, PROGRESS, STOP
+from desktop.task_runner import (
+    BYZANTINE_ENV,
+    CONTINUE,
+    CORRUPT_INPUT,
+    LOCAL,
+    PAUSE,
+    PROGRESS,
+    STOP,
+)
 
 log = logging.getLogger("gpuflex.agent")
 
 TASK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # ids become folder names: no traversal
 MAX_TRAIN_ATTEMPTS = 3  # a task that kills the sandbox this often is reported, not retried
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
+# how often a running task re-checks the work policy: a game that starts is noticed within
+# this, and the task pauses within the sandbox's PAUSE_GRACE_S more (the owner's 2 s)
+POLICY_CHECK_S = 0.5
 HEARTBEAT_TASKS = 32  # the most task_ids a heartbeat names (docs/agent-api.md)
 LINK_PROBE_BYTES = 32 * 1024  # times a 0.3 Mbit/s link in about a second (desktop.netprobe)
 CONTINUED = ".continue"  # a continuation's folder: the task's id and this (see Continuation)
@@ -224,7 +235,7 @@ class Agent:
         backoff: Backoff | None = None,
         claim_wait_s: int = 20,
         idle_sleep_s: float = 1.0,
-        policy_check_s: float = 5.0,
+        policy_check_s: float = POLICY_CHECK_S,
     ) -> None:
         self.paths = paths or Paths.default()
         self._settings = settings or load_settings(self.paths)
@@ -779,7 +790,8 @@ class Agent:
     def _train(self, rec: TaskRecord) -> None:
         assert self._sandbox is not None
         folder = self._folder(rec.id)
-        for stale in ("update.safetensors", "result.json"):
+        # an earlier attempt's outputs and pause request; its paused state stays, to resume
+        for stale in ("update.safetensors", "result.json", PAUSE):
             (folder / stale).unlink(missing_ok=True)
         rec = self.journal.record(rec.id, "ready", attempts=rec.attempts + 1)
         self._set(state=State.WORKING, task=self._task_status(rec, "training"))
@@ -801,6 +813,8 @@ class Agent:
             nonlocal drop_at
             if isinstance(event.get("phase"), str) and isinstance(event.get("t"), float):
                 self._trace(rec.id, f"runner_{event['phase']}", event["t"])
+            if isinstance(note := event.get("note"), str):  # e.g. resuming from a pause
+                self._info(f"task {rec.id}: {note[:200]}")
             progress = event.get("progress")
             if isinstance(progress, int | float):
                 self._set(task=self._task_status(rec, "training", float(progress)))
@@ -824,9 +838,10 @@ class Agent:
             self._policy_working = False
         self._trace(rec.id, "sandbox_returned")
         if result.status == "cancelled":
-            # kept as "ready": trained again from scratch later (training is deterministic)
+            # kept as "ready": trained again later, from where it paused when it could save
+            # its state, else from its start (training is deterministic either way)
             self.journal.record(rec.id, "ready", attempts=rec.attempts - 1)
-            self._info(f"task {rec.id} interrupted: {result.detail}; it will run again later")
+            self._info(f"task {rec.id} interrupted: {result.detail}")
             return
         if result.status == CORRUPT_INPUT:
             source = rec.task.get("model_source") or {}

@@ -35,12 +35,18 @@ import psutil
 
 from desktop.entry import entry_argv
 from desktop.task_outputs import UnsafeOutput, is_regular, read_json_output
+from desktop.task_runner import EXIT_PAUSED, PAUSE
 from desktop.warm import WARM_DIR, WarmWorker, parse_event, recover
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TASK_PACKAGES = ("desktop", "trainer")  # what desktop.task_runner imports of the project
 
 EXIT_OOM = 3  # desktop.task_runner's code for MemoryError / CUDA OOM
+# A cancelled task (the owner's pause, the work policy, the agent stopping) is first asked to
+# pause: it saves its state at its next step boundary and exits, and resumes from there next
+# time (desktop.task_runner, trainer.resume). One that has not exited within this grace is
+# killed, and trains again from its start. Within the 2 s the owner's pause must take.
+PAUSE_GRACE_S = 1.0
 
 # who a task is when the agent runs as root: "nobody", with no capability (see bwrap_argv)
 SANDBOX_UID = SANDBOX_GID = 65534
@@ -342,6 +348,7 @@ class Sandbox:
         self.limits = limits or Limits()
         self.gpu = gpu
         self.env: dict[str, str] = {}  # extra variables for the task (e.g. the GPU memory cap)
+        self.pause_grace_s = PAUSE_GRACE_S  # tests on a loaded machine give a task longer
         self._running: psutil.Process | None = None
         self.isolated = bwrap_usable() if use_bwrap is None else use_bwrap
         # Python tasks run through a warm worker (desktop/warm.py) on Linux: the sandbox and
@@ -459,6 +466,8 @@ class Sandbox:
 
         events: list[dict[str, Any]] = []
         stderr_tail = bytearray()
+        grace = _Grace(lambda: self.signal(folder, PAUSE), self.pause_grace_s)
+        on_event = grace.watch(on_event)
 
         def read_stdout() -> None:
             assert proc.stdout is not None
@@ -483,7 +492,7 @@ class Sandbox:
         ps = self._running = _ps(proc.pid)
         quota = _Quota(folder, self.limits.folder_mb)
         while proc.poll() is None:
-            killed = self._must_stop(started, ps, should_stop, quota)
+            killed = grace(self._must_stop(started, ps, should_stop, quota))
             if killed:
                 if job is not None:
                     job.terminate()
@@ -501,6 +510,7 @@ class Sandbox:
         tail = stderr_tail.decode("utf-8", "replace")[-2000:]
         base = {"duration_s": duration, "isolated": self.isolated, "stderr_tail": tail,
                 "events": events}  # fmt: skip
+        killed = killed or grace.paused(proc.returncode)
         if killed:
             return SandboxResult(killed[0], proc.returncode, killed[1], **base)
         return SandboxResult(*_classify(proc.returncode, tail, self.limits), **base)
@@ -537,9 +547,11 @@ class Sandbox:
         started = time.monotonic()
         inside = worker.run_dir / folder.name
         quota = _Quota(inside, self.limits.folder_mb)
+        grace = _Grace(lambda: self.signal(folder, PAUSE), self.pause_grace_s)
+        on_event = grace.watch(on_event)
 
         def watch(child: psutil.Process | None) -> tuple[str, str] | None:
-            return self._must_stop(started, child, should_stop, quota)
+            return grace(self._must_stop(started, child, should_stop, quota))
 
         command = {
             "argv": args,
@@ -560,8 +572,8 @@ class Sandbox:
             return SandboxResult("sandbox", None, f"could not start the warm task worker: {exc}")
         base = {"duration_s": time.monotonic() - started, "isolated": self.isolated,
                 "stderr_tail": out.stderr_tail, "events": out.events}  # fmt: skip
-        if out.killed:
-            return SandboxResult(out.killed[0], out.code, out.killed[1], **base)
+        if killed := out.killed or grace.paused(out.code):
+            return SandboxResult(killed[0], out.code, killed[1], **base)
         assert out.code is not None
         return SandboxResult(*_classify(out.code, out.stderr_tail, self.limits), **base)
 
@@ -610,6 +622,57 @@ class Sandbox:
         elif result.ok and not is_regular(folder, "update.safetensors"):
             result.status, result.detail = "crashed", "the task wrote no update"
         return result
+
+
+class _Grace:
+    """Turns the first cancellation of a task into a request to pause (`ask`, which puts the
+    pause file in its folder), and into a kill only `grace_s` later. A task that reports it
+    has paused (its state saved, the runner's "paused" event) is stopped at once: its
+    interpreter's shutdown is no part of the owner's wait. Time, memory and folder limits
+    still kill at once: a task over them gets no time to save anything."""
+
+    def __init__(self, ask: Callable[[], None], grace_s: float) -> None:
+        self.ask, self.grace_s = ask, grace_s
+        self.asked_at: float | None = None
+        self.saved = False
+        self.why = ""
+
+    def watch(
+        self, on_event: Callable[[dict[str, Any]], None] | None
+    ) -> Callable[[dict[str, Any]], None]:
+        def relay(event: dict[str, Any]) -> None:
+            if event.get("phase") == "paused":
+                self.saved = True
+            if on_event is not None:
+                on_event(event)
+
+        return relay
+
+    def __call__(self, verdict: tuple[str, str] | None) -> tuple[str, str] | None:
+        if verdict is None and self.asked_at is None:
+            return None
+        if verdict is not None and verdict[0] != "cancelled":
+            return verdict
+        if self.asked_at is None:
+            assert verdict is not None
+            self.asked_at, self.why = time.monotonic(), verdict[1]
+            self.ask()
+            return None
+        if self.saved:
+            return self._paused()
+        if time.monotonic() - self.asked_at < self.grace_s:
+            return None
+        return ("cancelled", f"{self.why}; it did not pause within {self.grace_s:g} s, so it "
+                "was stopped and will train again from its start")  # fmt: skip
+
+    def paused(self, code: int | None) -> tuple[str, str] | None:
+        """The verdict for a task that exited by itself after being asked to pause."""
+        if self.asked_at is not None and (self.saved or code == EXIT_PAUSED):
+            return self._paused()
+        return None  # it finished (or failed) before it saw the request: that result stands
+
+    def _paused(self) -> tuple[str, str]:
+        return ("cancelled", f"{self.why}; paused at a step boundary, it resumes from there")
 
 
 def _as_python_args(argv: list[str]) -> list[str] | None:

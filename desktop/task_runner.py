@@ -18,7 +18,13 @@ file named `stop` appears in the folder (checked before every step, so the steps
 kept) or it has trained the task's steps, then writes progress.safetensors = local now −
 local at send, checked like an update, and result.json with the steps it did.
 
-Exit codes: 0 ok, 3 out of memory, 4 bad input, 1 anything else.
+Pausing (docs/agent-api.md, "Pausing a task"): a file named `pause` in the folder stops
+training before the next step; the runner writes the run's state to paused.safetensors
+(trainer.resume) and result.json with status "paused", and exits 5. Started again in a folder
+that holds paused.safetensors for the same task, it resumes from there and makes the update an
+unpaused run would have made.
+
+Exit codes: 0 ok, 3 out of memory, 4 bad input, 5 paused, 1 anything else.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ EXIT_OK = 0
 EXIT_CRASHED = 1
 EXIT_OOM = 3
 EXIT_BAD_INPUT = 4
+EXIT_PAUSED = 5
 
 
 # overlap (see the module docstring): the files the agent and the runner exchange
@@ -44,6 +51,9 @@ LOCAL = "local.safetensors"
 PROGRESS = "progress.safetensors"
 CONTINUE = "continue.json"
 STOP = "stop"
+# pausing (see the module docstring): the agent's request, and the state the runner leaves
+PAUSE = "pause"
+PAUSED = "paused.safetensors"
 
 # result.json's reason when a download does not match the task's hash: the agent fetches it again
 CORRUPT_INPUT = "corrupt_input"
@@ -219,11 +229,11 @@ def _dataset(shard: dict[str, Any], spec: Any, state: dict[str, Any]) -> Any:
 
 
 def _watch_steps(
-    model: Any, steps: int, accum: int, stop: Path | None, pace: float = 1.0
+    model: Any, steps: int, accum: int, stop: tuple[Path, ...] = (), pace: float = 1.0
 ) -> dict[str, Any]:
     """Hooks on `model`: progress events for the agent's progress bar (train_local has no
     callback; one forward per micro-batch, `accum` of them make a step), and with `stop`, a
-    graceful stop before the step that would start once that file exists. `pace` > 1 holds
+    graceful stop before the step that would start once one of those files exists. `pace` > 1 holds
     each step back to `pace` x the time it took, as a GPU that many times slower would (the
     agent's `compute_scale`, a bench device). Returns the count of training forwards, `n`."""
     total = steps * accum
@@ -243,14 +253,14 @@ def _watch_steps(
             return
         if pace > 1.0 and seen["n"]:
             until = time.monotonic() + (pace - 1.0) * (time.monotonic() - seen["step"])
-            while time.monotonic() < until and not (stop is not None and stop.exists()):
+            while time.monotonic() < until and not any(p.exists() for p in stop):
                 time.sleep(min(0.02, max(0.0, until - time.monotonic())))
-        if stop is not None and stop.exists():
+        if any(p.exists() for p in stop):
             raise _StopRequested
         seen["step"] = time.monotonic()
 
     model.register_forward_hook(on_forward)
-    if stop is not None or pace > 1.0:
+    if stop or pace > 1.0:
         model.register_forward_pre_hook(before_forward)
     return seen
 
@@ -288,6 +298,7 @@ def run(folder: Path) -> int:
     from trainer.compression import CodecConfig, ErrorFeedback, decode_any, encode_update
     from trainer.local import train_local
     from trainer.models import ModelSpecError, build_model
+    from trainer.resume import ResumeError, TrainingPaused
     from trainer.spec import SpecError, parse_spec
     from trainer.updates import UpdateRejected, encode_state
 
@@ -323,16 +334,35 @@ def run(folder: Path) -> int:
         return EXIT_BAD_INPUT
     model = build_model(spec.model, data.input_shape, data.num_classes, seed=spec.seed).to(device)
     steps = int(task.get("steps") or 0) or None
-    _watch_steps(model, steps or 1, spec.local.grad_accum_steps, None)
+    _watch_steps(model, steps or 1, spec.local.grad_accum_steps)
     _emit(progress=0.0, step=0, device=str(device))
     overlap = bool(task.get("overlap"))
     max_norm = spec.aggregation.max_update_norm
     progress = _progress(folder / PROGRESS, global_state, max_norm) if overlap else None
     start = global_state if progress is None else _added(global_state, progress)  # the merge
-    result = train_local(
-        model, start, data, spec, seed=int(task.get("seed", 0)), steps=steps,
-        batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
-    )  # fmt: skip
+    identity = {"task_id": str(task.get("id", "")), "model_hash": task.get("model_hash"),
+                "merged": progress is not None}  # fmt: skip
+
+    def train(resume: Any) -> Any:
+        return train_local(
+            model, start, data, spec, seed=int(task.get("seed", 0)), steps=steps,
+            batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
+            pause=(folder / PAUSE).exists, resume=resume,
+        )  # fmt: skip
+
+    try:
+        try:
+            result = train(_paused_state(folder, identity))
+        except ResumeError as exc:  # the same task, but run otherwise (batch, precision...)
+            _emit(note=f"paused state dropped: {exc}")
+            result = train(None)
+    except TrainingPaused as paused:
+        paused.state.meta["task"] = identity
+        _write_bytes(folder / PAUSED, paused.state.to_bytes())
+        _write_json(folder / "result.json", {"status": "paused", "steps": paused.state.step})
+        _emit(phase="paused", step=paused.state.step, t=time.time())
+        return EXIT_PAUSED
+    (folder / PAUSED).unlink(missing_ok=True)  # used up: the update below replaces it
     _emit(phase="trained", t=time.time())
     # the precision that ran travels with the update: verification compares replicas that
     # ran in different precisions (a CPU's fp32, a GPU's bf16) by a rule measured for that
@@ -368,6 +398,26 @@ def run(folder: Path) -> int:
     _write_json(folder / "result.json", outcome)
     _emit(progress=1.0, step=result.steps, phase="encoded", t=time.time())
     return EXIT_OK
+
+
+def _paused_state(folder: Path, identity: dict[str, Any]) -> Any:
+    """The state an earlier attempt at this same task paused with, if any. A damaged one, or
+    one left by another task, is dropped with a note: the task then trains from the start."""
+    from trainer.resume import PausedState, ResumeError
+
+    path = folder / PAUSED
+    if not path.exists():
+        return None
+    try:
+        state = PausedState.from_bytes(path.read_bytes())
+        if state.meta.get("task") != identity:
+            raise ResumeError("it was left by another task or model")
+    except (OSError, ResumeError) as exc:
+        _emit(note=f"paused state dropped: {exc}")
+        path.unlink(missing_ok=True)
+        return None
+    _emit(note=f"resuming after {state.step} steps", step=state.step)
+    return state
 
 
 def _pace(folder: Path) -> float:
@@ -407,7 +457,9 @@ def run_continuation(folder: Path) -> int:
     cap = int(task.get("steps") or 0) or None
     accum = spec.local.grad_accum_steps
     pace = _pace(folder)
-    seen = _watch_steps(model, cap or 1, accum, folder / STOP, pace)
+    # asked to pause (the agent stopping, docs/agent-api.md), it stops as it would at the
+    # upload's end: its progress is kept
+    seen = _watch_steps(model, cap or 1, accum, (folder / STOP, folder / PAUSE), pace)
     started = time.perf_counter()
     stopped = False
     try:

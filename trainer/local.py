@@ -12,7 +12,7 @@ import contextlib
 import math
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainer.datasets import IGNORE_INDEX, Dataset
+from trainer.resume import PausedState, TrainingPaused, capture, restore
 from trainer.spec import JobSpec, OptimizerSpec, PrivacySpec
 
 
@@ -160,12 +161,18 @@ def train_local(
     steps: int | None = None,
     batch_size: int | None = None,
     proximal_mu: float = 0.0,
+    pause: Callable[[], bool] | None = None,
+    resume: PausedState | None = None,
 ) -> LocalResult:
     """Train `model` (reused across calls to save allocations) from `global_state` on `data`.
 
     Deterministic for (global_state, data, spec, seed) on a given device and precision. Each
     step's batch is split into `spec.local.grad_accum_steps` micro-batches whose losses are
     weighted so that the gradient is the whole batch's.
+
+    `pause` is asked before every step; when it answers True the run stops there and raises
+    TrainingPaused with its state, which `resume` takes back to finish the same run with the
+    same result as if it had never stopped (trainer.resume).
     """
     device = next(model.parameters()).device
     precision = resolve_precision(spec.local.precision, device)
@@ -198,10 +205,21 @@ def train_local(
     # far as a copied update does (bench/replica_divergence.py). Short tasks never grow it back.
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10) if precision == "fp16" else None
     lm = data.task == "language_model"
+    # what a paused state must match to be resumed by this call
+    identity = {"seed": seed, "steps": steps, "batch": batch, "accum": accum, "samples": n,
+                "precision": precision, "proximal_mu": proximal_mu}  # fmt: skip
 
     started = time.perf_counter()
     loss_total = torch.zeros((), device=device)
-    for step in range(steps):
+    first, before_s = 0, 0.0
+    if resume is not None:
+        loss_total = restore(resume, model, opt, scaler, identity)
+        first, before_s = resume.step, float(resume.meta.get("compute_s", 0.0))
+    for step in range(first, steps):
+        if pause is not None and pause():
+            paused = capture(step, model, opt, scaler, loss_total, identity)
+            paused.meta["compute_s"] = before_s + time.perf_counter() - started
+            raise TrainingPaused(paused)
         idx = order[bounds[step] : bounds[step + 1]]
         opt.zero_grad(set_to_none=True)
         if accum == 1:
@@ -228,7 +246,7 @@ def train_local(
         else:
             opt.step()
     mean_loss = float(loss_total) / steps  # one device sync, after the loop
-    compute_s = time.perf_counter() - started
+    compute_s = before_s + time.perf_counter() - started
 
     local = model.state_dict()
     delta = {k: (local[k].detach().cpu() - global_state[k].cpu()) for k in global_state}

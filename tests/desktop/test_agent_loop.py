@@ -211,9 +211,12 @@ def test_kill_mid_task_and_restart_neither_loses_nor_duplicates(
             what="training to start",
         )
         if sys.platform == "linux":  # torch lives in the sandboxed task, not in the agent
+            # waited for, not asserted at once: on a loaded machine the task (or the warm
+            # worker it forks from) may still be importing torch when the journal says ready
+            wait_for(lambda: any(_maps_torch(k.pid) for k in
+                                 psutil.Process(node.pid).children(recursive=True)),
+                     what="a task process holding torch")  # fmt: skip
             assert not _maps_torch(node.pid), "the agent process imported torch"
-            kids = psutil.Process(node.pid).children(recursive=True)
-            assert any(_maps_torch(k.pid) for k in kids), "no task process holds torch"
         os.killpg(node.pid, signal.SIGKILL)
         node.wait()
         assert "t-5" not in market.accepted()
@@ -256,11 +259,16 @@ def test_work_policy_holds_the_agent_back(market, logged_in, isolated_dirs, fake
 
 
 def test_a_game_starting_mid_task_preempts_it_and_work_resumes_later(
-    market, logged_in, isolated_dirs, fake_bench
+    market, logged_in, isolated_dirs, fake_bench, tmp_path, monkeypatch
 ):
     import datetime as dt
 
+    from desktop import sandbox
     from desktop.policy import Observations
+
+    # a loaded machine may take longer than the 1 s default to reach the task's next step:
+    # this is a test of the hand-over, not of the machine's speed (`bench.run --only pause`)
+    monkeypatch.setattr(sandbox, "PAUSE_GRACE_S", 60.0)
 
     gaming = [False]
 
@@ -277,14 +285,32 @@ def test_a_game_starting_mid_task_preempts_it_and_work_resumes_later(
         gaming[0] = True
         wait_for(lambda: agent.status().state is State.WAITING, what="preemption")
         rec = Journal(isolated_dirs.journal, readonly=True).get("t-7")
-        assert rec.state == "ready" and rec.attempts == 0  # kept, to run again in full
+        assert rec.state == "ready" and rec.attempts == 0  # kept, to run again
         assert "t-7" not in market.accepted()
         gaming[0] = False
         wait_for(lambda: "t-7" in market.accepted(), what="the task after the game")
     finally:
         agent.stop()
     assert market.puts == [("t-7", 201)] and market.tasks["t-7"].failed == []
-    assert any("interrupted" in e.message for e in agent.logs(500))
+    messages = [e.message for e in agent.logs(500)]
+    # it paused at a step and went on from there, to the update an unpaused run makes
+    assert any("interrupted" in m and "paused at a step boundary" in m for m in messages)
+    assert any("resuming after" in m for m in messages), messages
+    expected = _unpaused_update(digits_task("t-7", steps=400, rows=300), tmp_path)
+    sent = decode_state(market.accepted()["t-7"])[0]
+    assert sent.keys() == expected.keys()
+    assert all(torch.equal(sent[k], expected[k]) for k in expected)
+
+
+def _unpaused_update(t, tmp_path):
+
+    folder = tmp_path / "unpaused"
+    folder.mkdir()
+    (folder / "task.json").write_text(json.dumps(t.task))
+    (folder / "model.safetensors").write_bytes(t.model)
+    (folder / "shard.safetensors").write_bytes(t.shard)
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    return decode_state((folder / "update.safetensors").read_bytes())[0]
 
 
 def test_a_journaled_task_whose_lease_is_gone_is_dropped(

@@ -195,7 +195,7 @@ def test_a_paced_continuation_steps_as_a_slower_gpu_would(
     monkeypatch.setattr(task_runner, "time", clock)
     model = torch.nn.Linear(2, 2)
     stop = tmp_path / task_runner.STOP
-    task_runner._watch_steps(model, steps=10, accum=1, stop=stop, pace=3.0)
+    task_runner._watch_steps(model, steps=10, accum=1, stop=(stop,), pace=3.0)
     x = torch.zeros(1, 2)
     starts = []
     for _ in range(3):

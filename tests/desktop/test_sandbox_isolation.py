@@ -110,7 +110,8 @@ def test_cancel_stops_the_task(tmp_path: Path) -> None:
             [PY, "-c", "import time; time.sleep(60)"],
             should_stop=lambda: "paused",
         )
-    assert result.status == "cancelled" and result.detail == "paused"
+    # asked to pause first (it cannot: it is no task runner), then stopped all the same
+    assert result.status == "cancelled" and result.detail.startswith("paused; it did not pause")
 
 
 def test_without_bwrap_limits_still_apply_and_a_warning_is_given(tmp_path: Path) -> None:
