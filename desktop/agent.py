@@ -73,6 +73,7 @@ from desktop.task_runner import (
     BYZANTINE_ENV,
     CONTINUE,
     CORRUPT_INPUT,
+    DUTY_ENV,
     LOCAL,
     PAUSE,
     PROGRESS,
@@ -589,6 +590,7 @@ class Agent:
         while not self._stop.is_set():
             if self._paused.is_set():
                 self._set(state=State.PAUSED, reason=self._pause_reason, task=None)
+                self._release_overdue(self._pause_reason)
                 self._sleep(self.idle_sleep_s)
                 continue
             decision = self._policy()
@@ -596,6 +598,7 @@ class Agent:
                 if self.status().state is not State.WAITING:
                     self._info(f"waiting: {decision}")
                 self._set(state=State.WAITING, reason=str(decision), task=None)
+                self._release_overdue(str(decision))
                 self._sleep(self.idle_sleep_s * 5)
                 continue
             try:
@@ -694,6 +697,21 @@ class Agent:
                 self._upload_and_continue(rec)
             else:
                 self._upload(rec)
+
+    def _release_overdue(self, why: str) -> None:
+        """While this node may not work, a task it holds past its deadline goes back to the
+        marketplace at once, for another node to take: heartbeats would otherwise keep its
+        lease alive for as long as the game goes on, and hold its round up."""
+        st = self.status()
+        for rec in self.journal.open():
+            if (
+                rec.state in ("claimed", "ready")
+                and rec.id not in self._uploading
+                and self._deadline_passed(rec.task)
+            ):
+                with contextlib.suppress(Unavailable):  # reported on a later pass
+                    self._finish_failed(rec, "cancelled", f"not run by its deadline: {why}")
+                self._set(state=st.state, reason=st.reason)  # still waiting, for the same reason
 
     def _deadline_passed(self, task: dict[str, Any]) -> bool:
         raw = task.get("deadline")
@@ -828,6 +846,7 @@ class Agent:
             memory_mb=s.task_memory_mb, cpu_s=s.task_cpu_s, wall_s=s.task_wall_s
         )
         self._sandbox.env["GPUFLEX_GPU_MEMORY_FRACTION"] = str(s.gpu_memory_fraction)
+        self._sandbox.env[DUTY_ENV] = str(s.max_gpu_busy_pct / 100)
         if self.byzantine:
             self._sandbox.env[BYZANTINE_ENV] = self.byzantine
         self._trace(rec.id, "sandbox_called")

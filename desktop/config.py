@@ -63,13 +63,18 @@ class Settings:
     enrollment_token: str = ""
     price_per_gpu_hour: str = "0.40"  # a decimal string, as the API carries money
     # work policy (BOINC's computing preferences)
-    idle_minutes: float = 0.0  # 0: work whenever allowed
+    # "only when idle" is the default (issue #17): a machine nobody sits at (a server, no
+    # display) is always idle, so headless agents work at once
+    idle_minutes: float = 5.0  # 0: "always", even while the owner uses the computer
     pause_on_gpu_processes: bool = True
     max_gpu_temp_c: float = 83.0
     schedule_start: str = ""  # "HH:MM"; both empty: any time
     schedule_end: str = ""
     work_on_battery: bool = False
     gpu_memory_fraction: float = 0.9
+    # at most this share of the time computing: steps are held back (fans, power, heat); not
+    # billed, so the node is paid for the compute only (desktop.task_runner._duty_pace)
+    max_gpu_busy_pct: int = 100
     # sandbox limits per task
     task_memory_mb: int = 8192
     task_cpu_s: int = 3600
@@ -256,6 +261,8 @@ def _check(s: Settings) -> None:
         raise InvalidSettings("gpu_memory_fraction must be above 0 and at most 1")
     if s.idle_minutes < 0 or not 0 < s.max_gpu_temp_c <= 120:
         raise InvalidSettings("idle_minutes must be 0 or more, max_gpu_temp_c 1 to 120")
+    if isinstance(s.max_gpu_busy_pct, bool) or s.max_gpu_busy_pct not in range(5, 101):
+        raise InvalidSettings("max_gpu_busy_pct must be a whole number from 5 to 100")
     for name in ("task_memory_mb", "task_cpu_s", "task_wall_s"):
         if getattr(s, name) <= 0:
             raise InvalidSettings(f"{name} must be positive")

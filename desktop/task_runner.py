@@ -18,11 +18,11 @@ file named `stop` appears in the folder (checked before every step, so the steps
 kept) or it has trained the task's steps, then writes progress.safetensors = local now −
 local at send, checked like an update, and result.json with the steps it did.
 
-Pausing (docs/agent-api.md, "Pausing a task"): a file named `pause` in the folder stops
-training before the next step; the runner writes the run's state to paused.safetensors
-(trainer.resume) and result.json with status "paused", and exits 5. Started again in a folder
-that holds paused.safetensors for the same task, it resumes from there and makes the update an
-unpaused run would have made.
+Pausing (desktop/README.md, "When it works, and how it pauses"): a file named `pause` in the
+folder stops training before the next step; the runner writes the run's state to
+paused.safetensors (trainer.resume) and result.json with status "paused", and exits 5.
+Started again in a folder that holds paused.safetensors for the same task, it resumes from
+there and makes the update an unpaused run would have made.
 
 Exit codes: 0 ok, 3 out of memory, 4 bad input, 5 paused, 1 anything else.
 """
@@ -235,9 +235,10 @@ def _watch_steps(
     callback; one forward per micro-batch, `accum` of them make a step), and with `stop`, a
     graceful stop before the step that would start once one of those files exists. `pace` > 1 holds
     each step back to `pace` x the time it took, as a GPU that many times slower would (the
-    agent's `compute_scale`, a bench device). Returns the count of training forwards, `n`."""
+    agent's `compute_scale`, a bench device, or the owner's GPU use cap). Returns the count
+    of training forwards, `n`, and the seconds held back, `held_s`."""
     total = steps * accum
-    seen = {"n": 0, "t": 0.0, "step": time.monotonic()}
+    seen = {"n": 0, "t": 0.0, "step": time.monotonic(), "held_s": 0.0}
 
     def on_forward(module: Any, args: Any, out: Any) -> None:
         if module.training:
@@ -252,9 +253,11 @@ def _watch_steps(
         if not module.training or seen["n"] % accum:
             return
         if pace > 1.0 and seen["n"]:
-            until = time.monotonic() + (pace - 1.0) * (time.monotonic() - seen["step"])
+            held = time.monotonic()
+            until = held + (pace - 1.0) * (held - seen["step"])
             while time.monotonic() < until and not any(p.exists() for p in stop):
                 time.sleep(min(0.02, max(0.0, until - time.monotonic())))
+            seen["held_s"] += time.monotonic() - held
         if any(p.exists() for p in stop):
             raise _StopRequested
         seen["step"] = time.monotonic()
@@ -334,7 +337,7 @@ def run(folder: Path) -> int:
         return EXIT_BAD_INPUT
     model = build_model(spec.model, data.input_shape, data.num_classes, seed=spec.seed).to(device)
     steps = int(task.get("steps") or 0) or None
-    _watch_steps(model, steps or 1, spec.local.grad_accum_steps)
+    seen = _watch_steps(model, steps or 1, spec.local.grad_accum_steps, pace=_duty_pace())
     _emit(progress=0.0, step=0, device=str(device))
     overlap = bool(task.get("overlap"))
     max_norm = spec.aggregation.max_update_norm
@@ -386,10 +389,12 @@ def run(folder: Path) -> int:
     if feedback.residual is not None:  # what top-k left out, carried to this job's next task
         residual = encode_state({"residual": feedback.residual})
         (folder / "residual.next.safetensors").write_bytes(residual)
+    # the owner's GPU use cap holds steps back: time this node was not computing, not billed
+    compute_s = max(result.compute_s - seen["held_s"], 0.0)
     outcome = {
         "status": "ok",
         "metrics": {"loss": result.loss, "steps": result.steps,
-                    "samples": result.num_samples, "compute_s": result.compute_s},
+                    "samples": result.num_samples, "compute_s": compute_s},
         "device": str(device),
         "precision": result.precision,
     }  # fmt: skip
@@ -418,6 +423,20 @@ def _paused_state(folder: Path, identity: dict[str, Any]) -> Any:
         return None
     _emit(note=f"resuming after {state.step} steps", step=state.step)
     return state
+
+
+# the agent's cap on how busy a task keeps the GPU, a fraction in (0, 1] (Settings'
+# max_gpu_busy_pct): steps are held back so the GPU computes at most that share of the time
+DUTY_ENV = "GPUFLEX_DUTY_CYCLE"
+
+
+def _duty_pace() -> float:
+    """The pace (see _watch_steps) that keeps the GPU busy for at most the agent's share."""
+    try:
+        duty = float(os.environ.get(DUTY_ENV, "1"))
+    except ValueError:
+        return 1.0
+    return 1.0 / duty if math.isfinite(duty) and 0.05 <= duty < 1.0 else 1.0
 
 
 def _pace(folder: Path) -> float:
@@ -457,7 +476,7 @@ def run_continuation(folder: Path) -> int:
     cap = int(task.get("steps") or 0) or None
     accum = spec.local.grad_accum_steps
     pace = _pace(folder)
-    # asked to pause (the agent stopping, docs/agent-api.md), it stops as it would at the
+    # asked to pause (the agent stopping, desktop/README.md), it stops as it would at the
     # upload's end: its progress is kept
     seen = _watch_steps(model, cap or 1, accum, (folder / STOP, folder / PAUSE), pace)
     started = time.perf_counter()

@@ -1,4 +1,5 @@
-"""First run: show the hardware, benchmark it, sign in, and hand over to the agent."""
+"""First run: show the hardware, benchmark it, choose when to work, sign in, and hand over
+to the agent."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from desktop.bench_result import BenchmarkResult
 from desktop.control import ControlError, NotRunning
 from desktop.gui.bridge import AgentBridge, Worker
 from desktop.gui.icons import app_icon
+from desktop.gui.policy_page import WorkPolicyPage
 from desktop.gui.style import STYLE
 from desktop.hardware import HardwareReport
 from desktop.probe import probe
@@ -109,14 +111,16 @@ class FirstRunWizard(QWizard):
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
         self.measure = MeasurePage(bridge)
         self.account = AccountPage(bridge)
+        self.policy = WorkPolicyPage(bridge.settings())
         self.addPage(self.measure)
+        self.addPage(self.policy)
         self.addPage(self.account)
         self.resize(620, 480)
 
     def accept(self) -> None:
         a = self.account
         s = replace(
-            self.bridge.settings(),
+            self.policy.applied(self.bridge.settings()),
             server_url=a.server.text().strip(),
             node_name=a.name.text().strip(),
             price_per_gpu_hour=f"{a.price.value():.2f}",

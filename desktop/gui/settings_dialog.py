@@ -107,6 +107,11 @@ class SettingsDialog(QDialog):
         self.temp.setSuffix(" °C")
         self.temp.setValue(int(s.max_gpu_temp_c))
         f.addRow("Pause above", self.temp)
+        self.busy = QSpinBox()
+        self.busy.setRange(5, 100)
+        self.busy.setSuffix(" % of the time")
+        self.busy.setValue(s.max_gpu_busy_pct)
+        f.addRow("GPU busy at most", self.busy)
 
         f = _form(tabs, "Limits")
         self.gpu_mem = QSpinBox()
@@ -157,6 +162,7 @@ class SettingsDialog(QDialog):
             work_on_battery=self.battery.isChecked(),
             pause_on_gpu_processes=self.gpu_procs.isChecked(),
             max_gpu_temp_c=float(self.temp.value()),
+            max_gpu_busy_pct=self.busy.value(),
             gpu_memory_fraction=self.gpu_mem.value() / 100,
             task_memory_mb=self.mem.value(),
             task_wall_s=self.wall.value(),

@@ -302,6 +302,46 @@ def test_a_game_starting_mid_task_preempts_it_and_work_resumes_later(
     assert all(torch.equal(sent[k], expected[k]) for k in expected)
 
 
+def test_a_task_held_past_its_deadline_while_the_game_goes_on_goes_back_at_once(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    """Heartbeats keep a held task's lease alive: a long game must not hold its round up."""
+    import datetime as dt
+
+    from desktop.policy import Observations
+
+    gaming = [False]
+
+    def observe() -> Observations:
+        return Observations(now=dt.datetime.now(),
+                            other_gpu_processes=[(4242, 3000)] if gaming[0] else [])  # fmt: skip
+
+    task = digits_task("t-late", steps=100_000, rows=300)
+    market.add(task)
+    agent = make_agent(logged_in, isolated_dirs, fake_bench, observe_fn=observe,
+                       policy_check_s=0.1)  # fmt: skip
+    overdue = [False]  # the task's deadline passes when the test says, not by the clock
+    agent._deadline_passed = lambda _task: overdue[0]
+    agent.start()
+    try:
+        wait_for(lambda: (t := agent.status().task) is not None and t.phase == "training")
+        gaming[0] = True
+        wait_for(lambda: agent.status().state is State.WAITING, what="preemption")
+        assert not task.failed  # held while its deadline has not passed
+        claims = market.claims
+        overdue[0] = True
+        wait_for(lambda: task.failed, what="the overdue task handed back")
+        wait_for(lambda: Journal(isolated_dirs.journal, readonly=True).get("t-late").state
+                 == "done", what="the journal")  # fmt: skip
+        wait_for(lambda: agent.status().state is State.WAITING, what="still waiting")
+        assert "another program uses the GPU" in agent.status().reason
+        assert market.claims == claims  # handed back while the game goes on: nothing new taken
+    finally:
+        agent.stop()
+    assert task.failed[0]["reason"] == "cancelled"
+    assert "not run by its deadline: another program uses the GPU" in task.failed[0]["detail"]
+
+
 def _unpaused_update(t, tmp_path):
 
     folder = tmp_path / "unpaused"

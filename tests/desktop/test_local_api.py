@@ -85,15 +85,15 @@ def test_settings_round_trip_and_validation(daemon, isolated_dirs) -> None:
     client = ControlClient(isolated_dirs)
     new = client.update_settings(
         {
-            "idle_minutes": 5,
+            "idle_minutes": 12,  # not the default
             "schedule_start": "22:00",
             "schedule_end": "07:00",
             "price_per_gpu_hour": "0.55",
         }
     )
-    assert new["idle_minutes"] == 5.0 and client.settings()["price_per_gpu_hour"] == "0.55"
+    assert new["idle_minutes"] == 12.0 and client.settings()["price_per_gpu_hour"] == "0.55"
     assert load_settings(isolated_dirs).schedule_end == "07:00"  # saved
-    assert daemon.agent.settings.idle_minutes == 5.0  # and in force
+    assert daemon.agent.settings.idle_minutes == 12.0  # and in force
     for bad, words in [({"nope": 1}, "unknown setting 'nope'"),
                        ({"idle_minutes": "5"}, "idle_minutes must be a float"),
                        ({"work_on_battery": 1}, "work_on_battery must be a bool"),

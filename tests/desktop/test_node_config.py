@@ -59,3 +59,15 @@ def test_journal_survives_a_torn_write_and_compacts(tmp_path) -> None:
     assert all(
         line.startswith("{") and line.endswith("}") for line in path.read_text().splitlines()
     )
+
+
+def test_the_work_policy_defaults_to_only_when_idle_and_checks_the_gpu_use_cap() -> None:
+    import pytest
+
+    from desktop.config import InvalidSettings, Settings, apply_changes
+
+    assert Settings().idle_minutes > 0 and Settings().max_gpu_busy_pct == 100
+    assert apply_changes(Settings(), {"max_gpu_busy_pct": 40}).max_gpu_busy_pct == 40
+    for bad in (0, 4, 101, 50.5, True):
+        with pytest.raises(InvalidSettings, match="max_gpu_busy_pct"):
+            apply_changes(Settings(), {"max_gpu_busy_pct": bad})

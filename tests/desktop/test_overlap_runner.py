@@ -216,3 +216,30 @@ def test_a_paced_continuation_steps_as_a_slower_gpu_would(
 def test_the_continuation_reads_its_pace(tmp_path: Path, marker: object, pace: float) -> None:
     (tmp_path / task_runner.CONTINUE).write_text(json.dumps(marker))
     assert task_runner._pace(tmp_path) == pace
+
+
+def test_the_owners_gpu_use_cap_holds_steps_back_and_is_not_billed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """max_gpu_busy_pct 25 (GPUFLEX_DUTY_CYCLE 0.25): each step is followed by three times
+    its time held back, counted in `held_s`, which the runner takes off the compute billed."""
+    monkeypatch.setenv(task_runner.DUTY_ENV, "0.25")
+    assert task_runner._duty_pace() == 4.0
+    clock = _Clock()
+    monkeypatch.setattr(task_runner, "time", clock)
+    model = torch.nn.Linear(2, 2)
+    seen = task_runner._watch_steps(model, steps=10, accum=1, pace=task_runner._duty_pace())
+    for _ in range(3):
+        model(torch.zeros(1, 2))
+        clock.now += 0.5  # the step's compute
+    model(torch.zeros(1, 2))  # the fourth step starts after the third's hold
+    assert seen["held_s"] == 3 * 1.5  # three steps of 0.5 s, each held back 1.5 s
+
+
+@pytest.mark.parametrize(("value", "pace"), [("1", 1.0), ("0.5", 2.0), ("", 1.0), ("x", 1.0),
+                                             ("0", 1.0), ("0.01", 1.0), ("nan", 1.0)])  # fmt: skip
+def test_a_missing_or_senseless_gpu_use_cap_means_no_cap(
+    monkeypatch: pytest.MonkeyPatch, value: str, pace: float
+) -> None:
+    monkeypatch.setenv(task_runner.DUTY_ENV, value)
+    assert task_runner._duty_pace() == pace

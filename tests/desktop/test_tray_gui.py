@@ -82,6 +82,7 @@ def test_settings_dialog_persists(qtbot, live, isolated_dirs, monkeypatch) -> No
     dialog.use_schedule.setChecked(True)
     dialog.battery.setChecked(True)
     dialog.mem.setValue(2048)
+    dialog.busy.setValue(50)
     dialog.autostart.setChecked(True)
     dialog.key.setText("gfx_u_newkey")
     dialog.accept()
@@ -89,6 +90,7 @@ def test_settings_dialog_persists(qtbot, live, isolated_dirs, monkeypatch) -> No
     assert saved.price_per_gpu_hour == "0.75" and saved.idle_minutes == 7
     assert (saved.schedule_start, saved.schedule_end) == ("22:00", "07:00")
     assert saved.work_on_battery and saved.task_memory_mb == 2048 and saved.start_at_login
+    assert saved.max_gpu_busy_pct == 50
     assert agent.settings == saved
     assert Credentials(isolated_dirs).provider_key() == "gfx_u_newkey"
     assert autostart.is_enabled("linux")
@@ -109,6 +111,15 @@ def test_first_run_measures_then_saves_the_account(qtbot, live, isolated_dirs) -
     qtbot.waitUntil(wizard.measure.isComplete, timeout=120_000)
     assert "TFLOP/s" in wizard.measure.text.text()
     wizard.next()
+    # when to work: "only when idle" is the default; the owner picks "always" and a cap
+    policy = wizard.policy
+    assert wizard.currentPage() is policy
+    assert policy.idle_only.isChecked() and policy.idle.value() == 5 and policy.idle.isEnabled()
+    policy.always.setChecked(True)
+    assert not policy.idle.isEnabled()
+    policy.busy.setValue(60)
+    policy.use_schedule.setChecked(True)
+    wizard.next()
     assert not wizard.account.isComplete()
     wizard.account.key.setText("gfx_u_firstrun")
     wizard.account.name.setText("my-desktop")
@@ -116,6 +127,8 @@ def test_first_run_measures_then_saves_the_account(qtbot, live, isolated_dirs) -
     wizard.accept()
     saved = load_settings(isolated_dirs)
     assert saved.first_run_done and saved.node_name == "my-desktop"
+    assert saved.idle_minutes == 0 and saved.max_gpu_busy_pct == 60
+    assert (saved.schedule_start, saved.schedule_end) == ("22:00", "07:00")
     assert Credentials(isolated_dirs).provider_key() == "gfx_u_firstrun"
 
 
