@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from desktop import __version__
+from desktop import __version__, local_datasets
 from desktop.bench_result import BenchmarkResult
 from desktop.client import (
     ApiError,
@@ -55,6 +55,7 @@ from desktop.config import Credentials, Paths, Settings, load_settings, save_set
 from desktop.hardware import HardwareReport, gpu_metrics
 from desktop.input_cache import InputCache
 from desktop.journal import Journal, TaskRecord
+from desktop.local_datasets import DatasetRefused, LocalDataset
 from desktop.netprobe import NetProbe, NetworkFigures
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
 from desktop.probe import probe
@@ -75,6 +76,7 @@ from desktop.task_runner import (
     CORRUPT_INPUT,
     DUTY_ENV,
     LOCAL,
+    LOCAL_DATA,
     PAUSE,
     PROGRESS,
     STOP,
@@ -277,6 +279,9 @@ class Agent:
         self.simnet: SimulatedNetwork | None = None
         self._continuation: Continuation | None = None
         self._uploading: set[str] = set()  # overlap tasks whose upload runs in the background
+        # the local datasets are to be advertised (at start, and after any change)
+        self._datasets_due = threading.Event()
+        self._datasets_due.set()
 
     # ----------------------------------------------------------------- public API
 
@@ -345,6 +350,33 @@ class Agent:
         with self._lock:
             sign_in(provider_key, self._settings, self.paths, self.credentials)
         self._wake.set()
+
+    # ---- local datasets (federated silos; desktop.local_datasets)
+
+    def datasets(self) -> list[LocalDataset]:
+        with self._lock:
+            return local_datasets.declared(self._settings)
+
+    def add_dataset(self, name: str, path: str, kind: str | None = None,
+                    label_column: str = "label", image_size: int = 28) -> LocalDataset:  # fmt: skip
+        """Read and declare a local dataset (DatasetRefused says why not); advertised next."""
+        with self._lock:
+            dataset = local_datasets.add(self._settings, name, path, kind, label_column,
+                                         image_size)  # fmt: skip
+            save_settings(self._settings, self.paths)
+        self._datasets_changed(f"local dataset {name!r} declared: {dataset.rows} rows")
+        return dataset
+
+    def remove_dataset(self, name: str) -> None:
+        with self._lock:
+            local_datasets.remove(self._settings, name)
+            save_settings(self._settings, self.paths)
+        self._datasets_changed(f"local dataset {name!r} removed")
+
+    def _datasets_changed(self, message: str) -> None:
+        self._datasets_due.set()
+        self._wake.set()
+        self._info(message)
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         """Called from the agent's threads; GUIs must hop to their own thread."""
@@ -524,6 +556,7 @@ class Agent:
                     "schedule": [s.schedule_start, s.schedule_end],
                     "work_on_battery": s.work_on_battery,
                 },
+                "local_datasets": local_datasets.advertisement(s),  # never a row
             }
             if s.kind == "platform":  # the operator's token; a volunteer sends none
                 body["enrollment_token"] = s.enrollment_token
@@ -588,6 +621,8 @@ class Agent:
         assert self.client is not None
         outage = 0
         while not self._stop.is_set():
+            if self._datasets_due.is_set():
+                self._advertise_datasets()
             if self._paused.is_set():
                 self._set(state=State.PAUSED, reason=self._pause_reason, task=None)
                 self._release_overdue(self._pause_reason)
@@ -631,6 +666,16 @@ class Agent:
                     self._error(f"marketplace error: {exc}")
                     self._sleep(self.idle_sleep_s * 5)
 
+    def _advertise_datasets(self) -> None:
+        """Tell the marketplace which local datasets this node holds (never their rows)."""
+        assert self.client is not None
+        self._datasets_due.clear()
+        try:
+            self.client.put_datasets(local_datasets.advertisement(self._settings))
+        except (ApiError, Stopped) as exc:
+            self._datasets_due.set()  # the next pass tries again
+            self._warn(f"could not advertise the local datasets ({exc})")
+
     def _sleep(self, seconds: float) -> None:
         if self._wake.wait(seconds):
             self._wake.clear()
@@ -666,13 +711,18 @@ class Agent:
         if rec.state in ("claimed", "ready") and self._deadline_passed(rec.task):
             self._finish_failed(rec, "cancelled", "the task's deadline passed before it ran")
             return
-        if rec.state == "ready" and not (self._folder(rec.id) / "shard.safetensors").exists():
+        inputs = LOCAL_DATA if rec.task.get("local_dataset") else "shard.safetensors"
+        if rec.state == "ready" and not (self._folder(rec.id) / inputs).exists():
             rec = self.journal.record(rec.id, "claimed")  # inputs lost (data folder wiped)
         if rec.state == "claimed":
             self._set(state=State.WORKING, task=self._task_status(rec, "downloading"))
             try:
                 self._download(rec)
                 self._trace(rec.id, "downloaded")
+            except DatasetRefused as exc:  # a federated task's local dataset is gone or broken
+                self._datasets_due.set()
+                self._finish_failed(rec, "crashed", str(exc))
+                return
             except ApiError as exc:
                 if exc.status not in (403, 404, 410):
                     raise
@@ -734,8 +784,11 @@ class Agent:
         for stale in folder.glob("model*.safetensors"):
             stale.unlink()
         self._fetch_model(rec, folder)
-        shard = self._fetch(rec, "shard_hash", self.client.get_shard)
-        (folder / "shard.safetensors").write_bytes(shard)
+        if rec.task.get("local_dataset"):  # federated: the node's own data, never downloaded
+            self._local_input(rec, folder)
+        else:
+            shard = self._fetch(rec, "shard_hash", self.client.get_shard)
+            (folder / "shard.safetensors").write_bytes(shard)
         (folder / "task.json").write_text(json.dumps(rec.task), encoding="utf-8")
         residual = self._residual_file(rec)
         if rec.task.get("codec") == "topk" and os.path.lexists(residual):
@@ -744,6 +797,38 @@ class Agent:
             except UnsafeOutput as exc:
                 self._warn(f"task {rec.id}: the kept residual is dropped ({exc})")
                 residual.unlink(missing_ok=True)
+
+    def _local_dataset(self, rec: TaskRecord) -> LocalDataset:
+        """A federated task's local dataset, re-read first when its file changed since it
+        was declared (its rows, schema and hash are then advertised anew)."""
+        name = str(rec.task.get("local_dataset"))
+        with self._lock:
+            dataset = local_datasets.find(self._settings, name)
+        if dataset is None:
+            raise DatasetRefused(f"this node no longer holds a local dataset named {name!r}")
+        if dataset.changed():
+            self._info(f"local dataset {name!r} changed on disk; reading it again")
+            dataset = local_datasets.inspect(name, dataset.path, dataset.kind,
+                                             dataset.label_column, dataset.image_size)  # fmt: skip
+            with self._lock:
+                local_datasets.replace_entry(self._settings, dataset)
+                save_settings(self._settings, self.paths)
+            self._datasets_due.set()
+        return dataset
+
+    def _local_input(self, rec: TaskRecord, folder: Path) -> None:
+        """Where the sandboxed runner reads the task's local dataset (desktop.task_runner)."""
+        assert self._sandbox is not None
+        d = self._local_dataset(rec)
+        where = {
+            "name": d.name,
+            "kind": d.kind,
+            "label_column": d.label_column,
+            "image_size": d.image_size,
+            "path": self._sandbox.data_path(d.name, Path(d.path)),
+        }
+        (folder / LOCAL_DATA).write_text(json.dumps(where), encoding="utf-8")
+        self._info(f"task {rec.id} trains on local dataset {d.name!r} ({d.rows} rows)")
 
     def _fetch_model(self, rec: TaskRecord, folder: Path) -> None:
         """The round's model the way the task's `model_source` says: from the cache, built
@@ -850,9 +935,19 @@ class Agent:
         if self.byzantine:
             self._sandbox.env[BYZANTINE_ENV] = self.byzantine
         self._trace(rec.id, "sandbox_called")
+        read_only = None
+        if rec.task.get("local_dataset"):  # the local dataset, bound read-only (never copied)
+            try:
+                d = self._local_dataset(rec)
+            except DatasetRefused as exc:
+                self._policy_working = False
+                self._datasets_due.set()
+                self._finish_failed(rec, "crashed", str(exc))
+                return
+            read_only = {d.path: self._sandbox.data_path(d.name, Path(d.path))}
         try:
             result = self._sandbox.run_task(folder, self._should_stop(should_stop, policy_stop),
-                                            on_event)  # fmt: skip
+                                            on_event, read_only)  # fmt: skip
         finally:
             self._policy_working = False
         self._trace(rec.id, "sandbox_returned")

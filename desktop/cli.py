@@ -241,6 +241,67 @@ def cmd_settings(args: argparse.Namespace) -> int:
     return _control(settings)
 
 
+def cmd_datasets(args: argparse.Namespace) -> int:
+    """Local datasets (federated silos): through the running agent when there is one, which
+    advertises the change at once; else in the saved settings, advertised at its next start."""
+    from desktop import local_datasets as ld
+    from desktop.config import load_settings, save_settings
+    from desktop.control import ControlClient, ControlError, NotRunning
+
+    client = ControlClient()
+    running = client.running()
+    try:
+        if args.action == "add":
+            options = {"kind": args.kind, "label_column": args.label_column,
+                       "image_size": args.image_size}  # fmt: skip
+            if running:
+                found = ld.LocalDataset.from_dict(client.add_dataset(args.name, args.path,
+                                                                     **options))  # fmt: skip
+            else:
+                settings = load_settings()
+                found = ld.add(settings, args.name, args.path, **options)
+                save_settings(settings)
+            print(f"declared {found.name!r}: {_described(found)}")
+            if not running:
+                print("the agent advertises it when it starts ('gpuflex-node run')")
+        elif args.action == "remove":
+            if running:
+                client.remove_dataset(args.name)
+            else:
+                settings = load_settings()
+                ld.remove(settings, args.name)
+                save_settings(settings)
+            print(f"removed {args.name!r} (its file is left as it was)")
+        else:
+            rows = client.datasets() if running else load_settings().local_datasets
+            found_all = [ld.LocalDataset.from_dict(d) for d in rows]
+            if args.json:
+                _print_json([d.to_dict() for d in found_all])
+            elif not found_all:
+                print("no local datasets declared ('gpuflex-node datasets add NAME PATH')")
+            for d in found_all if not args.json else []:
+                print(f"{d.name}\t{_described(d)}\t{d.path}")
+    except (ld.DatasetRefused, ControlError) as exc:
+        print(f"gpuflex-node datasets {args.action}: {exc}", file=sys.stderr)
+        return 2
+    except NotRunning as exc:
+        print(f"the agent stopped answering: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _described(d: Any) -> str:
+    shape = "x".join(str(n) for n in d.input_shape)
+    return (f"{d.kind}, {d.rows} rows of {shape}, {d.num_classes} classes, "
+            f"sha256 {d.content_hash[:12]}…")  # fmt: skip
+
+
+def cmd_dataset_child(args: argparse.Namespace) -> int:
+    from desktop.local_datasets import main as read_dataset
+
+    return read_dataset([args.request])
+
+
 def cmd_service(args: argparse.Namespace) -> int:
     from desktop import service_units
 
@@ -291,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="gpuflex-node", description="GPUFlex contributor agent")
     p.add_argument("--version", action="version", version=f"gpuflex-node {__version__}")
-    commands = "info,bench,login,run,status,pause,resume,stop,logs,settings,service"
+    commands = "info,bench,login,run,status,pause,resume,stop,logs,settings,datasets,service"
     sub = p.add_subparsers(dest="command", required=True, metavar="{" + commands + "}")
 
     s = sub.add_parser("info", help="detected hardware")
@@ -359,6 +420,23 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("settings", help="show or change the running agent's settings")
     s.add_argument("--set", action="append", metavar="NAME=VALUE")
     s.set_defaults(fn=cmd_settings)
+    s = sub.add_parser("datasets", help="local datasets federated jobs train on (never uploaded)")
+    acts = s.add_subparsers(dest="action", required=True, metavar="{add,list,remove}")
+    a = acts.add_parser("add", help="declare a local dataset: read, checked and advertised "
+                        "(its name, schema, row count and hash; never its rows)")  # fmt: skip
+    a.add_argument("name", help="the name federated jobs ask for ('gpuflex submit --federated')")
+    a.add_argument("path", help="a .csv, .npz or .parquet file, or an image folder")
+    a.add_argument("--kind", choices=("csv", "npz", "parquet", "image_folder"),
+                   help="the format (default: from the name)")  # fmt: skip
+    a.add_argument("--label-column", default="label", help="the label column (tables, npz)")
+    a.add_argument("--image-size", type=int, default=28, help="image folders: side in pixels")
+    a.set_defaults(fn=cmd_datasets)
+    a = acts.add_parser("list", help="the declared local datasets")
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(fn=cmd_datasets)
+    a = acts.add_parser("remove", help="forget a local dataset (its file is left alone)")
+    a.add_argument("name")
+    a.set_defaults(fn=cmd_datasets)
     s = sub.add_parser("service", help="the per-user background service (systemd, launchd)")
     s.add_argument("action", choices=("show", "install", "uninstall"))
     s.add_argument("--start", action="store_true", help="with install: enable and start now")
@@ -371,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("_task")
     s.add_argument("folder")
     s.set_defaults(fn=cmd_task)
+    s = sub.add_parser("_dataset")  # reads a local dataset (desktop/local_datasets.py)
+    s.add_argument("request")
+    s.set_defaults(fn=cmd_dataset_child)
     s = sub.add_parser("_probe", add_help=False)  # hardware and benchmark (desktop/probe.py)
     s.add_argument("rest", nargs=argparse.REMAINDER)
     s.set_defaults(fn=cmd_probe)

@@ -188,6 +188,10 @@ class MarketplaceClient:
             "POST", f"agent/tasks/{task_id}/fail", json_body={"reason": reason, "detail": detail}
         )
 
+    def put_datasets(self, datasets: list[dict[str, Any]]) -> None:
+        """Every local dataset this node holds: name, schema, rows, hash; never a row."""
+        self._request("PUT", "agent/datasets", json_body={"local_datasets": datasets})
+
     def me(self) -> dict[str, Any]:
         return dict(self._request("GET", "agent/me", attempts=2).json())
 

@@ -83,6 +83,10 @@ class Settings:
     network_profile: str = ""
     start_at_login: bool = False
     first_run_done: bool = False
+    # declared local datasets (federated silos): desktop.local_datasets.LocalDataset dicts,
+    # changed only through `gpuflex-node datasets` / the tray's Datasets page, which read
+    # and check them first
+    local_datasets: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,6 +236,10 @@ def apply_changes(current: Settings, changes: dict[str, Any]) -> Settings:
         kind = kinds.get(name)
         if kind is None:
             raise InvalidSettings(f"unknown setting {name!r}")
+        if name == "local_datasets":  # each one is read and checked before it is declared
+            raise InvalidSettings(
+                "local_datasets change through 'gpuflex-node datasets add/remove' only"
+            )
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not kind:

@@ -1,5 +1,5 @@
 """The client of the running agent's local API (desktop.local_api): `gpuflex-node status|
-pause|resume|settings|logs|stop` and the tray app both talk to the agent through this.
+pause|resume|settings|logs|stop|datasets` and the tray app both talk to the agent through this.
 
 Where the agent listens is in `<data>/run/agent.json` (the folder 0700, the file 0600):
     {"pid", "version", "transport": "unix", "path"}            POSIX: a Unix socket (0600)
@@ -26,6 +26,7 @@ from urllib.parse import urlencode
 
 from desktop.config import Paths
 from desktop.entry import node_command
+from desktop.local_datasets import INSPECT_TIMEOUT_S
 
 TIMEOUT_S = 10.0
 
@@ -116,13 +117,15 @@ class ControlClient:
         self.paths = paths or Paths.default()
         self.timeout_s = timeout_s
 
-    def request(self, method: str, path: str, body: Any = None) -> Any:
+    def request(
+        self, method: str, path: str, body: Any = None, timeout_s: float | None = None
+    ) -> Any:
         ep = Endpoint.read(self.paths)
         headers = {"Content-Type": "application/json"}
         if ep.token:
             headers["Authorization"] = f"Bearer {ep.token}"
         data = None if body is None else json.dumps(body).encode()
-        conn = ep.connection(self.timeout_s)
+        conn = ep.connection(timeout_s or self.timeout_s)
         try:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
@@ -172,6 +175,17 @@ class ControlClient:
 
     def stop(self) -> dict[str, Any]:
         return dict(self.request("POST", "/stop", {}))
+
+    def datasets(self) -> list[dict[str, Any]]:
+        return list(self.request("GET", "/datasets"))
+
+    def add_dataset(self, name: str, path: str, **options: Any) -> dict[str, Any]:
+        """Reading a large dataset takes a while: the agent answers once it has."""
+        body = {"name": name, "path": path, **{k: v for k, v in options.items() if v is not None}}
+        return dict(self.request("POST", "/datasets", body, timeout_s=INSPECT_TIMEOUT_S + 30))
+
+    def remove_dataset(self, name: str) -> dict[str, Any]:
+        return dict(self.request("DELETE", "/datasets?" + urlencode({"name": name})))
 
 
 # ------------------------------------------------------------------ starting the service

@@ -9,6 +9,9 @@ with a per-user token (Windows), for the tray app and `gpuflex-node` (desktop.co
     POST  /login   {key}       the provider key (desktop.config.sign_in)
     GET   /logs?n=&after=      the last n lines (at most 500) after sequence number `after`
     POST  /stop                stop the agent (the service manager may start it again)
+    GET   /datasets            the declared local datasets (desktop.local_datasets)
+    POST  /datasets {name, path, kind?, label_column?, image_size?}   read and declare one
+    DELETE /datasets?name=     forget one (its file is left alone)
 
 Errors are {"error": "..."} with 400 (bad request), 401 (token), 404, 405 or 413.
 """
@@ -34,6 +37,7 @@ from desktop import __version__, autostart
 from desktop.agent import Agent
 from desktop.config import InvalidSettings, apply_changes
 from desktop.control import endpoint_file, make_run_dir, write_private
+from desktop.local_datasets import DatasetRefused
 
 log = logging.getLogger("gpuflex.local_api")
 
@@ -88,7 +92,7 @@ class _Handler(BaseHTTPRequestHandler):
             status, answer = 200, fn(body, parse_qs(url.query))
         except _BadRequest as exc:
             status, answer = exc.status, {"error": str(exc)}
-        except InvalidSettings as exc:
+        except (InvalidSettings, DatasetRefused) as exc:
             status, answer = 400, {"error": str(exc)}
         except Exception as exc:  # the API must answer, never take the agent down
             log.exception("local api request failed")
@@ -149,6 +153,11 @@ class LocalApi:
             "/login": {"POST": self._login},
             "/logs": {"GET": self._logs},
             "/stop": {"POST": self._stop},
+            "/datasets": {
+                "GET": self._datasets,
+                "POST": self._add_dataset,
+                "DELETE": self._remove_dataset,
+            },
         }
         self.stop_requested = threading.Event()
         handler = type("Handler", (_Handler,), {"api": self})
@@ -242,6 +251,28 @@ class LocalApi:
         if not 0 <= n <= MAX_LOG_LINES:
             raise _BadRequest(400, f"n must be 0 to {MAX_LOG_LINES}")
         return [e.to_dict() for e in self.agent.logs(n, after)]
+
+    def _datasets(self, body: Any, query: dict[str, list[str]]) -> Any:
+        return [d.to_dict() for d in self.agent.datasets()]
+
+    def _add_dataset(self, body: dict[str, Any], query: dict[str, list[str]]) -> Any:
+        name, path = body.get("name"), body.get("path")
+        kind, label = body.get("kind"), body.get("label_column", "label")
+        size = body.get("image_size", 28)
+        if not (isinstance(name, str) and isinstance(path, str)):
+            raise _BadRequest(400, "name and path (strings) are required")
+        if (kind is not None and not isinstance(kind, str)) or not isinstance(label, str):
+            raise _BadRequest(400, "kind and label_column must be strings")
+        if isinstance(size, bool) or not isinstance(size, int) or not 4 <= size <= 512:
+            raise _BadRequest(400, "image_size must be a whole number from 4 to 512")
+        return self.agent.add_dataset(name, path, kind, label, size).to_dict()
+
+    def _remove_dataset(self, body: Any, query: dict[str, list[str]]) -> Any:
+        name = query.get("name", [""])[0]
+        if not name:
+            raise _BadRequest(400, "name the dataset: DELETE /datasets?name=NAME")
+        self.agent.remove_dataset(name)
+        return {"removed": name}
 
     def _stop(self, body: Any, query: dict[str, list[str]]) -> Any:
         self.stop_requested.set()

@@ -50,6 +50,8 @@ PAUSE_GRACE_S = 1.0
 
 # who a task is when the agent runs as root: "nobody", with no capability (see bwrap_argv)
 SANDBOX_UID = SANDBOX_GID = 65534
+# where a federated task finds the owner's local dataset it trains on (bound read-only)
+LOCAL_DATA_ROOT = "/gpuflex-local-data"
 QUOTA_CHECK_S = 0.5  # how often the task-folder quota is measured
 QUOTA_MAX_ENTRIES = 20000  # a task folder with more files than this is over its quota too
 
@@ -220,8 +222,10 @@ def bwrap_argv(
     gpu: bool,
     env: dict[str, str] | None = None,
     limits: Limits | None = None,
+    read_only: dict[str, str] | None = None,
 ) -> list[str]:
-    """The bwrap command line; start it with an EMPTY environment (bwrap_env)."""
+    """The bwrap command line; start it with an EMPTY environment (bwrap_env). `read_only`:
+    host path -> where the task sees it (under LOCAL_DATA_ROOT), bound read-only."""
     bw = bwrap_path()
     assert bw is not None
     limits = limits or Limits()
@@ -263,6 +267,9 @@ def bwrap_argv(
             args += _bind("--dev-bind", node, made)
         # the driver reads its PCI topology from sysfs
         args += _bind("--ro-bind-try", "/sys", made)
+    # the owner's local datasets a federated task trains on: read-only, at LOCAL_DATA_ROOT
+    for host, inside in (read_only or {}).items():
+        args += _bind("--ro-bind", inside, made, source=host)
     # last, so it wins over any read-only bind above it (e.g. a folder inside the project)
     args += [*_bind("--bind", str(folder), made), "--chdir", str(folder)]
     args += ["--remount-ro", "/"]  # the skeleton root bwrap made is read-only too
@@ -271,9 +278,10 @@ def bwrap_argv(
     return [*args, "--", *_confine_argv(argv, limits)]
 
 
-def _bind(flag: str, path: str, made: set[str]) -> list[str]:
-    """`flag path path`, after the folders leading to it: bwrap would make them itself, but a
-    root bwrap makes them 0700, which the task (SANDBOX_UID) cannot pass; made 0755 here."""
+def _bind(flag: str, path: str, made: set[str], source: str | None = None) -> list[str]:
+    """`flag path path` (`flag source path` with a source elsewhere), after the folders leading
+    to it: bwrap would make them itself, but a root bwrap makes them 0700, which the task
+    (SANDBOX_UID) cannot pass; made 0755 here."""
     args: list[str] = []
     for parent in reversed(Path(path).parents):
         name = str(parent)
@@ -282,7 +290,7 @@ def _bind(flag: str, path: str, made: set[str]) -> list[str]:
         args += ["--perms", "0755", "--dir", name]
         made.add(name)
     made.add(path.rstrip("/") + "/")
-    return [*args, flag, path, path]
+    return [*args, flag, source or path, path]
 
 
 def bwrap_env() -> dict[str, str]:
@@ -385,6 +393,13 @@ class Sandbox:
                 if place.is_dir():
                     (place / name).touch()
 
+    def data_path(self, name: str, host: Path) -> str:
+        """Where a task sees the local dataset at `host` (bound there read-only, see
+        run_task's `read_only`); without bwrap, where it is."""
+        if not self.isolated:
+            return str(host)
+        return f"{LOCAL_DATA_ROOT}/{name}{host.suffix if host.is_file() else ''}"
+
     def close(self) -> None:
         """Stop the warm worker, if one runs (the agent calls this when it stops)."""
         if self._worker is not None:
@@ -402,9 +417,12 @@ class Sandbox:
         folder: Path,
         should_stop: Callable[[], str | None] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        read_only: dict[str, str] | None = None,
     ) -> SandboxResult:
-        """Train the task in `folder` (see desktop.task_runner)."""
-        result = self.run(folder, task_argv(folder.resolve()), should_stop, on_event)
+        """Train the task in `folder` (see desktop.task_runner); `read_only` as bwrap_argv's
+        (see `data_path`)."""
+        argv = task_argv(folder.resolve())
+        result = self.run(folder, argv, should_stop, on_event, read_only)
         if result.status in ("ok", "crashed", "oom"):
             result = self._read_result(folder, result)
         return result
@@ -415,6 +433,7 @@ class Sandbox:
         argv: list[str],
         should_stop: Callable[[], str | None] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        read_only: dict[str, str] | None = None,
     ) -> SandboxResult:
         """Run `argv` inside the sandbox; `should_stop` returning a reason cancels it."""
         folder = folder.resolve()
@@ -423,11 +442,13 @@ class Sandbox:
         # GPU tasks rely on the resident-memory watchdog (and the GPU's own memory cap)
         cap_data = not self.gpu
         python = _as_python_args(argv)
-        if self.warm and python is not None:
+        # the warm worker's sandbox was made before this task's binds were known: a task
+        # that reads a local dataset runs cold, in a sandbox of its own
+        if self.warm and python is not None and not read_only:
             return self._run_warm(folder, python, cap_data, should_stop, on_event)
         if self.isolated:
             try:
-                full = bwrap_argv(folder, argv, self.gpu, self.env, self.limits)
+                full = bwrap_argv(folder, argv, self.gpu, self.env, self.limits, read_only)
                 hand_to_task(folder)
             except (SandboxRefused, OSError) as exc:
                 return SandboxResult("sandbox", None, f"could not confine the task: {exc}")

@@ -5,7 +5,9 @@ trainer.local.train_local and writes update.safetensors and result.json. The mod
 model.safetensors, or as model.base.safetensors plus model.delta.N.safetensors to apply in
 order, or not at all when the task's model_source says to build it from the seed; built or
 rebuilt, it is checked against the task's model hash and written out as model.safetensors
-for the agent's input cache. Nothing else: no
+for the agent's input cache. A federated task (`local_dataset` in task.json) has no shard: it
+reads the owner's local dataset where local_data.json says the agent bound it, read-only.
+Nothing else: no
 network (there is none in the sandbox), no pickle, no user code; the model is built from the
 spec alone. Progress goes to stdout as JSON lines for the agent to relay.
 
@@ -54,6 +56,9 @@ STOP = "stop"
 # pausing (see the module docstring): the agent's request, and the state the runner leaves
 PAUSE = "pause"
 PAUSED = "paused.safetensors"
+
+# a federated task's local dataset: where the agent bound it in the sandbox, and how to read it
+LOCAL_DATA = "local_data.json"
 
 # result.json's reason when a download does not match the task's hash: the agent fetches it again
 CORRUPT_INPUT = "corrupt_input"
@@ -228,6 +233,34 @@ def _dataset(shard: dict[str, Any], spec: Any, state: dict[str, Any]) -> Any:
     )  # fmt: skip
 
 
+def _local_dataset(folder: Path, spec: Any, state: dict[str, Any]) -> Any:
+    """A federated task's training set: the owner's local dataset, read where the agent
+    bound it (LOCAL_DATA says where and how), split as the job's spec splits; checked to fit
+    the round's model (raises BadInput naming the mismatch)."""
+    from trainer.datasets import DatasetError, load_dataset
+    from trainer.spec import DatasetSpec
+
+    try:
+        where = json.loads((folder / LOCAL_DATA).read_text(encoding="utf-8"))
+        local = DatasetSpec(
+            kind=where["kind"], path=where["path"], label_column=where["label_column"],
+            image_size=where["image_size"], test_fraction=spec.dataset.test_fraction,
+        )  # fmt: skip
+        data = load_dataset(local, seed=spec.seed)
+    except (OSError, KeyError, ValueError, DatasetError) as exc:
+        raise BadInput(f"the local dataset cannot be read: {exc}") from None
+    try:
+        classes = _num_classes(spec, data.input_shape, state)
+    except (BadInput, RuntimeError, ValueError):
+        classes = None
+    if classes != data.num_classes:
+        raise BadInput(
+            f"the local dataset {where.get('name')!r} (rows of shape {list(data.input_shape)}, "
+            f"{data.num_classes} classes) does not fit the job's model"
+        )
+    return data
+
+
 def _watch_steps(
     model: Any, steps: int, accum: int, stop: tuple[Path, ...] = (), pace: float = 1.0
 ) -> dict[str, Any]:
@@ -321,7 +354,10 @@ def run(folder: Path) -> int:
         # the downloads are checked here, in the sandbox, and not by the agent: untrusted bytes
         # are parsed only where they can do no harm, and the agent never needs torch
         global_state = _global_model(folder, task, spec)
-        shard = _read_checked(folder / "shard.safetensors", task.get("shard_hash"), ("x", "y"))
+        local = bool(task.get("local_dataset"))  # federated: the node's own data, no shard
+        shard = None if local else _read_checked(
+            folder / "shard.safetensors", task.get("shard_hash"), ("x", "y")
+        )  # fmt: skip
     except (OSError, UpdateRejected, CorruptInput, ModelSpecError) as exc:
         _write_json(folder / "result.json", {"status": "failed", "reason": CORRUPT_INPUT,
                                              "detail": str(exc)})  # fmt: skip
@@ -330,7 +366,10 @@ def run(folder: Path) -> int:
 
     device = _device()
     try:
-        data = _dataset(shard, spec, global_state)
+        data = (
+            _local_dataset(folder, spec, global_state) if shard is None
+            else _dataset(shard, spec, global_state)
+        )  # fmt: skip
     except BadInput as exc:
         _write_json(folder / "result.json",
                     {"status": "failed", "reason": "crashed", "detail": str(exc)})  # fmt: skip

@@ -138,6 +138,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             tier=args.tier,
             budget=args.budget,
             max_price_per_gpu_hour=args.max_price,
+            federated=args.federated or "",
         )
         print(f"submitted {job['id']} ({job['name']})")
         if args.follow:
@@ -250,6 +251,11 @@ def parser() -> argparse.ArgumentParser:
         "--budget", required=True, help="credits to hold in escrow; unspent credit comes back"
     )
     j.add_argument("--max-price", default="1.00", help="per GPU-hour")
+    j.add_argument(
+        "--federated", metavar="NAME",
+        help="federated: train on the nodes' local dataset NAME, which never leaves them "
+        "(the spec's dataset is only evaluated on); see docs/federated.md",
+    )  # fmt: skip
     j.add_argument("--follow", action="store_true", help="show progress until the job ends")
     j.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
     j.set_defaults(func=cmd_submit)

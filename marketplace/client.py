@@ -94,10 +94,13 @@ class Client:
         budget: str,
         tier: str = "hybrid",
         max_price_per_gpu_hour: str = "1.00",
+        federated: str = "",
     ) -> dict[str, Any]:
         """Submit a job, holding `budget` credits of your balance in escrow; `spec` is a
         mapping or a YAML/JSON file (sent as text, parsed by the server, so errors come back
-        with the spec's field paths)."""
+        with the spec's field paths). `federated`: the name of the local dataset its nodes
+        train on, which never leaves them (docs/federated.md); the spec's own dataset is then
+        only evaluated on."""
         text = json.dumps(spec) if isinstance(spec, dict) else Path(spec).read_text("utf-8")
         form = {
             "spec": text,
@@ -105,6 +108,8 @@ class Client:
             "budget": str(budget),
             "max_price_per_gpu_hour": str(max_price_per_gpu_hour),
         }
+        if federated:
+            form["federated_dataset"] = federated
         if dataset is None:
             return self._json("POST", "jobs/", data=form)
         path = Path(dataset)

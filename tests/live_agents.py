@@ -15,7 +15,7 @@ from marketplace.nodes.enrollment import create_enrollment_token
 
 def live_agent(
     tmp: Path, name: str, url: str, key: str, monkeypatch, *, kind: str = "platform",
-    price: str = "0.40", fp32_tflops: float = 0.1,
+    price: str = "0.40", fp32_tflops: float = 0.1, transport=None,
 ) -> Agent:  # fmt: skip
     monkeypatch.setenv("GPUFLEX_KEYRING", "file")
     for folder in ("CONFIG", "DATA", "CACHE"):
@@ -35,4 +35,4 @@ def live_agent(
     )  # fmt: skip
     backoff = Backoff(base_s=0.1, cap_s=1.0, attempts=8)
     return Agent(settings, paths, bench=bench, backoff=backoff, claim_wait_s=1,
-                 idle_sleep_s=0.2)  # type: ignore[arg-type]  # fmt: skip
+                 idle_sleep_s=0.2, transport=transport)  # type: ignore[arg-type]  # fmt: skip

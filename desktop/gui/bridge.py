@@ -145,6 +145,7 @@ class AgentBridge(QObject):
         ControlError (its message says which field) or NotRunning."""
         old = self.client.settings()
         changes = {k: v for k, v in settings.to_dict().items() if old.get(k) != v}
+        changes.pop("local_datasets", None)  # the Datasets page changes them (/datasets)
         if changes:
             self.client.update_settings(changes)
         if provider_key:

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 from desktop.config import Settings
 from desktop.control import ControlError, NotRunning
 from desktop.gui.bridge import AgentBridge
+from desktop.gui.datasets_page import DatasetsPage
 from desktop.gui.icons import app_icon
 from desktop.gui.style import STYLE
 
@@ -132,6 +133,9 @@ class SettingsDialog(QDialog):
         f.addRow("Time per task", self.wall)
         f.addRow(_hint("Tasks run in a sandbox without network access; a task over these "
                        "limits is stopped and reported."))  # fmt: skip
+
+        self.datasets = DatasetsPage(bridge.client)
+        tabs.addTab(self.datasets, "Datasets")
 
         buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel

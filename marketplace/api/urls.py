@@ -15,6 +15,7 @@ urlpatterns = [
     path("agent/tasks/<str:task_id>/update", agent.TaskUpdateView.as_view(), name="agent-update"),
     path("agent/tasks/<str:task_id>/fail", agent.TaskFailView.as_view(), name="agent-fail"),
     path("agent/me", agent.MeView.as_view(), name="agent-me"),
+    path("agent/datasets", agent.LocalDatasetsView.as_view(), name="agent-datasets"),
     path("agent/probe", agent.ProbeView.as_view(), name="agent-probe"),
     # providers
     path("nodes/<int:pk>/", nodes.NodeDetailView.as_view(), name="node-detail"),

@@ -6,8 +6,9 @@ from django.db.models import Count, Prefetch, QuerySet
 
 from marketplace.accounts.models import User
 from marketplace.jobs.models import Job
-from marketplace.nodes.models import NodeState
+from marketplace.nodes.models import Node, NodeState
 from marketplace.nodes.selectors import online_nodes
+from marketplace.rounds.lifecycle import silo_fits
 from marketplace.rounds.models import Round
 from marketplace.rounds.scheduling import nodes_that_may_work_on
 
@@ -22,6 +23,36 @@ def jobs_by_status() -> dict[str, int]:
     """How many jobs are in each status, for the market page and the operator's overview."""
     rows = Job.objects.order_by().values("status").annotate(n=Count("pk"))
     return {r["status"]: r["n"] for r in rows}
+
+
+# how a federated job's updates are checked, where no replica can redo a silo's task
+FEDERATED_VERIFICATION = (
+    "No replicas: a silo's data is its own, so no other node can redo its task. Its updates "
+    "are checked statistically instead: each within the spec's update-norm bound "
+    "(aggregation.max_update_norm), weighted by a sample count no larger than the rows its "
+    "node declared, and dropped (unpaid) when it points away from the others (the cosine "
+    "screen at aggregation)."
+)
+
+
+def federated_status(job: Job) -> dict | None:
+    """A federated job's silos: how many online nodes hold its dataset (with rows its model
+    takes), how many declare it at all, and how its updates are verified; None otherwise."""
+    if not job.is_federated:
+        return None
+    name = job.federated_dataset
+    online = sum(1 for n in online_nodes() if silo_fits(job, n))
+    held = Node.objects.exclude(local_datasets=[]).values_list("local_datasets", flat=True)
+    declared = sum(1 for names in held if name in (names or []))
+    if online:
+        summary = f"{online} online node(s) hold the local dataset {name!r} and train on it"
+    else:
+        summary = (
+            f"waiting: no online node holds the local dataset {name!r} ({declared} node(s) "
+            "declare it; the job goes on when one comes online)"
+        )
+    return {"dataset": name, "silos_online": online, "silos_declared": declared,
+            "summary": summary, "verification": FEDERATED_VERIFICATION}  # fmt: skip
 
 
 _STATE_ORDER = (NodeState.WORKING, NodeState.IDLE, NodeState.WAITING, NodeState.PAUSED)

@@ -25,8 +25,9 @@ from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.jobs.preparation import enqueue_preparation
 from marketplace.ledger.services import check_credit, hold_budget
+from marketplace.nodes.models import Node
 from marketplace.rounds import resharding
-from marketplace.rounds.lifecycle import quorum_units
+from marketplace.rounds.lifecycle import quorum_units, schema_misfit
 from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
 from trainer.models import ModelSpecError, model_size
@@ -169,6 +170,8 @@ def submit_job(
         too_big = model_cap(tier, budget).problems(params, nbytes, describe_cap(tier, budget))
         if too_big:
             raise _spec_error(too_big)
+        if federated_dataset:
+            _check_silos(federated_dataset, list(dataset.input_shape), dataset.num_classes)
         plans = [] if federated_dataset else _plan(spec, dataset)
         dataset_bytes = local_path.read_bytes() if local_path else None
         stored_spec = spec
@@ -188,6 +191,26 @@ def submit_job(
             max_price=_max_price(spec, max_price_per_gpu_hour),
             federated_dataset=federated_dataset,
         )
+
+
+def _check_silos(name: str, input_shape: list[int], num_classes: int) -> None:
+    """A federated job needs some node to hold its dataset: one that no node declares (or
+    only with rows of another shape) is refused, nothing held. Declared on nodes that are
+    offline now, the job is accepted and waits for them (its page says so)."""
+    # filtered here, not in SQL: JSON containment is PostgreSQL's alone (a dev server runs
+    # SQLite), and only nodes that declare some dataset are read
+    held = Node.objects.exclude(local_datasets=[]).values_list(
+        "local_datasets", "local_dataset_schemas"
+    )
+    schemas = [schemas for names, schemas in held if name in (names or [])]
+    if not schemas:
+        reason = (f"no node declares a local dataset named {name!r}; its owner declares it "
+                  f"with 'gpuflex-node datasets add {name} PATH'")  # fmt: skip
+        raise _spec_error([("federated_dataset", reason)])
+    misfits = [schema_misfit(input_shape, num_classes, (s or {}).get(name)) for s in schemas]
+    if all(misfits):
+        reason = f"every node holding {name!r} has data this job's model cannot take: {misfits[0]}"
+        raise _spec_error([("federated_dataset", reason)])
 
 
 def _plan(spec: JobSpec, dataset: Dataset) -> list:

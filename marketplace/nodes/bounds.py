@@ -23,6 +23,11 @@ MAX_TEMP_C = 200.0
 MAX_PERCENT = 100.0
 MAX_DATASET_ROWS = 1_000_000_000  # a federated update's weight never exceeds this
 MAX_LOCAL_DATASETS = 32
+# a local dataset's advertised schema (desktop/local_datasets.py): never rows, only its shape
+MAX_INPUT_DIMS = 4  # [features] for a table, [channels, height, width] for images
+MAX_INPUT_DIM = 1_000_000
+MAX_CLASSES = 100_000
+MAX_SCHEMA_NAMES = 256  # column or class names advertised
 MAX_DICT_KEYS = 16  # per-model or per-precision figures in a benchmark
 MAX_GPUS = 16
 MAX_NOTES = 16

@@ -62,6 +62,10 @@ class Node(models.Model):
     # count, its weight in the average, is checked against this; null (a node registered
     # before rows were declared) is no rows, and such a node's federated updates are refused
     local_dataset_rows = models.JSONField(default=dict, blank=True, null=True)
+    # what the agent read of each (name -> {content_hash, kind, input_shape, num_classes,
+    # columns, classes}; desktop/local_datasets.py): a silo trains a federated job only
+    # when this schema fits the job's model (rounds.lifecycle.silo_fits); never a row
+    local_dataset_schemas = models.JSONField(default=dict, blank=True)
     # the operator's token a platform node was enrolled with (None: a volunteer, or set in
     # the admin)
     enrolled_with = models.ForeignKey(

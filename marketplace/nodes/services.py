@@ -60,8 +60,7 @@ def register_node(
         network=network,
         availability=availability,
         price_per_gpu_hour=price_per_gpu_hour,
-        local_datasets=[d["name"] for d in datasets],
-        local_dataset_rows={d["name"]: int(d["rows"]) for d in datasets},
+        **_dataset_fields(datasets),
         gpu_model=str(hardware.get("gpu_model", ""))[:100],
         memory_gb=_memory_gb(hardware),
         last_heartbeat_at=timezone.now(),
@@ -69,6 +68,29 @@ def register_node(
     )
     _, plaintext = issue_node_key(node)
     return node, plaintext
+
+
+def _dataset_fields(datasets: list[dict[str, Any]]) -> dict[str, Any]:
+    """A node's declared local datasets as its columns: names, rows, and the rest (schema,
+    hash) per name; the API's schema (node_data.LocalDatasetSerializer) bounded each."""
+    return {
+        "local_datasets": [d["name"] for d in datasets],
+        "local_dataset_rows": {d["name"]: int(d["rows"]) for d in datasets},
+        "local_dataset_schemas": {
+            d["name"]: {k: v for k, v in d.items() if k not in ("name", "rows")} for d in datasets
+        },
+    }
+
+
+def declare_local_datasets(node: Node, datasets: list[dict[str, Any]]) -> Node:
+    """Replace what `node` holds with `datasets` (the agent sends all of them, after any
+    change: `gpuflex-node datasets add/remove`). Silos that now fit an open federated round
+    join it at the next tick (rounds.maintenance.reserve_new_silos)."""
+    fields = _dataset_fields(datasets)
+    Node.objects.filter(pk=node.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(node, name, value)
+    return node
 
 
 def record_heartbeat(

@@ -89,11 +89,29 @@ def _plan(job: Job) -> dict[str, Any]:
     return plan
 
 
+def schema_misfit(input_shape: list[int], num_classes: int, schema: dict | None) -> str:
+    """Why a silo's advertised schema cannot train a model made for `input_shape` and
+    `num_classes` ("" when it can, or when the node declared no schema: a node's own data is
+    checked against the model by its task runner too)."""
+    if not schema:
+        return ""
+    shape = schema.get("input_shape")
+    if shape is not None and list(shape) != list(input_shape):
+        return f"its rows have shape {list(shape)}, the job's model takes {list(input_shape)}"
+    classes = schema.get("num_classes")
+    if classes is not None and classes != num_classes:
+        return f"it has {classes} classes, the job's model {num_classes}"
+    return ""
+
+
 def silo_fits(job: Job, node: Node) -> bool:
     """A node may train a federated job: it holds the dataset and meets price, memory, tier."""
     from marketplace.jobs.models import Tier
 
     if job.federated_dataset not in (node.local_datasets or []):
+        return False
+    schema = (node.local_dataset_schemas or {}).get(job.federated_dataset)
+    if schema_misfit(job.input_shape, job.num_classes, schema):
         return False
     if node.price_per_gpu_hour > job.max_price_per_gpu_hour or node.memory_gb < job.min_memory_gb:
         return False

@@ -103,6 +103,16 @@ class JobForm(forms.Form):
         decimal_places=4,
         initial=Decimal("1.00"),
     )
+    federated_dataset = forms.RegexField(
+        regex=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=100,
+        required=False,
+        label="Federated: local dataset",
+        help_text="Optional. Train on the nodes holding this named local dataset, which never "
+        "leaves them (sharding.method: prepartitioned, local.steps); the spec's dataset is "
+        "then only evaluated on. Verified by statistical checks, not replicas.",
+        error_messages={"invalid": "A dataset name: letters, digits, '_', '.', '-'."},
+    )
 
 
 class PriceForm(forms.Form):

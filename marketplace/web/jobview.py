@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from marketplace.jobs import files
 from marketplace.jobs.models import Job
-from marketplace.jobs.selectors import job_node_states
+from marketplace.jobs.selectors import federated_status, job_node_states
 from marketplace.ledger.selectors import job_costs
 from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import network_of
@@ -146,6 +146,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "rounds": round_rows(list(rounds_of(job))),
         "nodes": rows,
         "node_states": job_node_states(job),
+        "federated": federated_status(job),
         "topology": topology(rows),
         "cost": cost_summary(job),
         "error": job.error,

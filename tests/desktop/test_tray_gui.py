@@ -212,3 +212,26 @@ def test_the_tray_starts_the_service_and_a_second_attaches(qtbot, isolated_dirs,
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_datasets_page_declares_and_removes(qtbot, live, isolated_dirs, tmp_path) -> None:
+    """The settings' Datasets tab, through the agent's /datasets; a dialog saved after a
+    declaration keeps it (the other tabs never send local_datasets)."""
+    agent, bridge = live
+    table = tmp_path / "clinic.csv"
+    table.write_text("a,b,label\n1.5,2,0\n2.5,1,1\n3.5,0,0\n4.5,1,1\n5.5,2,1\n")
+    dialog = SettingsDialog(bridge)
+    qtbot.addWidget(dialog)
+    page = dialog.datasets
+    assert page.declare("clinic", str(table))
+    assert page.list.count() == 1 and page.list.item(0).text().startswith("clinic — csv, 5 rows")
+    assert not page.declare("clinic", str(table)) and "already declared" in page.error.text()
+    dialog.price.setValue(0.5)
+    dialog.accept()
+    saved = load_settings(isolated_dirs)
+    assert saved.price_per_gpu_hour == "0.50" and [d["name"] for d in saved.local_datasets] == [
+        "clinic"
+    ]
+    page.list.setCurrentRow(0)
+    page.remove.click()
+    assert page.list.count() == 0 and agent.datasets() == []

@@ -8,7 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from marketplace.jobs.models import Job, Tier
-from marketplace.jobs.selectors import job_node_states
+from marketplace.jobs.selectors import federated_status, job_node_states
 from marketplace.ledger.selectors import job_costs
 from marketplace.rounds.models import Round
 
@@ -104,19 +104,34 @@ class NodeStatesSerializer(serializers.Serializer):
                                     'the GPU (game.exe)"')  # fmt: skip
 
 
+class FederatedStatusSerializer(serializers.Serializer):
+    """A federated job's silos and how its updates are verified (null for other jobs)."""
+
+    dataset = serializers.CharField()
+    silos_online = serializers.IntegerField()
+    silos_declared = serializers.IntegerField()
+    summary = serializers.CharField()
+    verification = serializers.CharField()
+
+
 class JobDetailSerializer(JobSerializer):
     """One job, with the state of the nodes that could work on it (not in lists: a query per
     job)."""
 
     node_states = serializers.SerializerMethodField()
+    federated = serializers.SerializerMethodField()
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "node_states"]
+        fields = [*JobSerializer.Meta.fields, "node_states", "federated"]
         read_only_fields = fields
 
     @extend_schema_field(NodeStatesSerializer)
     def get_node_states(self, job: Job) -> dict:
         return job_node_states(job)
+
+    @extend_schema_field(FederatedStatusSerializer(allow_null=True))
+    def get_federated(self, job: Job) -> dict | None:
+        return federated_status(job)
 
 
 class RoundSerializer(serializers.ModelSerializer):

@@ -162,6 +162,10 @@ class NetworkSerializer(serializers.Serializer):
     loss = optional_number(*b.NETWORK_BOUNDS["loss"])
 
 
+# what desktop.local_datasets declares (a name the agent's CLI takes as an argument)
+_DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+LOCAL_KINDS = ("csv", "npz", "parquet", "image_folder")
+
 _CLOCK = re.compile(r"^$|^([01]\d|2[0-3]):[0-5]\d$")
 
 
@@ -180,10 +184,28 @@ class AvailabilitySerializer(serializers.Serializer):
 
 class LocalDatasetSerializer(serializers.Serializer):
     """A federated silo the node holds: its name and how many rows it has, which bounds the
-    sample count (the averaging weight) of its updates."""
+    sample count (the averaging weight) of its updates; and what the agent read of it
+    (desktop/local_datasets.py): its schema and content hash, never a row."""
 
-    name = serializers.CharField(max_length=b.SHORT_TEXT)
+    name = serializers.RegexField(_DATASET_NAME, max_length=b.SHORT_TEXT)
     rows = StrictIntegerField(min_value=1, max_value=b.MAX_DATASET_ROWS)
+    content_hash = serializers.RegexField(
+        r"^[0-9a-f]{64}$", required=False, help_text="sha256 of the file (or folder's files)"
+    )
+    kind = serializers.ChoiceField(choices=LOCAL_KINDS, required=False)
+    input_shape = serializers.ListField(
+        child=StrictIntegerField(min_value=1, max_value=b.MAX_INPUT_DIM), required=False,
+        min_length=1, max_length=b.MAX_INPUT_DIMS, help_text="features per row, or [C, H, W]",
+    )  # fmt: skip
+    num_classes = StrictIntegerField(min_value=2, max_value=b.MAX_CLASSES, required=False)
+    columns = serializers.ListField(
+        child=text(), required=False, max_length=b.MAX_SCHEMA_NAMES,
+        help_text="a table's column names, the label column included",
+    )  # fmt: skip
+    classes = serializers.ListField(
+        child=text(), required=False, max_length=b.MAX_SCHEMA_NAMES,
+        help_text="an image folder's class names",
+    )  # fmt: skip
 
 
 def without_nulls(data: dict[str, Any]) -> dict[str, Any]:

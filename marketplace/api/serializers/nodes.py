@@ -18,6 +18,31 @@ from marketplace.nodes.enrollment import MAX_TOKEN_LENGTH
 from marketplace.nodes.models import Node, NodeKind
 
 
+def local_datasets_field() -> serializers.ListField:
+    return serializers.ListField(
+        child=LocalDatasetSerializer(), required=False, default=list,
+        max_length=MAX_LOCAL_DATASETS,
+        help_text='federated silos held here: [{"name": "clinic", "rows": 1437, '
+        '"content_hash": "…", "kind": "csv", "input_shape": [64], "num_classes": 10}]',
+    )  # fmt: skip
+
+
+def once_each(value: list[dict]) -> list[dict]:
+    names = [d["name"] for d in value]
+    if len(set(names)) != len(names):
+        raise serializers.ValidationError("Each dataset is declared once.")
+    return [dict(d) for d in value]  # plain dicts for the JSON columns
+
+
+class LocalDatasetsSerializer(serializers.Serializer):
+    """`PUT agent/datasets`: every local dataset the node holds now (docs/agent-api.md)."""
+
+    local_datasets = local_datasets_field()
+
+    def validate_local_datasets(self, value: list[dict]) -> list[dict]:
+        return once_each(value)
+
+
 class NodeRegisterSerializer(serializers.Serializer):
     """docs/agent-api.md, "Registration": every object typed and bounded (node_data)."""
 
@@ -37,17 +62,10 @@ class NodeRegisterSerializer(serializers.Serializer):
         max_digits=10, decimal_places=4, min_value=Decimal("0")
     )
     availability = AvailabilitySerializer(required=False, default=dict)
-    local_datasets = serializers.ListField(
-        child=LocalDatasetSerializer(), required=False, default=list,
-        max_length=MAX_LOCAL_DATASETS,
-        help_text='federated silos held here: [{"name": "clinic", "rows": 1437}]',
-    )  # fmt: skip
+    local_datasets = local_datasets_field()
 
     def validate_local_datasets(self, value: list[dict]) -> list[dict]:
-        names = [d["name"] for d in value]
-        if len(set(names)) != len(names):
-            raise serializers.ValidationError("Each dataset is declared once.")
-        return value
+        return once_each(value)
 
     def to_internal_value(self, data: object) -> dict:
         out = super().to_internal_value(data)
@@ -99,6 +117,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "price_per_gpu_hour",
             "local_datasets",
             "local_dataset_rows",
+            "local_dataset_schemas",
             "gpu_model",
             "memory_gb",
             "state",

@@ -28,12 +28,18 @@ from marketplace.api.serializers.agent import (
     MeSerializer,
     ProbeQuerySerializer,
 )
+from marketplace.api.serializers.nodes import LocalDatasetsSerializer
 from marketplace.api.throttles import HeartbeatThrottle, ProbeThrottle
 from marketplace.jobs import files
 from marketplace.jobs.errors import LocalDataset, TooLarge
 from marketplace.ledger.selectors import node_earnings
 from marketplace.nodes.models import Node
-from marketplace.nodes.services import count_traffic, record_heartbeat, touch
+from marketplace.nodes.services import (
+    count_traffic,
+    declare_local_datasets,
+    record_heartbeat,
+    touch,
+)
 from marketplace.rounds.delivery import model_bytes, record_model, record_shard
 from marketplace.rounds.lifecycle import close_after_far_leases
 from marketplace.rounds.scheduling import claim_with_wait, extend_lease, task_payload
@@ -182,6 +188,19 @@ class ProbeView(AgentView):
         if int(request.META.get("CONTENT_LENGTH") or 0) > limit:
             raise TooLarge(f"A link probe carries at most {limit} bytes.")
         return Response({"received": len(request.body)})
+
+
+class LocalDatasetsView(AgentView):
+    """The local datasets (federated silos) this node holds now: their names, schemas, row
+    counts and content hashes, never their rows (desktop/local_datasets.py)."""
+
+    @extend_schema(request=LocalDatasetsSerializer, responses=LocalDatasetsSerializer)
+    def put(self, request: Request) -> Response:
+        body = LocalDatasetsSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        datasets = body.validated_data["local_datasets"]
+        declare_local_datasets(self.node(request), datasets)
+        return Response({"local_datasets": datasets})
 
 
 class MeView(AgentView):

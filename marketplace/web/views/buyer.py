@@ -80,7 +80,7 @@ def job_estimate(request: HttpRequest) -> JsonResponse:
     once the spec is valid, the estimate from the nodes online now."""
     text = request.POST.get("spec", "")
     try:
-        spec = parse_job_spec(text)
+        spec = parse_job_spec(text, federated=bool(request.POST.get("federated_dataset")))
     except InvalidSpec as exc:
         problems = problem_lines(text, exc.extra.get("problems", []))
         return JsonResponse({"ok": False, "problems": problems})
@@ -108,6 +108,7 @@ def _submit(request: HttpRequest, form: JobForm) -> tuple[Job | None, list[dict]
             tier=data["tier"],
             budget=data["budget"],
             max_price_per_gpu_hour=data["max_price_per_gpu_hour"],
+            federated_dataset=data.get("federated_dataset", ""),
         )
     except InvalidSpec as exc:
         return None, problem_lines(data["spec"], exc.extra.get("problems", [])), exc.detail

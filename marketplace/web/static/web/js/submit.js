@@ -75,6 +75,7 @@
     const body = new FormData();
     body.append("spec", spec.value);
     body.append("tier", form.elements.tier.value);
+    body.append("federated_dataset", form.elements.federated_dataset.value);
     body.append("max_price_per_gpu_hour", form.elements.max_price_per_gpu_hour.value);
     const mine = ++seq;
     fetch(form.getAttribute("data-estimate-url"), { method: "POST", body: body, headers: { "X-CSRFToken": csrf, Accept: "application/json" },
