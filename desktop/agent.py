@@ -672,9 +672,15 @@ class Agent:
         self._datasets_due.clear()
         try:
             self.client.put_datasets(local_datasets.advertisement(self._settings))
-        except (ApiError, Stopped) as exc:
+        except ApiError as exc:
+            if exc.status == 404:  # a marketplace without federated silos: asking again won't help
+                if local_datasets.advertisement(self._settings):
+                    self._warn(f"this marketplace does not take local datasets ({exc})")
+                return
             self._datasets_due.set()  # the next pass tries again
             self._warn(f"could not advertise the local datasets ({exc})")
+        except Stopped:
+            self._datasets_due.set()
 
     def _sleep(self, seconds: float) -> None:
         if self._wake.wait(seconds):
