@@ -164,25 +164,29 @@ def _needs_replica(node: Node, task: Task) -> bool:
     return spot_draw(task.pk) < conf["REPLICATION_SHARE"]
 
 
-def extend_lease(node: Node, *task_ids: str | None) -> int:
-    """A heartbeat naming the tasks its node holds keeps their leases: a task may run longer
+def extend_leases(held: Sequence[tuple[int, datetime, Sequence[str | None]]]) -> int:
+    """Heartbeats naming the tasks their nodes hold keep those leases: a task may run longer
     than LEASE_TIMEOUT_S while its node is alive (and a node holds several at once: the one
     it trains, those it prefetched, the one whose update uploads), while a node that goes
-    silent still loses them. One conditional UPDATE, which writes only the leases that have
-    less than half their time left. Returns how many it extended."""
-    ids = []
-    for task_id in task_ids:
-        try:
-            ids.append(uuid.UUID(str(task_id)))
-        except ValueError:
-            continue  # not one of ours: nothing to keep
-    if not ids:
-        return 0
+    silent still loses them. `held` is (node id, heard at, task ids) per heartbeat, as
+    nodes/presence.py writes them, one or a flush's batch: one conditional UPDATE each,
+    which writes only the leases with less than half their time left, to a full timeout from
+    when the heartbeat was heard. Ids that are not UUIDs are not ours and are skipped."""
     timeout = timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
-    now = timezone.now()
-    return Task.objects.filter(
-        pk__in=ids, node=node, status=TaskStatus.LEASED, lease_expires__lt=now + timeout / 2
-    ).update(lease_expires=now + timeout)
+    extended = 0
+    for node_id, at, task_ids in held:
+        ids = []
+        for task_id in task_ids:
+            try:
+                ids.append(uuid.UUID(str(task_id)))
+            except ValueError:
+                continue  # not one of ours: nothing to keep
+        if ids:
+            extended += Task.objects.filter(
+                pk__in=ids, node_id=node_id, status=TaskStatus.LEASED,
+                lease_expires__lt=at + timeout / 2,
+            ).update(lease_expires=at + timeout)  # fmt: skip
+    return extended
 
 
 def _lease(task: Task, node: Node) -> bool:
