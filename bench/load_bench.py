@@ -1,0 +1,294 @@
+"""The load bench (`python -m bench.run --only load`): 1,000 simulated agents (Locust,
+bench/load_agents.py) against `gpuflex serve` on loopback, on the production stack:
+gunicorn, PostgreSQL, Redis (presence, key cache, throttles) and a Celery worker whose tick
+flushes presence. Each phase is one headless Locust run bounded in time:
+
+1. baseline: every agent asks for the cheapest answer the server gives (a 401 with no key:
+   no database, no cache) at the pace of the heartbeat phase;
+2. heartbeat: every agent heartbeats once a second (1,000/s offered);
+3. claims: every agent claims up to 8 tasks every `claim_pace_s` from a large job; no task
+   may be handed out twice (the answers' ids, and the database, are checked afterwards);
+4. schedule: a fresh job of 10,000 tasks; all agents start at once and claim until each
+   holds 10: the time from the first claim sent to the last answer received.
+
+    python -m bench.load_bench [--phase-s 60] [--workers 2] [--threads 8]
+
+Prints one JSON line. The machine is shared by the load generator and the server: the
+figures say how many gunicorn workers and Locust processes ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from bench.marketplace_bench import ROOT, _free_port, _manage, _reset_database, _server_env
+from bench.slow_clients_bench import _wait_listening
+
+LOCUSTFILE = Path(__file__).resolve().parent / "load_agents.py"
+DEFAULT_DATABASE = "postgres://postgres@127.0.0.1:5432/gpuflex_load"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/12"
+GOALS = {
+    "heartbeats_per_s": 1000,
+    "heartbeat_p99_ms": 100,
+    "claims_per_s": 300,
+    "schedule_s": 2.0,
+}
+
+
+def _seed_nodes(count: int) -> list[str]:
+    """`count` nodes with their keys, written straight to the database (registering them
+    through the API is not what is measured); returns the plaintext keys."""
+    from django.utils import timezone
+
+    from marketplace.accounts import keys
+    from marketplace.accounts.models import ApiKey
+    from marketplace.accounts.services import create_user
+    from marketplace.nodes.models import Node
+
+    provider = create_user("load-provider", "provider")
+    nodes = Node.objects.bulk_create(
+        Node(owner=provider, name=f"agent-{i}", kind="volunteer", memory_gb=24.0,
+             price_per_gpu_hour=Decimal("0.40"), last_heartbeat_at=timezone.now(),
+             # a fleet past its probation: a tenth of its tasks replicated, not all
+             verified_ok=10, reliability=0.9)
+        for i in range(count)
+    )  # fmt: skip
+    plain = [keys.new_key(keys.NODE_PREFIX) for _ in nodes]
+    ApiKey.objects.bulk_create(
+        ApiKey(user=provider, node=n, name=f"node {n.name}", prefix=keys.display_prefix(k),
+               digest=keys.digest(k))
+        for n, k in zip(nodes, plain, strict=True)
+    )  # fmt: skip
+    return plain
+
+
+def _seed_job(name: str, tasks: int) -> Any:
+    """A running job with one open round of `tasks` pending tasks, its budget in escrow."""
+    from django.utils import timezone
+
+    from marketplace.accounts.services import create_user
+    from marketplace.jobs.models import Job, Shard
+    from marketplace.ledger.services import grant_credit, hold_budget
+    from marketplace.rounds.models import Round, Task
+    from trainer.spec import parse_spec
+
+    buyer = create_user(f"{name}-buyer", "buyer")
+    grant_credit(user=buyer, amount="1000000", memo="load bench", operator=None)
+    spec = parse_spec({"name": name, "local": {"steps": 10}}).to_dict()
+    job = Job.objects.create(
+        buyer=buyer,
+        name=name,
+        spec=spec,
+        tier="hybrid",
+        max_price_per_gpu_hour=Decimal("1"),
+        budget=Decimal("1000000"),
+    )
+    hold_budget(job)
+    shards = Shard.objects.bulk_create(
+        (Shard(job=job, index=i, file=f"{name}/{i}", content_hash="0" * 64, size=100)
+         for i in range(tasks)), batch_size=5000,
+    )  # fmt: skip
+    rnd = Round.objects.create(
+        job=job, number=1, input_model_hash="0" * 64, input_model_file=f"{name}/model",
+        deadline=timezone.now() + timezone.timedelta(hours=1),
+    )  # fmt: skip
+    Task.objects.bulk_create(
+        (Task(round=rnd, shard=s, seed=i) for i, s in enumerate(shards)), batch_size=5000
+    )
+    return job
+
+
+def _locust(
+    phase: str, url: str, keys_file: Path, work: Path, *, users: int, run_s: float, **env: Any
+) -> dict[str, Any]:
+    """One headless Locust run (one process); its aggregated stats and what it wrote."""
+    prefix, out = work / phase, work / f"{phase}.json"
+    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
+           "-u", str(users), "-r", str(users), "-t", f"{int(run_s)}s", "--host", url,
+           "--csv", str(prefix), "--only-summary", "--stop-timeout", "10",
+           "--loglevel", "ERROR", "--exit-code-on-error", "0"]  # fmt: skip
+    child_env = os.environ | {
+        "LOAD_PHASE": phase, "LOAD_KEYS": str(keys_file), "LOAD_OUT": str(out),
+        **{f"LOAD_{k.upper()}": str(v) for k, v in env.items()},
+    }  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(cmd, env=child_env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=run_s + 120, check=False)  # fmt: skip
+    if done.returncode:
+        raise SystemExit(f"locust {phase} failed:\n{done.stderr[-3000:]}")
+    with open(f"{prefix}_stats.csv") as f:
+        row = next(r for r in csv.DictReader(f) if r["Name"] == "Aggregated")
+    n = int(row["Request Count"])
+    return {
+        "requests": n,
+        "failures": int(row["Failure Count"]),
+        "per_s": n / run_s,
+        "p50_ms": float(row["50%"]),
+        "p99_ms": float(row["99%"]),
+        "locust_s": time.monotonic() - started,
+        "out": json.loads(out.read_text()) if out.exists() else {},
+    }
+
+
+def _leases_check(claimed: dict[str, list[str]], node_ids: list[int], job: Any) -> dict:
+    """Whether any task id was handed out twice, and whether the database agrees with the
+    answers: every task answered is leased to the node whose agent got it."""
+    from marketplace.rounds.models import Task
+
+    answered = {tid: node_ids[int(i)] for i, ids in claimed.items() for tid in ids}
+    counts = Counter(tid for ids in claimed.values() for tid in ids)
+    rows = dict(Task.objects.filter(round__job=job, status="leased").values_list("pk", "node_id"))
+    in_db = {str(k): v for k, v in rows.items()}
+    return {
+        "answered": sum(counts.values()),
+        "leased_twice": sum(1 for c in counts.values() if c > 1),
+        "leased_in_db": len(in_db),
+        "db_agrees": answered == in_db,
+    }
+
+
+def run(
+    agents: int = 1000,
+    phase_s: float = 60,
+    workers: int = 2,
+    threads: int = 8,
+    pace_s: float = 1.0,
+    claim_pace_s: float = 2.0,
+    claim_tasks: int = 100_000,
+    schedule_tasks: int = 10_000,
+    database_url: str = DEFAULT_DATABASE,
+    redis_url: str = DEFAULT_REDIS,
+) -> dict[str, Any]:
+    _reset_database(database_url)
+    tag = secrets.token_hex(4)
+    with tempfile.TemporaryDirectory(prefix="gpuflex-load-") as tmp:
+        work = Path(tmp)
+        env = _server_env(work / "data", database_url) | {
+            "SECRET_KEY": secrets.token_urlsafe(48),
+            "REDIS_URL": redis_url,
+            "CELERY_BROKER_URL": redis_url,
+            "GPUFLEX_CELERY_QUEUE": f"load-{tag}",  # no other worker on this broker takes it
+            "GPUFLEX_REDIS_PREFIX": f"load-{tag}",
+        }  # fmt: skip
+        (work / "data").mkdir()
+        _manage(env, "migrate", "--noinput", "-v", "0")
+        os.environ.update(env)
+        import django
+
+        django.setup()
+        from django.db import connection
+        from django.utils import timezone
+
+        from marketplace.jobs.models import Job
+        from marketplace.nodes import presence
+        from marketplace.nodes.models import Node
+
+        keys = _seed_nodes(agents)
+        node_ids = list(Node.objects.order_by("pk").values_list("pk", flat=True))
+        keys_file = work / "keys.json"
+        keys_file.write_text(json.dumps(keys))
+        claims_job = _seed_job("load-claims", claim_tasks)
+        connection.close()
+
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "marketplace.cli", *args],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            for args in (
+                [
+                    "serve",
+                    "--bind",
+                    f"127.0.0.1:{port}",
+                    "--workers",
+                    str(workers),
+                    "--threads",
+                    str(threads),
+                    "--no-migrate",
+                ],
+                ["worker", "--pool", "solo", "--loglevel", "WARNING"],
+            )
+        ]
+        out: dict[str, Any] = {
+            "agents": agents, "phase_s": phase_s, "gunicorn_workers": workers,
+            "gunicorn_threads": threads, "locust_processes": 1, "celery_workers": 1,
+            "cpus": os.cpu_count(), "database": "postgresql", "redis": True,
+        }  # fmt: skip
+        try:
+            _wait_listening(url)
+            print(f"load: baseline, {agents} agents, {phase_s:.0f} s", file=sys.stderr)
+            out["baseline"] = _locust("baseline", url, keys_file, work, users=agents,
+                                      run_s=phase_s, pace_s=pace_s)  # fmt: skip
+            print("load: heartbeats", file=sys.stderr)
+            since = timezone.now()
+            out["heartbeat"] = _locust("heartbeat", url, keys_file, work, users=agents,
+                                       run_s=phase_s, pace_s=pace_s)  # fmt: skip
+            out["heartbeat"]["waiting_in_redis"] = presence.pending()
+            presence.flush()  # what the next tick would write
+            out["heartbeat"]["nodes_seen_in_db"] = Node.objects.filter(
+                last_heartbeat_at__gte=since
+            ).count()
+
+            print("load: claims", file=sys.stderr)
+            claims = _locust("claims", url, keys_file, work, users=agents, run_s=phase_s,
+                             pace_s=claim_pace_s)  # fmt: skip
+            check = _leases_check(claims["out"].get("claimed", {}), node_ids, claims_job)
+            claims |= check | {"tasks_per_s": check["leased_in_db"] / phase_s}
+            out["claims"] = claims
+            Job.objects.filter(pk=claims_job.pk).update(status="completed")
+
+            print(f"load: scheduling {schedule_tasks} tasks over {agents} nodes", file=sys.stderr)
+            job = _seed_job("load-schedule", schedule_tasks)
+            connection.close()
+            sched = _locust("schedule", url, keys_file, work, users=agents, run_s=phase_s,
+                            tasks=-(-schedule_tasks // agents))  # fmt: skip
+            check = _leases_check(sched["out"].get("claimed", {}), node_ids, job)
+            first, last = sched["out"].get("first"), sched["out"].get("last")
+            sched |= check | {"schedule_s": last - first if first and last else None}
+            out["schedule"] = sched
+        finally:
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+            connection.close()
+    for phase in ("baseline", "heartbeat", "claims", "schedule"):
+        out.get(phase, {}).pop("out", None)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench.load_bench")
+    parser.add_argument("--agents", type=int, default=1000)
+    parser.add_argument("--phase-s", type=float, default=60)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=8)
+    args = parser.parse_args(argv)
+    database = os.environ.get("BENCH_LOAD_DATABASE_URL", DEFAULT_DATABASE)
+    result = run(agents=args.agents, phase_s=args.phase_s, workers=args.workers,
+                 threads=args.threads, database_url=database)  # fmt: skip
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
