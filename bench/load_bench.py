@@ -188,9 +188,17 @@ def _serve(env: dict[str, str], workers: int, threads: int) -> tuple[str, subpro
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+    """SIGTERM, then SIGKILL to the process group of whatever is still there after 10 s
+    (gunicorn waits out kept-alive connections, a solo Celery worker its tick)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    proc.wait(timeout=10)
 
 
 def run(
@@ -200,7 +208,7 @@ def run(
     threads: int = 8,
     pace_s: float = 1.0,
     claim_pace_s: float = 2.0,
-    claim_tasks: int = 100_000,
+    claim_tasks: int = 50_000,
     schedule_tasks: int = 10_000,
     database_url: str = DEFAULT_DATABASE,
     redis_url: str = DEFAULT_REDIS,
