@@ -6,11 +6,11 @@ one Redis MGET and no database. Only ids are cached: the key's user and node are
 from the database when a view touches them, so a price or a reliability is never stale.
 
 Revocation, a deactivated user and a deleted key or node (signals, `connect`) delete the
-entry once the change commits and leave a "bypass" mark beside it for twice the cache's
-lifetime: a lookup that sees the mark goes to the database and caches nothing. The mark
-closes the race in which a request that read the key just before the revocation committed
-writes its stale entry back just after the delete: that entry is ignored while the mark
-lives, and it expires before the mark does.
+entry and leave a "bypass" mark beside it for twice the cache's lifetime: a lookup that sees
+the mark goes to the database and caches nothing. The mark closes the race in which a
+request that read the key just before the revocation committed writes its stale entry back
+after the delete: that entry is ignored while the mark lives, and it expires before the
+mark does.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from collections.abc import Iterable
 
 import redis
 from django.conf import settings
-from django.db import transaction
 from django.db.models.signals import post_delete, post_save
 
 from marketplace.accounts.models import ApiKey, User
@@ -87,24 +86,20 @@ def store(key: ApiKey) -> None:
 
 
 def forget(digests: Iterable[str]) -> None:
-    """Drop these keys from the cache once the current transaction commits (at once outside
-    one), with a bypass mark each (see the module's docstring)."""
+    """Drop these keys from the cache, with a bypass mark each (see the module's docstring).
+    At once, not when the change commits: until then the database still shows the key live,
+    but nobody caches it while the mark stands; a change rolled back only leaves the key
+    looked up in the database for a while."""
     digests = list(digests)
-    if not digests or _redis() is None:
+    r = _redis()
+    if not digests or r is None:
         return
-
-    def drop() -> None:
-        r = _redis()
-        if r is None:
-            return
-        ttl = 2 * int(settings.GPUFLEX["KEY_CACHE_S"]) + 1
-        with r.pipeline(transaction=False) as pipe:
-            for digest in digests:
-                pipe.set(_bypass(digest), 1, ex=ttl)
-                pipe.delete(_entry(digest))
-            pipe.execute()
-
-    transaction.on_commit(drop)
+    ttl = 2 * int(settings.GPUFLEX["KEY_CACHE_S"]) + 1
+    with r.pipeline(transaction=False) as pipe:
+        for digest in digests:
+            pipe.set(_bypass(digest), 1, ex=ttl)
+            pipe.delete(_entry(digest))
+        pipe.execute()
 
 
 def _key_changed(sender: type, instance: ApiKey, **kwargs: object) -> None:

@@ -29,7 +29,7 @@ from marketplace.rounds.scheduling import claim_next
 from marketplace.server import shared_redis
 from tests.marketplace.helpers import SMALL_SPEC, client_for
 
-# transactional: revocations reach the cache when they commit (transaction.on_commit)
+# transactional: commits are real, as in the server (and threads claim concurrently)
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REDIS_URL = "redis://127.0.0.1:6379/11"
