@@ -14,7 +14,14 @@ from typing import Any
 
 import torch
 
-from bench import network_bench, pause_bench, scaling_bench, slow_clients_bench, trainer_bench
+from bench import (
+    load_bench,
+    network_bench,
+    pause_bench,
+    scaling_bench,
+    slow_clients_bench,
+    trainer_bench,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -143,6 +150,8 @@ def render(results: dict[str, Any]) -> str:
         parts += render_marketplace(results["marketplace"])
     if "slow_clients" in results:
         parts += render_slow_clients(results["slow_clients"])
+    if "load" in results:
+        parts += load_bench.render(results["load"])
     if "rounds" in results:
         parts += render_rounds(results["rounds"])
     if "live" in results:
@@ -189,6 +198,15 @@ def marketplace_section() -> dict[str, Any]:
         env=env,
     )
     return json.loads(out.stdout)
+
+
+def load_section() -> dict[str, Any]:
+    """In a subprocess: it sets up Django in-process to seed its own database."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.load_bench"],
+        capture_output=True, text=True, check=True, timeout=1800,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def render_slow_clients(r: dict[str, Any]) -> list[str]:
@@ -248,7 +266,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
-    "pause",
+    "load", "pause",
 )  # fmt: skip
 
 
@@ -484,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "pause":
             print("pause: a game starting mid-task, the real agent and sandbox")
             results["pause"] = pause_bench.run()
+        elif section == "load":
+            print("load: 1,000 Locust agents against gpuflex serve on PostgreSQL and Redis")
+            results["load"] = load_section()
         elif section == "slow_clients":
             print("slow clients: gunicorn alone, then behind nginx")
             results["slow_clients"] = slow_clients_bench.run()

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, F, Value, When
+from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from marketplace.accounts.models import User
 from marketplace.accounts.services import issue_node_key
+from marketplace.nodes import presence
 from marketplace.nodes.bounds import MAX_MEMORY_GB, MAX_MEMORY_MB, finite_in
 from marketplace.nodes.enrollment import redeem_enrollment_token
 from marketplace.nodes.models import Node, NodeKind, NodeState, NodeTraffic, reliability_score
@@ -94,7 +96,7 @@ def declare_local_datasets(node: Node, datasets: list[dict[str, Any]]) -> Node:
 
 
 def record_heartbeat(
-    node: Node,
+    node_id: int,
     *,
     state: str,
     metrics: dict[str, Any],
@@ -102,8 +104,11 @@ def record_heartbeat(
     task_id: str | None = None,
     progress: float | None = None,
     reason: str = "",
+    task_ids: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """One UPDATE, no read: heartbeats are the hottest path on the server."""
+    """Note a heartbeat and keep the leases of the tasks it names (`task_id` and
+    `task_ids`). No database at all with Redis presence (nodes/presence.py: one HSET, the
+    tick writes a batch); one UPDATE, and one for leases near expiry, without it."""
     reason = reason if state in (NodeState.PAUSED, NodeState.WAITING) else ""
     now = timezone.now()
     live = dict(metrics)
@@ -111,16 +116,8 @@ def record_heartbeat(
         live["task_id"] = task_id
     if progress is not None:
         live["progress"] = progress
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            # A heartbeat lost in a crash is replaced by the next one seconds later; not
-            # waiting for the WAL flush on every one of them is most of its cost.
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        Node.objects.filter(pk=node.pk).update(
-            state=state, state_reason=reason, metrics=live, live_network=network,
-            last_heartbeat_at=now,
-        )  # fmt: skip
+    held = tuple(str(t) for t in (task_id, *task_ids) if t)
+    presence.record(presence.Beat(node_id, now, state, reason, live, network, held))
     conf = settings.GPUFLEX
     return {
         "server_time": now,
@@ -129,10 +126,10 @@ def record_heartbeat(
     }
 
 
-def touch(node: Node) -> None:
-    """Any authenticated agent call shows the node is alive (a claim counts as a heartbeat)."""
-    back = Case(When(state=NodeState.OFFLINE, then=Value(NodeState.IDLE)), default=F("state"))
-    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=timezone.now(), state=back)
+def touch(node_id: int) -> None:
+    """Any authenticated agent call shows the node is alive (a claim counts as a heartbeat),
+    and brings an offline node back to idle."""
+    presence.record(presence.Seen(node_id, timezone.now()))
 
 
 def count_traffic(node_id: int, job_id: object, *, down: int = 0, up: int = 0) -> None:
@@ -157,6 +154,7 @@ def count_traffic(node_id: int, job_id: object, *, down: int = 0, up: int = 0) -
 def mark_offline(now: datetime | None = None) -> list[int]:
     """Nodes silent past the timeout go offline; returns their ids (their work is reassigned
     by the caller)."""
+    presence.flush()  # heartbeats still in Redis count: `last_heartbeat_at` is read next
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=settings.GPUFLEX["NODE_TIMEOUT_S"])
     stale = Node.objects.exclude(state=NodeState.OFFLINE).filter(last_heartbeat_at__lt=cutoff)

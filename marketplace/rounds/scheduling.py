@@ -39,15 +39,6 @@ _FALLBACK_POLL_S = 2.0
 CLAIM_ORDER = ("replica", "round_id", "shard_id")
 
 
-def claim_order(node: Node) -> tuple[Any, ...]:
-    """CLAIM_ORDER, with the shards this node already holds first within a round: its input
-    cache serves them, so the node downloads nothing but the model (affinity, as in
-    caching-aware schedulers)."""
-    held = ShardCopy.objects.filter(node=node, shard=OuterRef("shard"))
-    replica, round_id, shard_id = CLAIM_ORDER
-    return (replica, round_id, Exists(held).desc(), shard_id)
-
-
 def eligible_tasks(node: Node) -> QuerySet[Task]:
     """Pending tasks this node may run: job running, tier, price, memory, never a second
     replica of a unit it already holds, and nothing the rounds' plans keep it from
@@ -164,25 +155,29 @@ def _needs_replica(node: Node, task: Task) -> bool:
     return spot_draw(task.pk) < conf["REPLICATION_SHARE"]
 
 
-def extend_lease(node: Node, *task_ids: str | None) -> int:
-    """A heartbeat naming the tasks its node holds keeps their leases: a task may run longer
+def extend_leases(held: Sequence[tuple[int, datetime, Sequence[str | None]]]) -> int:
+    """Heartbeats naming the tasks their nodes hold keep those leases: a task may run longer
     than LEASE_TIMEOUT_S while its node is alive (and a node holds several at once: the one
     it trains, those it prefetched, the one whose update uploads), while a node that goes
-    silent still loses them. One conditional UPDATE, which writes only the leases that have
-    less than half their time left. Returns how many it extended."""
-    ids = []
-    for task_id in task_ids:
-        try:
-            ids.append(uuid.UUID(str(task_id)))
-        except ValueError:
-            continue  # not one of ours: nothing to keep
-    if not ids:
-        return 0
+    silent still loses them. `held` is (node id, heard at, task ids) per heartbeat, as
+    nodes/presence.py writes them, one or a flush's batch: one conditional UPDATE each,
+    which writes only the leases with less than half their time left, to a full timeout from
+    when the heartbeat was heard. Ids that are not UUIDs are not ours and are skipped."""
     timeout = timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
-    now = timezone.now()
-    return Task.objects.filter(
-        pk__in=ids, node=node, status=TaskStatus.LEASED, lease_expires__lt=now + timeout / 2
-    ).update(lease_expires=now + timeout)
+    extended = 0
+    for node_id, at, task_ids in held:
+        ids = []
+        for task_id in task_ids:
+            try:
+                ids.append(uuid.UUID(str(task_id)))
+            except ValueError:
+                continue  # not one of ours: nothing to keep
+        if ids:
+            extended += Task.objects.filter(
+                pk__in=ids, node_id=node_id, status=TaskStatus.LEASED,
+                lease_expires__lt=at + timeout / 2,
+            ).update(lease_expires=at + timeout)  # fmt: skip
+    return extended
 
 
 def _lease(task: Task, node: Node) -> bool:
@@ -291,11 +286,8 @@ def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], b
     for group in preference(node):
         if len(won) >= count:
             break
-        candidates = pool.filter(group).order_by(*claim_order(node))
-        if skip_locked:
-            candidates = candidates.select_for_update(skip_locked=True, of=("self",))
         # a few spares: replicas of one unit are skipped, and SQLite may lose a lease
-        for task in candidates.select_related("round__job", "shard")[: 2 * count + 2]:
+        for task in _candidates(pool.filter(group), node, 2 * count + 2, skip_locked):
             unit = (task.round_id, *task.unit)
             if len(won) >= count:
                 break
@@ -307,6 +299,31 @@ def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], b
             else:
                 lost = True
     return won, lost
+
+
+def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> list[Task]:
+    """The first `n` of `pool` in claim order: CLAIM_ORDER, with the shards this node already
+    holds first within a round (its input cache serves them, so the node downloads nothing
+    but the model: affinity, as in caching-aware schedulers).
+
+    Read as two queries in CLAIM_ORDER that each stop after `n` rows off the partial index:
+    the tasks on shards the node holds, and all tasks. Merged and cut to `n` they are exactly
+    the claim order's first `n` (each of those is within the first `n` of one of the two).
+    Ordering the whole pool by an affinity subquery instead reads and sorts every pending
+    task: seconds per claim with 100,000 pending."""
+    held = ShardCopy.objects.filter(node=node).values("shard_id")
+    lists = [pool.filter(shard__in=held), pool]
+    if skip_locked:
+        lists = [q.select_for_update(skip_locked=True, of=("self",)) for q in lists]
+    found: dict[Any, tuple[tuple[Any, ...], Task]] = {}
+    for affine, qs in zip((True, False), lists, strict=True):
+        for task in qs.order_by(*CLAIM_ORDER).select_related("round__job", "shard")[:n]:
+            if task.pk not in found:
+                no_shard = task.shard_id is None  # federated: last, as NULLs sort in SQL
+                key = (task.replica, task.round_id, not affine, no_shard, task.shard_id or 0)
+                found[task.pk] = (key, task)
+    # a held task the second list also returned keeps the first list's (affine) key
+    return [task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n]
 
 
 def claim_with_wait(node: Node, wait: float, count: int = 1) -> list[Task]:

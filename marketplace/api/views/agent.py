@@ -42,7 +42,7 @@ from marketplace.nodes.services import (
 )
 from marketplace.rounds.delivery import model_bytes, record_model, record_shard
 from marketplace.rounds.lifecycle import close_after_far_leases
-from marketplace.rounds.scheduling import claim_with_wait, extend_lease, task_payload
+from marketplace.rounds.scheduling import claim_with_wait, task_payload
 from marketplace.rounds.uploads import accept_update, fail_task, task_for_node
 
 SAFETENSORS = "application/octet-stream"
@@ -62,10 +62,8 @@ class HeartbeatView(AgentView):
     def post(self, request: Request) -> Response:
         body = HeartbeatSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        node = self.node(request)
-        held = body.validated_data.pop("task_ids")
-        reply = record_heartbeat(node, **body.validated_data)
-        extend_lease(node, body.validated_data.get("task_id"), *held)
+        # the key's node id, not its row: with Redis presence a heartbeat reads nothing
+        reply = record_heartbeat(request.auth.node_id, **body.validated_data)
         return Response(HeartbeatReplySerializer(reply).data)
 
 
@@ -81,8 +79,8 @@ class ClaimView(AgentView):
     def post(self, request: Request) -> Response:
         query = ClaimQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
+        touch(request.auth.node_id)
         node = self.node(request)
-        touch(node)
         wait = min(query.validated_data["wait"], settings.GPUFLEX["MAX_CLAIM_WAIT_S"])
         tasks = claim_with_wait(node, wait, query.validated_data["max"])
         if not tasks:

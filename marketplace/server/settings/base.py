@@ -134,7 +134,8 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        # Django's, keeping its Redis client (server/redis_cache.py)
+        "default": {"BACKEND": "marketplace.server.redis_cache.RedisCache", "LOCATION": REDIS_URL}
     }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
@@ -218,6 +219,15 @@ GPUFLEX = {
     "MIN_PAYOUT": os.environ.get("GPUFLEX_MIN_PAYOUT", "5"),
     # a job goes on only while its escrow covers this many times its dearest round so far
     "ROUND_BUDGET_MARGIN": os.environ.get("GPUFLEX_ROUND_BUDGET_MARGIN", "1.5"),
+    # -- scale (docs/scale.md) --
+    # with REDIS_URL, heartbeats and claims' "seen" marks go to Redis and the tick writes them
+    # to the database in one batch (nodes/presence.py); 0 writes each one straight through
+    "PRESENCE_IN_REDIS": env_bool("GPUFLEX_PRESENCE_IN_REDIS", True),
+    # with REDIS_URL, API-key lookups are cached this long; a revocation reaches every worker
+    # at once (accounts/key_cache.py); 0 looks every key up in the database
+    "KEY_CACHE_S": float(os.environ.get("GPUFLEX_KEY_CACHE_S", "300")),
+    # the prefix of every key GPUFlex writes to Redis (besides Django's cache and Celery's)
+    "REDIS_PREFIX": os.environ.get("GPUFLEX_REDIS_PREFIX", "gpuflex"),
     # -- accounts --
     # unrevoked user keys one user may hold; revoke one to make another
     "MAX_API_KEYS_PER_USER": int(os.environ.get("GPUFLEX_MAX_API_KEYS_PER_USER", "50")),
