@@ -61,12 +61,11 @@ def _settle(job: Job, node: Node, n: int = 1) -> list[Transaction]:
             leased_at=timezone.now() - timedelta(seconds=SECONDS + 5),
             price_per_gpu_hour=node.price_per_gpu_hour, replica=0,
         )  # fmt: skip
-        results.append(
-            TaskResult.objects.create(
-                task=task, node=node, update_file="u", update_hash="h", num_samples=256,
-                compute_s=SECONDS, credited=True,
-            )  # fmt: skip
-        )
+        result = TaskResult.objects.create(
+            task=task, node=node, update_file="u", update_hash="h", num_samples=256,
+            compute_s=SECONDS, credited=True,
+        )  # fmt: skip
+        results.append(result)
     return [charge_result(r) for r in results]
 
 
