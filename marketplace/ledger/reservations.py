@@ -111,7 +111,14 @@ class Funds:
         )  # fmt: skip
 
     def save(self) -> None:
+        """Write the reservations made: one UPDATE and one INSERT for the whole claim. A task
+        being leased holds no lease, so an open reservation it still has is stale (a lease
+        put back by code that did not release it): it is released, never doubled."""
         if self.made:
+            stale = Reservation.objects.filter(
+                task_id__in=[r.task_id for r in self.made], state=ReservationState.OPEN
+            )
+            stale.update(state=ReservationState.RELEASED, closed_at=timezone.now())
             Reservation.objects.bulk_create(self.made)
             self.made = []
 
