@@ -210,9 +210,15 @@ class Reservation(models.Model):
     result's own bound at upload; the row is converted when the result is charged and
     released otherwise."""
 
+    # the bulk lease inserts thousands at once: no index beyond what the reads need (open
+    # ones by task and by job, below; the task's own for cascades)
     task = models.ForeignKey("rounds.Task", on_delete=models.CASCADE, related_name="reservations")
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="reservations")
-    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="reservations")
+    job = models.ForeignKey(
+        "jobs.Job", on_delete=models.CASCADE, related_name="reservations", db_index=False
+    )
+    node = models.ForeignKey(
+        "nodes.Node", on_delete=models.CASCADE, related_name="reservations", db_index=False
+    )
     amount = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     # the bounds the amount was computed with: the charge never exceeds either
     seconds = models.FloatField()

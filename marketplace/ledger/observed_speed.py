@@ -59,34 +59,39 @@ def observe_speed(result: TaskResult) -> speed.SpeedVerdict:
     job = task.round.job
     margin = float(settings.GPUFLEX["SPEED_MARGIN"])
     advertised = benchmark_of(node).get("fp32_tflops")
-    row, _ = NodeSpeed.objects.get_or_create(node=node)
     params = job_parameters(job)
     here = _achieved(params, task.steps, task.batch_size, result.compute_s)
-    reference = None
-    if here is not None:
-        rows = (
-            TaskResult.objects.filter(task__round__job=job, compute_s__gt=0)
-            .order_by("-pk")
-            .values_list("node_id", "task__steps", "task__batch_size", "compute_s",
-                         "node__benchmark")[:PEER_WINDOW]
-        )  # fmt: skip
-        by_node: dict[int, list[float]] = {}
-        for node_id, steps, batch, seconds, bench in rows:
-            achieved = _achieved(params, steps, batch, seconds)
-            used = None
-            if achieved is not None:
-                used = speed.utilization(achieved, clean_benchmark(bench).get("fp32_tflops"))
-            if used is not None:
-                by_node.setdefault(node_id, []).append(used)
-        reference = speed.reference_utilization(by_node)
-    if reference is not None and here is not None:
-        row.observed_tflops = speed.ema(row.observed_tflops, speed.observed_tflops(here, reference))
-        row.achieved_tflops = here
-        row.tasks += 1
+    reference = _reference(job, params) if here is not None else None
+    row = NodeSpeed.objects.filter(node=node).first()
+    if reference is None or here is None:  # nothing to judge: the figure stands as it was
+        return speed.verdict(advertised, row.observed_tflops if row else None, margin)
+    row = row or NodeSpeed(node=node)
+    row.observed_tflops = speed.ema(row.observed_tflops, speed.observed_tflops(here, reference))
+    row.achieved_tflops = here
+    row.tasks += 1
     v = speed.verdict(advertised, row.observed_tflops, margin)
     row.advertised_tflops, row.billed_tflops = advertised, v.billed
     row.mismatch, row.note = v.mismatch, v.note()[:300]
     row.save()
-    if v.mismatch and reference is not None:
+    if v.mismatch:
         record_verification(node.pk, speed_mismatch=1)
     return v
+
+
+def _reference(job: Job, params: int) -> float | None:
+    """The job's reference utilization over its last PEER_WINDOW results (one query)."""
+    rows = (
+        TaskResult.objects.filter(task__round__job=job, compute_s__gt=0)
+        .order_by("-pk")
+        .values_list("node_id", "task__steps", "task__batch_size", "compute_s",
+                     "node__benchmark")[:PEER_WINDOW]
+    )  # fmt: skip
+    by_node: dict[int, list[float]] = {}
+    for node_id, steps, batch, seconds, bench in rows:
+        achieved = _achieved(params, steps, batch, seconds)
+        used = None
+        if achieved is not None:
+            used = speed.utilization(achieved, clean_benchmark(bench).get("fp32_tflops"))
+        if used is not None:
+            by_node.setdefault(node_id, []).append(used)
+    return speed.reference_utilization(by_node)

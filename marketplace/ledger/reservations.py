@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db import connection
@@ -75,7 +76,9 @@ class Funds:
     rules: Rules = field(default_factory=Rules.from_settings)
     free: dict[object, Decimal] = field(default_factory=dict)
     held_keys: list[int] = field(default_factory=list)
-    made: list[Reservation] = field(default_factory=list)
+    # (task id, job id, node id, amount, seconds, speed): tuples, not model instances, since
+    # the bulk path makes thousands
+    made: list[tuple[Any, ...]] = field(default_factory=list)
     _bounds: dict[int, Meter] = field(default_factory=dict)
 
     def bound(self, node: Node) -> Meter:
@@ -105,21 +108,14 @@ class Funds:
         """Count down a lease just won (call only after `affords` said yes)."""
         bound = self.bound(node)
         self.free[job_id] -= bound.gross
-        self.made.append(
-            Reservation(task_id=task_id, job_id=job_id, node_id=node.pk, amount=bound.gross,
-                        seconds=bound.metered_s, speed=bound.speed)
-        )  # fmt: skip
+        self.made.append((task_id, job_id, node.pk, bound.gross, bound.metered_s, bound.speed))
 
     def save(self) -> None:
         """Write the reservations made: one UPDATE and one INSERT for the whole claim. A task
         being leased holds no lease, so an open reservation it still has is stale (a lease
         put back by code that did not release it): it is released, never doubled."""
         if self.made:
-            stale = Reservation.objects.filter(
-                task_id__in=[r.task_id for r in self.made], state=ReservationState.OPEN
-            )
-            stale.update(state=ReservationState.RELEASED, closed_at=timezone.now())
-            Reservation.objects.bulk_create(self.made)
+            _insert(self.made)
             self.made = []
 
     def _lock(self, job_id: object, *, wait: bool) -> bool:
@@ -136,6 +132,53 @@ class Funds:
                     return False
         self.held_keys.append(key)
         return True
+
+
+def _insert(rows: list[tuple[Any, ...]]) -> None:
+    """Raw SQL, as the bulk lease's own UPDATE: Django's bulk_create spends seconds of Python
+    on ten thousand model instances."""
+    table = Reservation._meta.db_table
+    now = timezone.now()
+    ids = [r[0] for r in rows]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"UPDATE {table} SET state = %s, closed_at = %s "
+                "WHERE state = %s AND task_id = ANY(%s::uuid[])",
+                [ReservationState.RELEASED, now, ReservationState.OPEN, ids],
+            )
+            task, job, node, amount, seconds, speed = (list(c) for c in zip(*rows, strict=True))
+            cursor.execute(
+                f"""
+                INSERT INTO {table} (task_id, job_id, node_id, amount, seconds, speed, state,
+                                     created_at)
+                SELECT v.task, v.job, v.node, v.amount, v.seconds, v.speed, %s, %s
+                FROM unnest(%s::uuid[], %s::uuid[], %s::bigint[], %s::numeric[],
+                            %s::float8[], %s::float8[])
+                    AS v(task, job, node, amount, seconds, speed)
+                """,
+                [ReservationState.OPEN, now, task, job, node, amount, seconds, speed],
+            )
+            return
+    Reservation.objects.filter(task_id__in=ids, state=ReservationState.OPEN).update(
+        state=ReservationState.RELEASED, closed_at=now
+    )
+    field = Reservation._meta.get_field
+
+    def prep(name: str, value: object) -> object:
+        return field(name).get_db_prep_save(value, connection)
+
+    params = [
+        (prep("task", t), prep("job", j), n, prep("amount", a), sec, sp,
+         ReservationState.OPEN, prep("created_at", now))
+        for t, j, n, a, sec, sp in rows
+    ]  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"INSERT INTO {table} (task_id, job_id, node_id, amount, seconds, speed, state, "
+            "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+            params,
+        )
 
 
 def open_reservation(task_id: object) -> Reservation | None:

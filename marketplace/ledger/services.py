@@ -143,12 +143,11 @@ def charge_result(result: TaskResult) -> Transaction | None:
         max_speed=reservation.speed if reservation else None,
     )
     escrow = accounts.job_escrow(job)
-    if reservation is not None:
-        # the reservation is part of what the escrow holds for others; this charge uses it
-        available = reservation.amount + free_escrow([job.pk])[job.pk]
+    if reservation is not None and m.gross <= reservation.amount:
+        shortfall = ZERO  # always: the reservation held it (and `post` checks the balance)
     else:  # a lease made before reservations existed: what no open reservation holds
-        available = free_escrow([job.pk])[job.pk]
-    m, shortfall = cap(m, available, rules)
+        held = reservation.amount if reservation is not None else ZERO
+        m, shortfall = cap(m, held + free_escrow([job.pk])[job.pk], rules)
     if m.gross <= 0:
         if reservation is not None:
             reservations.close(reservation, ReservationState.RELEASED)

@@ -471,7 +471,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
         if won < len(leases):  # another process won some rows: reserve only what was leased
             ours = set(Task.objects.filter(pk__in=[lease[0] for lease in leases],
                                            leased_at=now).values_list("pk", flat=True))  # fmt: skip
-            funds.made = [r for r in funds.made if r.task_id in ours]
+            funds.made = [r for r in funds.made if r[0] in ours]
         funds.save()
         return won
 
