@@ -131,3 +131,34 @@ def test_a_lone_node_is_not_judged(make_agent, submit) -> None:
     tx = _settle(job, Node.objects.get(pk=liar.node_id))[0]
     assert tx.details["billed_tflops"] == 160.0  # no peer to compare with: its word stands
     assert Node.objects.get(pk=liar.node_id).speed_mismatches == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_real_uploads_the_inflated_node_earns_what_its_peers_earn(
+    make_agent, submit, buyer
+) -> None:
+    """Three nodes train the same round for real and report the same time; one advertises
+    8x its peers' benchmark. Settlement pays it like them."""
+    from tests.marketplace.test_ledger_jobs import work_all
+
+    honest = [make_agent(kind="platform", price=PRICE, benchmark={"fp32_tflops": 20})
+              for _ in range(2)]  # fmt: skip
+    liar = make_agent(kind="platform", price=PRICE, benchmark={"fp32_tflops": 160})
+    job = submit(tier="platform", budget="20", max_price_per_gpu_hour="5",
+                 spec={**_small_spec(), "rounds": {"max_rounds": 1}})  # fmt: skip
+    assert work_all([liar, *honest]) == 3
+    assert buyer.get(f"/api/v1/jobs/{job['id']}/").json()["status"] == "completed"
+    paid = {
+        tx.node_id: Decimal(tx.details["base"])
+        for tx in Transaction.objects.filter(job_id=job["id"], kind="charge")
+    }
+    assert len(paid) == 3
+    assert paid[liar.node_id] == paid[honest[0].node_id] == paid[honest[1].node_id]
+    assert Node.objects.get(pk=liar.node_id).speed_mismatches == 1
+    assert all(Node.objects.get(pk=a.node_id).speed_mismatches == 0 for a in honest)
+
+
+def _small_spec() -> dict:
+    from tests.marketplace.helpers import SMALL_SPEC
+
+    return dict(SMALL_SPEC)
