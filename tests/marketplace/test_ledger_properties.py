@@ -98,6 +98,17 @@ class LedgerMachine(RuleBasedStateMachine):
         self.escrow[str(job.pk)] = budget
         self.jobs.append(job)
 
+    @rule(who=st.integers(0, 1), leases=st.integers(0, 3), extra=st.integers(-1, 1))
+    def submit_tight(self, who: int, leases: int, extra: int) -> None:
+        """A job whose budget pays for a few leases, give or take 0.0001: the
+        boundary where a lease must be refused."""
+        bound = lease_bound(self.nodes[1], self.rules).gross
+        budget = bound * leases + Decimal(extra) / 10**4  # a budget has four places
+        if budget <= 0:
+            return
+        self.grant(who, budget)
+        self.submit(who, budget)
+
     @rule(
         j=st.integers(0, 20), who=st.integers(0, 1), seconds=st.floats(0, 20000),
         cosine=st.none() | st.floats(-1, 1), credited=st.booleans(),
@@ -145,8 +156,10 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(j=st.integers(0, 20), who=st.integers(0, 1))
     def lease(self, j: int, who: int) -> None:
-        """The claim path's hook: a lease is made only if the job's free escrow covers it."""
-        active = [job for job in self.jobs if job.is_active]
+        """The claim path's hook: a lease is made only if the job's free escrow covers it
+        (the jobs tightest on money first: where a wrong answer would show)."""
+        active = sorted((job for job in self.jobs if job.is_active),
+                        key=lambda job: self.free(str(job.pk)))  # fmt: skip
         if not active:
             return
         job, node = active[j % len(active)], self.nodes[who]
@@ -319,7 +332,7 @@ def test_ledger_invariants_hold_under_random_operations(db) -> None:
     run_state_machine_as_test(
         LedgerMachine,
         settings=settings(
-            max_examples=25,
+            max_examples=40,
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
