@@ -210,6 +210,7 @@ def scheduling(
     from django.core.management import call_command
 
     call_command("migrate", "--noinput", verbosity=0)
+    from marketplace.ledger.models import Reservation
     from marketplace.rounds.models import Task
 
     node_objs, round_ = _seed_scheduling(tasks, nodes)
@@ -222,6 +223,7 @@ def scheduling(
 
     # baseline: the same kind of lease, one claim at a time
     Task.objects.filter(round=round_).update(status="pending", node=None)
+    Reservation.objects.update(state="released")  # the leases above are given back
     started = time.perf_counter()
     claimed = 0
     for node in node_objs[:sample]:
@@ -247,15 +249,9 @@ def charging(results: int = 2_000) -> dict[str, Any]:
     does anyway. Runs after `scheduling`, on its leased tasks."""
     from django.utils import timezone
 
-    from marketplace.jobs.models import Job
-    from marketplace.ledger.services import charge_result, grant_credit, hold_budget
+    from marketplace.ledger.services import charge_result
     from marketplace.rounds.models import Task, TaskResult
 
-    job = Job.objects.get(name="bench")
-    job.budget = Decimal("1000000")
-    job.save(update_fields=["budget"])
-    grant_credit(user=job.buyer, amount="1000000", memo="bench", operator=None)
-    hold_budget(job)
     tasks = list(Task.objects.filter(status="leased").select_related("node")[:results])
     now = timezone.now()
     Task.objects.filter(pk__in=[t.pk for t in tasks]).update(
@@ -293,6 +289,7 @@ def _seed_scheduling(tasks: int, nodes: int) -> tuple[list[Any], Any]:
 
     from marketplace.accounts.services import create_user
     from marketplace.jobs.models import Job, Shard
+    from marketplace.ledger.services import grant_credit, hold_budget
     from marketplace.nodes.models import Node
     from marketplace.rounds.models import Round, Task
     from trainer.spec import parse_spec
@@ -312,8 +309,12 @@ def _seed_scheduling(tasks: int, nodes: int) -> tuple[list[Any], Any]:
     )
     spec = parse_spec({"name": "bench", "local": {"steps": 10}}).to_dict()
     job = Job.objects.create(
-        buyer=buyer, name="bench", spec=spec, max_price_per_gpu_hour=Decimal("1"), tier="hybrid"
-    )
+        buyer=buyer, name="bench", spec=spec, max_price_per_gpu_hour=Decimal("1"), tier="hybrid",
+        budget=Decimal("1000000"),
+    )  # fmt: skip
+    # its budget is held, as a submission holds it: every lease reserves from this escrow
+    grant_credit(user=buyer, amount="1000000", memo="bench", operator=None)
+    hold_budget(job)
     shards = Shard.objects.bulk_create(
         Shard(job=job, index=i, file=f"bench/{i}", content_hash="0" * 64, size=100)
         for i in range(tasks)

@@ -62,6 +62,14 @@ def fail_job(job: Job, error: str) -> Job:
     return job
 
 
+def stop_job(job: Job, reason: str) -> Job:
+    """End a job its budget can no longer pay for (the caller holds the job's lock), saying
+    why in `error`; its unspent escrow goes back to the buyer."""
+    if job.is_active:
+        _end(job, JobStatus.STOPPED, reason)
+    return job
+
+
 def cancel_outstanding(job: Job) -> None:
     """A job that ended: its work not started, or still in flight (late updates to fold),
     has nothing left to join."""

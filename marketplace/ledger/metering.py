@@ -1,7 +1,9 @@
 """What one accepted task costs: pure arithmetic, written down in docs/money.md.
 
-    metered_s   = min(reported compute seconds, seconds the server saw between lease and upload)
-    speed       = clamp(node fp32 TFLOP/s / reference TFLOP/s, min_speed, max_speed)
+    metered_s   = min(reported compute seconds, seconds the server saw between lease and upload,
+                      the lease's bounded seconds)
+    speed       = min(clamp(billed fp32 TFLOP/s / reference TFLOP/s, min_speed, max_speed),
+                      the speed the lease's reservation was made at)
     base        = price per reference GPU-hour x metered_s x speed / 3600
     bonus       = base x bonus_max x quality,   quality = clamp(cosine, 0, 1)
     gross       = base + bonus                  (what the buyer's escrow pays)
@@ -11,7 +13,11 @@
 A node's price is per *reference* GPU-hour: a GPU twice as fast as the reference finishes in
 half the time and is credited twice the speed, so it earns the same per task and more per
 hour. The server's own clock bounds the time a node can bill; the speed factor is clamped so
-that an inflated benchmark cannot multiply it without limit.
+that an inflated benchmark cannot multiply it without limit, and the billed TFLOP/s are the
+observed ones when a node's tasks show its benchmark is inflated (speed.py).
+
+A lease reserves `max_charge`: the same meter at the lease's bounded seconds, its speed and
+price and the full quality bonus, so that no charge of that lease can exceed it.
 """
 
 from __future__ import annotations
@@ -86,20 +92,47 @@ def meter(
     price_per_hour: Decimal,
     cosine: float | None,
     rules: Rules,
+    max_seconds: float | None = None,
+    max_speed: float | None = None,
 ) -> Meter:
+    """`max_seconds` and `max_speed` are the bounds a lease's reservation was made with."""
     metered = max(0.0, min(reported_s, observed_s))
+    if max_seconds is not None:
+        metered = min(metered, max_seconds)
     speed = speed_factor(fp32_tflops, rules)
+    if max_speed is not None:
+        speed = min(speed, max_speed)
+    return priced(
+        metered_s=metered,
+        speed=speed,
+        price_per_hour=price_per_hour,
+        qual=quality(cosine),
+        rules=rules,
+        reported_s=reported_s,
+        observed_s=observed_s,
+    )
+
+
+def priced(
+    *,
+    metered_s: float,
+    speed: float,
+    price_per_hour: Decimal,
+    qual: float,
+    rules: Rules,
+    reported_s: float | None = None,
+    observed_s: float | None = None,
+) -> Meter:
     # Decimal from repr of the floats keeps the arithmetic exact from here on
-    hours = Decimal(repr(metered)) * Decimal(repr(speed)) / Decimal(3600)
+    hours = Decimal(repr(metered_s)) * Decimal(repr(speed)) / Decimal(3600)
     base = q(price_per_hour * hours)
-    qual = quality(cosine)
     bonus = q(base * rules.bonus_max * Decimal(repr(qual)))
     gross = base + bonus
     fee = q(gross * rules.fee_rate)
     return Meter(
-        reported_s=reported_s,
-        observed_s=observed_s,
-        metered_s=metered,
+        reported_s=metered_s if reported_s is None else reported_s,
+        observed_s=metered_s if observed_s is None else observed_s,
+        metered_s=metered_s,
         speed=speed,
         price_per_hour=price_per_hour,
         base=base,
@@ -109,6 +142,15 @@ def meter(
         fee=fee,
         net=gross - fee,
     )
+
+
+def max_charge(*, seconds: float, speed: float, price_per_hour: Decimal, rules: Rules) -> Meter:
+    """The most `meter` can ever produce for a lease bounded by `seconds` at speed factor
+    `speed` and this price: every second billed, the full quality bonus. Each rounding step
+    is monotone (half-even of a larger figure is never less), so any charge of that lease,
+    metered with these bounds, is at most this gross."""
+    return priced(metered_s=seconds, speed=speed, price_per_hour=price_per_hour, qual=1.0,
+                  rules=rules)  # fmt: skip
 
 
 def cap(m: Meter, available: Decimal, rules: Rules) -> tuple[Meter, Decimal]:

@@ -193,3 +193,54 @@ class WalletAddress(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="wallet"
     )
     address = models.CharField(max_length=42, unique=True)
+
+
+class ReservationState(models.TextChoices):
+    OPEN = "open"  # held against the job's escrow while the lease runs or awaits settlement
+    CONVERTED = "converted"  # its task's result was charged (at most the reserved amount)
+    RELEASED = "released"  # lease lost, failed, rejected, or the job ended: nothing charged
+
+
+class Reservation(models.Model):
+    """A lease's most possible charge, held against its job's escrow (docs/money.md, "Budgets").
+
+    Not an entry: escrow keeps the money, and a job's *free* escrow is its balance less its
+    open reservations. A job leases a task only when its free escrow covers the reservation,
+    so the charge that follows never finds the escrow short. The amount shrinks to the
+    result's own bound at upload; the row is converted when the result is charged and
+    released otherwise."""
+
+    # the bulk lease inserts thousands at once: no index beyond what the reads need (open
+    # ones by task and by job, below; the task's own for cascades)
+    task = models.ForeignKey("rounds.Task", on_delete=models.CASCADE, related_name="reservations")
+    job = models.ForeignKey(
+        "jobs.Job", on_delete=models.CASCADE, related_name="reservations", db_index=False
+    )
+    node = models.ForeignKey(
+        "nodes.Node", on_delete=models.CASCADE, related_name="reservations", db_index=False
+    )
+    amount = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    # the bounds the amount was computed with: the charge never exceeds either
+    seconds = models.FloatField()
+    speed = models.FloatField()
+    state = models.CharField(
+        max_length=12, choices=ReservationState.choices, default=ReservationState.OPEN
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # one lease at a time per task, so one open reservation
+            models.UniqueConstraint(
+                fields=["task"], condition=models.Q(state="open"), name="reservation_one_open"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(amount__gte=0), name="reservation_not_negative"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["job"], condition=models.Q(state="open"), name="reservation_open_job"
+            )
+        ]

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from marketplace.accounts.models import User
 from marketplace.jobs.models import Job
-from marketplace.ledger import accounts
+from marketplace.ledger import accounts, reservations
 from marketplace.ledger.errors import (
     IdempotencyConflict,
     InsufficientCredit,
@@ -24,10 +24,17 @@ from marketplace.ledger.errors import (
     LedgerError,
 )
 from marketplace.ledger.metering import Rules, cap, meter
-from marketplace.ledger.models import Payout, PayoutStatus, Transaction, TxKind
+from marketplace.ledger.models import (
+    Payout,
+    PayoutStatus,
+    ReservationState,
+    Transaction,
+    TxKind,
+)
 from marketplace.ledger.money import ZERO, parse_amount, q
+from marketplace.ledger.observed_speed import observe_speed
 from marketplace.ledger.posting import balance, post
-from marketplace.nodes.selectors import benchmark_of
+from marketplace.ledger.reservations import free_escrow
 from marketplace.rounds.models import TaskResult
 
 ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -85,7 +92,9 @@ def hold_budget(job: Job) -> Transaction:
 
 
 def release_escrow(job: Job) -> Transaction | None:
-    """Unspent escrow back to the buyer, once, when a job ends for any reason."""
+    """Unspent escrow back to the buyer, once, when a job ends for any reason; its open
+    reservations go with it (the job charges nothing more)."""
+    reservations.release_job(job.pk)
     escrow = accounts.job_escrow(job)
     left = balance(escrow)
     if left <= 0:
@@ -120,25 +129,39 @@ def charge_result(result: TaskResult) -> Transaction | None:
     price = (
         task.price_per_gpu_hour if task.price_per_gpu_hour is not None else node.price_per_gpu_hour
     )
+    reservation = reservations.open_reservation(task.pk)
+    speed = observe_speed(result)  # what its tasks show, against its peers on the job
     m = meter(
         reported_s=result.compute_s,
         observed_s=observed,
-        # validated as read: a stored non-number must not fail the aggregation that pays
-        fp32_tflops=benchmark_of(node).get("fp32_tflops"),
+        fp32_tflops=speed.billed,
         price_per_hour=Decimal(price),
         cosine=result.cosine,
         rules=rules,
+        # the bounds its lease reserved for: the charge is never more than the reservation
+        max_seconds=reservation.seconds if reservation else None,
+        max_speed=reservation.speed if reservation else None,
     )
     escrow = accounts.job_escrow(job)
-    m, shortfall = cap(m, balance(escrow), rules)
+    if reservation is not None and m.gross <= reservation.amount:
+        shortfall = ZERO  # always: the reservation held it (and `post` checks the balance)
+    else:  # a lease made before reservations existed: what no open reservation holds
+        held = reservation.amount if reservation is not None else ZERO
+        m, shortfall = cap(m, held + free_escrow([job.pk])[job.pk], rules)
     if m.gross <= 0:
+        if reservation is not None:
+            reservations.close(reservation, ReservationState.RELEASED)
         return None
     details = m.to_dict() | {
         "replica": task.replica,
         "round": task.round.number,
         "shortfall": str(shortfall),
+        "reserved": str(reservation.amount) if reservation else None,
+        "advertised_tflops": speed.advertised,
+        "observed_tflops": speed.observed,
+        "billed_tflops": speed.billed,
     }
-    return post(
+    tx = post(
         f"charge:{result.pk}",
         TxKind.CHARGE,
         [
@@ -152,6 +175,15 @@ def charge_result(result: TaskResult) -> Transaction | None:
         task_result=result,
         details=details,
     )
+    if reservation is not None:
+        reservations.close(reservation, ReservationState.CONVERTED)
+    return tx
+
+
+def release_unpaid(result: TaskResult) -> None:
+    """A settled result that will never be paid (rejected) frees its lease's reservation."""
+    if not result.accepted and not result.credited:
+        reservations.release_tasks([result.task_id])
 
 
 def round_costs(job: Job) -> list[Decimal]:
@@ -164,8 +196,16 @@ def round_costs(job: Job) -> list[Decimal]:
 
 
 def budget_stop_reason(job: Job) -> str:
-    """Why the job cannot afford another round, or "" if it can: the escrow must cover the
-    dearest round so far times a margin, so a round is never started that it cannot pay."""
+    """Why the job cannot afford another round, or "" if it can. The exact rule first: its
+    free escrow must cover one more lease (`reservations.unaffordable`); then the estimate:
+    the escrow must cover the dearest round so far times a margin, so that a round is not
+    started that would stall half done."""
+    exact = reservations.unaffordable(job.pk)
+    if exact:
+        return (
+            f"Stopped at the end of round {job.rounds_done}: {exact}. Raise the budget to "
+            "train further."
+        )
     costs = round_costs(job)
     if not costs:
         return ""

@@ -87,6 +87,9 @@ class Node(models.Model):
     verified_ok = models.PositiveIntegerField(default=0)
     verified_bad = models.PositiveIntegerField(default=0)
     lost_leases = models.PositiveIntegerField(default=0)
+    # settled tasks whose throughput showed the advertised benchmark inflated past the
+    # margin (ledger/speed.py): each costs reliability like a lost lease
+    speed_mismatches = models.PositiveIntegerField(default=0)
     reliability = models.FloatField(default=0.5)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -117,10 +120,33 @@ class Node(models.Model):
         return self.kind == NodeKind.PLATFORM
 
 
-def reliability_score(verified_ok: int, verified_bad: int, lost_leases: int) -> float:
+def reliability_score(
+    verified_ok: int, verified_bad: int, lost_leases: int, speed_mismatches: int = 0
+) -> float:
     """A smoothed success rate: new nodes start at 0.5, a wrong result costs three good ones,
-    a lost lease (silence past its timeout) one."""
-    return (verified_ok + 1) / (verified_ok + 3 * verified_bad + lost_leases + 2)
+    a lost lease (silence past its timeout) one, and so does a task that showed the node's
+    benchmark inflated."""
+    misses = lost_leases + speed_mismatches
+    return (verified_ok + 1) / (verified_ok + 3 * verified_bad + misses + 2)
+
+
+class NodeSpeed(models.Model):
+    """What a node's settled tasks show of its speed (ledger/speed.py), beside what it
+    advertises. Its own row, not columns of Node: settlement writes it inside the round's
+    transaction, and the node's heartbeats (which update Node) must not wait for that."""
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, related_name="speed")
+    # fp32 TFLOP/s its tasks show, a moving average over them (None: not judged yet)
+    observed_tflops = models.FloatField(null=True, blank=True)
+    # what it advertised when last judged, and what billing used
+    advertised_tflops = models.FloatField(null=True, blank=True)
+    billed_tflops = models.FloatField(null=True, blank=True)
+    # the last task's own figures: model TFLOP/s trained, and utilization of its benchmark
+    achieved_tflops = models.FloatField(null=True, blank=True)
+    tasks = models.PositiveIntegerField(default=0)  # settled tasks that were judged
+    mismatch = models.BooleanField(default=False)
+    note = models.CharField(max_length=300, blank=True)  # why, for the provider
+    updated_at = models.DateTimeField(auto_now=True)
 
 
 class NodeTraffic(models.Model):

@@ -12,13 +12,14 @@ from django.utils import timezone
 
 from marketplace.accounts.models import User
 from marketplace.nodes.bounds import NETWORK_BOUNDS, clean_benchmark, clean_figures
-from marketplace.nodes.models import Node, NodeState, NodeTraffic
+from marketplace.nodes.models import Node, NodeSpeed, NodeState, NodeTraffic
 
 
 def nodes_of(user: User) -> QuerySet[Node]:
+    # with the observed speed the node pages and the API show beside each node
     if user.is_operator:
-        return Node.objects.all().order_by("pk")
-    return Node.objects.filter(owner=user).order_by("pk")
+        return Node.objects.select_related("speed").order_by("pk")
+    return Node.objects.filter(owner=user).select_related("speed").order_by("pk")
 
 
 def job_traffic(job_id: object) -> dict[int, dict[str, Any]]:
@@ -88,3 +89,12 @@ def benchmark_of(node: Node) -> dict[str, Any]:
     """The node's benchmark figures the marketplace computes with, validated as it reads
     them (as network_of): billing and sizing never meet a string or an infinity."""
     return clean_benchmark(node.benchmark)
+
+
+def speed_of(node: Node) -> NodeSpeed | None:
+    """What the node's settled tasks show of its speed (ledger/observed_speed.py), or None
+    before any was judged."""
+    try:
+        return node.speed
+    except NodeSpeed.DoesNotExist:
+        return None

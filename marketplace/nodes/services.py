@@ -164,16 +164,22 @@ def mark_offline(now: datetime | None = None) -> list[int]:
     return ids
 
 
-def record_verification(node_id: int, *, ok: int = 0, bad: int = 0, lost: int = 0) -> None:
-    """Count verified / rejected results and lost leases, then recompute reliability."""
+def record_verification(
+    node_id: int, *, ok: int = 0, bad: int = 0, lost: int = 0, speed_mismatch: int = 0
+) -> None:
+    """Count verified / rejected results, lost leases and tasks that showed an inflated
+    benchmark, then recompute reliability."""
     with transaction.atomic():
         Node.objects.filter(pk=node_id).update(
             verified_ok=F("verified_ok") + ok,
             verified_bad=F("verified_bad") + bad,
             lost_leases=F("lost_leases") + lost,
+            speed_mismatches=F("speed_mismatches") + speed_mismatch,
         )
         node = Node.objects.select_for_update().get(pk=node_id)
-        node.reliability = reliability_score(node.verified_ok, node.verified_bad, node.lost_leases)
+        node.reliability = reliability_score(
+            node.verified_ok, node.verified_bad, node.lost_leases, node.speed_mismatches
+        )
         node.save(update_fields=["reliability"])
 
 

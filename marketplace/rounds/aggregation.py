@@ -27,7 +27,12 @@ from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
 from marketplace.jobs.services import cancel_outstanding, fail_job
 from marketplace.jobs.tasks import enqueue_tracking
-from marketplace.ledger.services import budget_stop_reason, charge_result, release_escrow
+from marketplace.ledger.services import (
+    budget_stop_reason,
+    charge_result,
+    release_escrow,
+    release_unpaid,
+)
 from marketplace.nodes.services import record_verification
 from marketplace.rounds.lifecycle import open_round, unit_states
 from marketplace.rounds.models import Round, RoundStatus, TaskResult
@@ -304,6 +309,8 @@ def _settle_results(rnd: Round, outcome: Outcome) -> None:
         result.save(update_fields=["accepted", "cosine", "rejection", "aggregated", "credited"])
         if result.credited:
             charge_result(result)
+        else:
+            release_unpaid(result)
 
 
 def final_model_bytes(job: Job) -> bytes:

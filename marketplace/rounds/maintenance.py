@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.preparation import enqueue_preparation
+from marketplace.ledger.reservations import unaffordable
 from marketplace.ledger.services import release_escrow
 from marketplace.nodes.services import mark_offline
 from marketplace.rounds.lifecycle import (
@@ -167,10 +168,35 @@ def reserve_new_silos() -> int:
     return added
 
 
+def stop_unaffordable_jobs() -> int:
+    """Running jobs whose open round waits for work their free escrow cannot reserve, with
+    nothing in flight that could free more, stop now and say why (ledger.reservations):
+    otherwise their round would sit out its deadline and stop only then."""
+    from marketplace.jobs.services import stop_job
+
+    waiting = Task.objects.filter(round__job=OuterRef("pk"), status=TaskStatus.PENDING,
+                                  round__status=RoundStatus.OPEN)  # fmt: skip
+    stopped = 0
+    for job_id in (
+        Job.objects.filter(status=JobStatus.RUNNING)
+        .filter(Exists(waiting))
+        .values_list("pk", flat=True)
+    ):
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job_id)
+            why = unaffordable(job.pk) if job.status == JobStatus.RUNNING else ""
+            if why:
+                stop_job(job, f"Stopped in round {job.rounds_done + 1}: {why}. Raise the "
+                              "budget to train further.")  # fmt: skip
+                stopped += 1
+    return stopped
+
+
 def tick() -> dict[str, Any]:
     return {
         "silos": reserve_new_silos(),
         "reclaimed": reclaim_leases(),
+        "unaffordable": stop_unaffordable_jobs(),
         "closed": close_overdue_rounds(),
         "restarted": restart_stuck_aggregations(),
         "resumed": resume_orphaned_jobs(),

@@ -22,6 +22,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from marketplace.jobs.models import Job, JobStatus, Tier
+from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.rounds.delivery import model_source, record_model
 from marketplace.rounds.models import Round, RoundStatus, ShardCopy, Task, TaskStatus
@@ -280,6 +281,7 @@ def claim_batch(node: Node, count: int) -> list[Task]:
 def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], bool]:
     """(ids leased, whether a compare-and-set was lost) within the caller's transaction."""
     pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
+    funds = Funds()  # each lease reserves its most possible charge in its job's escrow
     won: list[Any] = []
     units: set[tuple[Any, ...]] = set()
     lost = False
@@ -291,13 +293,15 @@ def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], b
             unit = (task.round_id, *task.unit)
             if len(won) >= count:
                 break
-            if unit in units:
+            if unit in units or not funds.affords(task.round.job_id, node):
                 continue
             if _lease(task, node):
+                funds.reserve(task.pk, task.round.job_id, node)
                 won.append(task.pk)
                 units.add(unit)
             else:
                 lost = True
+    funds.save()
     return won, lost
 
 
@@ -460,9 +464,13 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
             for pk in specs
             if specs[pk].adaptation.enabled and jobs[pk].input_shape
         }
+        funds = Funds()  # each lease reserves its most possible charge in its job's escrow
+        funds.load(jobs)
         for task_id, node_id in plan:
             _, _, _, _, job_id, steps, batch, shard_size, codec = by_id[task_id]
             node = by_node[node_id]
+            if not funds.affords(job_id, node):
+                continue  # the job's free escrow cannot pay for this lease: it stays pending
             if steps is None:
                 work = (
                     adaptive[job_id][node_id]
@@ -471,10 +479,18 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
                 )
                 steps, batch, codec = work.steps, work.batch_size, work.codec
             leases.append((task_id, node_id, steps, batch, codec, node.price_per_gpu_hour))
+            funds.reserve(task_id, job_id, node)
         if locked:
             _bulk_lease_postgres(leases, now, expires)
+            funds.save()
             return len(leases)
-        return _bulk_lease_guarded(leases, now, expires)
+        won = _bulk_lease_guarded(leases, now, expires)
+        if won < len(leases):  # another process won some rows: reserve only what was leased
+            ours = set(Task.objects.filter(pk__in=[lease[0] for lease in leases],
+                                           leased_at=now).values_list("pk", flat=True))  # fmt: skip
+            funds.made = [r for r in funds.made if r[0] in ours]
+        funds.save()
+        return won
 
 
 def _bulk_lease_guarded(leases: list[tuple], now: datetime, expires: datetime) -> int:

@@ -14,6 +14,7 @@ from django.utils import timezone
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
 from marketplace.jobs.models_io import load_model_file
+from marketplace.ledger.reservations import release_tasks, shrink_on_upload
 from marketplace.nodes.bounds import MAX_DATASET_ROWS
 from marketplace.nodes.models import Node
 from marketplace.rounds.delivery import record_model
@@ -150,7 +151,7 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         if task.status != TaskStatus.LEASED or (late and not _takes_late(rnd, task)):
             raise Conflict(f"The task is {task.status}; it no longer takes updates.")
         held_s = (timezone.now() - task.leased_at).total_seconds() if task.leased_at else 0.0
-        TaskResult.objects.create(
+        result = TaskResult.objects.create(
             task=task,
             node=node,
             update_file=name,
@@ -165,6 +166,8 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         )
         task.status = TaskStatus.DONE
         task.save(update_fields=["status"])
+        # the lease's reservation shrinks to what this upload can be charged at most
+        shrink_on_upload(task.pk, result.compute_s)
         # it trained on the round's model (built from the seed, perhaps): its next delta's base
         record_model(node, rnd.job_id, rnd)
         if not late:  # a late one waits, unreplicated, for the next aggregation to fold it
@@ -197,6 +200,8 @@ def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
         lease_expires=None,
         last_error=reason[:300],
     )
+    if updated:
+        release_tasks([task.pk])  # nothing will be charged for this lease
     if updated and lost and node_id is not None:
         record_verification(node_id, lost=1)
     if updated and not give_up and not closed:

@@ -76,6 +76,7 @@ def assert_never_requeued(job_id: str, monkeypatch) -> None:
     assert tick() == {
         "silos": 0,
         "reclaimed": 0,
+        "unaffordable": 0,
         "closed": 0,
         "restarted": 0,
         "resumed": 0,

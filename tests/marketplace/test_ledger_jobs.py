@@ -118,15 +118,20 @@ def test_cancel_returns_the_unspent_budget(make_agent, submit, buyer) -> None:
 
 def test_a_job_that_cannot_afford_another_round_stops_and_says_why(make_agent, submit, buyer):
     agents = [make_agent(kind="platform", price="60") for _ in range(3)]
-    # a round of 3 tasks costs about 3 x 60 x 2 s x 4 / 3600 = 0.4: 0.7 pays one, not two
+    # a lease reserves 60 x 300 s x 4 (80 TFLOP/s) / 3600 x 1.1 = 22; each upload of 2 s
+    # shrinks its reservation to 60 x 2 x 4 / 3600 x 1.1 = 0.146666 (docs/money.md): a
+    # budget of 22.3 leases one task at a time, and after round 1 (about 0.4 spent) its free
+    # escrow is short of the next 22
     spec = SMALL_SPEC | {"rounds": {"max_rounds": 5}}
-    job = submit(tier="platform", budget="0.7", spec=spec, max_price_per_gpu_hour="100")
+    job = submit(tier="platform", budget="22.3", spec=spec, max_price_per_gpu_hour="100")
     work_all(agents)
     detail = buyer.get(f"/api/v1/jobs/{job['id']}/").json()
     assert detail["status"] == "stopped" and detail["rounds_done"] == 1
     assert "budget" in detail["error"] and "round 1" in detail["error"]
+    assert "would reserve at least 22.000000" in detail["error"], detail["error"]
     costs = detail["costs"]
-    assert Decimal(costs["spent"]) + Decimal(costs["refunded"]) == Decimal("0.7")
+    assert costs["charges"] == 3
+    assert Decimal(costs["spent"]) + Decimal(costs["refunded"]) == Decimal("22.3")
     assert costs["shortfall"] == "0.000000"
     assert reconcile(with_chain=False).ok
 

@@ -1,5 +1,7 @@
-"""Random sequences of grants, jobs, charges, rejections, cancellations and payouts: after
-every step the ledger reconciles and every balance matches a simple model of the rules."""
+"""Random sequences of grants, jobs, leases with their reservations, uploads, charges,
+rejections, lost leases, cancellations and payouts: after every step the ledger reconciles,
+every balance matches a simple model of the rules, no job's open reservations exceed its
+escrow, and no reserved lease's charge is ever cut."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.conf import settings as dj_settings
+from django.db import transaction
 from django.utils import timezone
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -17,16 +21,24 @@ from marketplace.accounts.services import create_user
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.ledger import accounts
 from marketplace.ledger.errors import InsufficientCredit, InvalidPayout, LedgerError
-from marketplace.ledger.metering import Rules, cap, meter
-from marketplace.ledger.models import Payout, PayoutStatus
+from marketplace.ledger.metering import Rules, cap, max_charge, meter
+from marketplace.ledger.models import Payout, PayoutStatus, Reservation, ReservationState
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
+from marketplace.ledger.reservations import (
+    Funds,
+    free_escrow,
+    lease_bound,
+    release_tasks,
+    shrink_on_upload,
+)
 from marketplace.ledger.services import (
     charge_result,
     grant_credit,
     hold_budget,
     mark_payout_paid,
     release_escrow,
+    release_unpaid,
     request_payout,
     reverse_payout,
 )
@@ -57,6 +69,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.credit = {b.pk: Decimal(0) for b in self.buyers}
         self.earnings = {p.pk: Decimal(0) for p in self.providers}
         self.escrow: dict[str, Decimal] = {}
+        # open reservations: task id -> (job id, amount, node index, uploaded seconds or None)
+        self.reserved: dict[object, tuple[str, Decimal, int, float | None]] = {}
         self.jobs: list[Job] = []
         self.results: list[TaskResult] = []
         self.payouts: list[Payout] = []
@@ -84,6 +98,17 @@ class LedgerMachine(RuleBasedStateMachine):
         self.escrow[str(job.pk)] = budget
         self.jobs.append(job)
 
+    @rule(who=st.integers(0, 1), leases=st.integers(0, 3), extra=st.integers(-1, 1))
+    def submit_tight(self, who: int, leases: int, extra: int) -> None:
+        """A job whose budget pays for a few leases, give or take 0.0001: the
+        boundary where a lease must be refused."""
+        bound = lease_bound(self.nodes[1], self.rules).gross
+        budget = bound * leases + Decimal(extra) / 10**4  # a budget has four places
+        if budget <= 0:
+            return
+        self.grant(who, budget)
+        self.submit(who, budget)
+
     @rule(
         j=st.integers(0, 20), who=st.integers(0, 1), seconds=st.floats(0, 20000),
         cosine=st.none() | st.floats(-1, 1), credited=st.booleans(),
@@ -110,13 +135,116 @@ class LedgerMachine(RuleBasedStateMachine):
         expected = meter(reported_s=seconds, observed_s=seconds + 5, cosine=cosine,
                          fp32_tflops=node.benchmark["fp32_tflops"],
                          price_per_hour=node.price_per_gpu_hour, rules=self.rules)  # fmt: skip
-        expected, _ = cap(expected, self.escrow[str(job.pk)], self.rules)
+        # a lease without a reservation may take only what no open reservation holds
+        expected, _ = cap(expected, self.free(str(job.pk)), self.rules)
         tx = charge_result(result)
         if tx is not None:
             assert Decimal(tx.details["gross"]) == expected.gross
             self.escrow[str(job.pk)] -= expected.gross
             self.earnings[node.owner_id] += expected.net
             self.results.append(result)
+
+    def free(self, job_id: str) -> Decimal:
+        held = sum((a for j, a, _, _ in self.reserved.values() if j == job_id), Decimal(0))
+        return self.escrow[job_id] - held
+
+    def _round(self, job: Job) -> Round:
+        return Round.objects.filter(job=job).first() or Round.objects.create(
+            job=job, number=1, input_model_hash="x", input_model_file="x",
+            deadline=timezone.now() + timedelta(hours=1),
+        )  # fmt: skip
+
+    @rule(j=st.integers(0, 20), who=st.integers(0, 1))
+    def lease(self, j: int, who: int) -> None:
+        """The claim path's hook: a lease is made only if the job's free escrow covers it
+        (the jobs tightest on money first: where a wrong answer would show)."""
+        active = sorted((job for job in self.jobs if job.is_active),
+                        key=lambda job: self.free(str(job.pk)))  # fmt: skip
+        if not active:
+            return
+        job, node = active[j % len(active)], self.nodes[who]
+        task = Task.objects.create(round=self._round(job), seed=0)
+        bound = lease_bound(node, self.rules).gross
+        with transaction.atomic():
+            funds = Funds()
+            ok = funds.affords(job.pk, node)
+            if ok:
+                Task.objects.filter(pk=task.pk).update(
+                    status="leased", node=node, leased_at=timezone.now(),
+                    price_per_gpu_hour=node.price_per_gpu_hour,
+                )  # fmt: skip
+                funds.reserve(task.pk, job.pk, node)
+                funds.save()
+        assert ok == (self.free(str(job.pk)) >= bound)
+        if ok:
+            self.reserved[task.pk] = (str(job.pk), bound, who, None)
+
+    def _reserved(self, i: int, uploaded: bool) -> object | None:
+        ids = [t for t, (_, _, _, s) in self.reserved.items() if (s is not None) == uploaded]
+        return ids[i % len(ids)] if ids else None
+
+    @rule(i=st.integers(0, 50), seconds=st.floats(0, 400))
+    def upload(self, i: int, seconds: float) -> None:
+        """An upload bills at most its compute seconds (never more than the lease allows):
+        its reservation shrinks to that bound."""
+        task_id = self._reserved(i, uploaded=False)
+        if task_id is None:
+            return
+        job_id, amount, who, _ = self.reserved[task_id]
+        node = self.nodes[who]
+        lease_s = float(dj_settings.GPUFLEX["LEASE_TIMEOUT_S"])
+        compute = min(seconds, lease_s)
+        Task.objects.filter(pk=task_id).update(
+            status="done", leased_at=timezone.now() - timedelta(seconds=seconds + 5)
+        )
+        TaskResult.objects.create(task_id=task_id, node=node, update_file="u", update_hash="h",
+                                  num_samples=1, compute_s=compute)  # fmt: skip
+        shrink_on_upload(task_id, compute)
+        bound = lease_bound(node, self.rules)
+        shrunk = max_charge(
+            seconds=compute,
+            speed=bound.speed,
+            price_per_hour=node.price_per_gpu_hour,
+            rules=self.rules,
+        ).gross
+        self.reserved[task_id] = (job_id, min(amount, shrunk), who, compute)
+
+    @rule(i=st.integers(0, 50), cosine=st.none() | st.floats(-1, 1), credited=st.booleans())
+    def settle(self, i: int, cosine, credited: bool) -> None:
+        """Aggregation's verdict on an uploaded, reserved result: charged in full (never cut),
+        or rejected and its reservation released."""
+        task_id = self._reserved(i, uploaded=True)
+        if task_id is None:
+            return
+        job_id, amount, who, compute = self.reserved.pop(task_id)
+        result = TaskResult.objects.get(task_id=task_id)
+        result.cosine, result.credited, result.accepted = cosine, credited, credited
+        result.save()
+        if not credited:
+            release_unpaid(result)
+            return
+        node = self.nodes[who]
+        expected = meter(reported_s=compute, observed_s=compute + 5, cosine=cosine,
+                         fp32_tflops=node.benchmark["fp32_tflops"],
+                         price_per_hour=node.price_per_gpu_hour, rules=self.rules)  # fmt: skip
+        tx = charge_result(result)
+        assert expected.gross <= amount  # what the reservation held covers the charge
+        if expected.gross == 0:
+            assert tx is None
+            return
+        assert Decimal(tx.details["gross"]) == expected.gross  # never capped
+        assert tx.details["shortfall"] == "0"
+        self.escrow[job_id] -= expected.gross
+        self.earnings[node.owner_id] += expected.net
+        self.results.append(result)
+
+    @rule(i=st.integers(0, 50))
+    def lose(self, i: int) -> None:
+        """A lease lost (expired, failed, reassigned) before its upload: released."""
+        task_id = self._reserved(i, uploaded=False)
+        if task_id is not None:
+            release_tasks([task_id])
+            del self.reserved[task_id]
 
     @rule(i=st.integers(0, 50))
     def recharge(self, i: int) -> None:
@@ -135,6 +263,8 @@ class LedgerMachine(RuleBasedStateMachine):
         release_escrow(job)  # a retry
         self.credit[job.buyer_id] += self.escrow[str(job.pk)]
         self.escrow[str(job.pk)] = Decimal(0)
+        # an ended job charges nothing more: its reservations go with its escrow
+        self.reserved = {t: r for t, r in self.reserved.items() if r[0] != str(job.pk)}
 
     @rule(who=st.integers(0, 1), amount=st.decimals(min_value="0.5", max_value="20", places=3),
           key=st.sampled_from(["a", "b", "c"]))  # fmt: skip
@@ -186,7 +316,14 @@ class LedgerMachine(RuleBasedStateMachine):
         for p in self.providers:
             assert balance(accounts.provider_earnings(p)) == self.earnings[p.pk]
         for job in self.jobs:
-            assert balance(accounts.job_escrow(job)) == self.escrow[str(job.pk)]
+            key = str(job.pk)
+            assert balance(accounts.job_escrow(job)) == self.escrow[key]
+            open_ = Reservation.objects.filter(job=job, state=ReservationState.OPEN)
+            assert sorted(open_.values_list("amount", flat=True)) == sorted(
+                a for j, a, _, _ in self.reserved.values() if j == key
+            )
+            # escrow always covers what its open leases could still be charged
+            assert free_escrow([job.pk])[job.pk] == self.free(key) >= 0
 
 
 def test_ledger_invariants_hold_under_random_operations(db) -> None:
@@ -195,8 +332,8 @@ def test_ledger_invariants_hold_under_random_operations(db) -> None:
     run_state_machine_as_test(
         LedgerMachine,
         settings=settings(
-            max_examples=25,
-            stateful_step_count=20,
+            max_examples=40,
+            stateful_step_count=30,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
         ),

@@ -15,7 +15,7 @@ from marketplace.api.serializers.node_data import (
 )
 from marketplace.nodes.bounds import MAX_LOCAL_DATASETS
 from marketplace.nodes.enrollment import MAX_TOKEN_LENGTH
-from marketplace.nodes.models import Node, NodeKind
+from marketplace.nodes.models import Node, NodeKind, NodeSpeed
 
 
 def local_datasets_field() -> serializers.ListField:
@@ -103,7 +103,30 @@ class EnrollmentTokenSerializer(serializers.Serializer):
     enrollment_token = serializers.CharField(help_text="shown only this once")
 
 
+class NodeSpeedSerializer(serializers.ModelSerializer):
+    """What the node's tasks show of its speed beside what it advertises (docs/money.md)."""
+
+    class Meta:
+        model = NodeSpeed
+        fields = [
+            "advertised_tflops",
+            "observed_tflops",
+            "billed_tflops",
+            "achieved_tflops",
+            "tasks",
+            "mismatch",
+            "note",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
 class NodeSerializer(serializers.ModelSerializer):
+    speed = NodeSpeedSerializer(
+        read_only=True, allow_null=True,
+        help_text="observed speed against the advertised benchmark; null until judged",
+    )  # fmt: skip
+
     class Meta:
         model = Node
         fields = [
@@ -128,6 +151,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "verified_ok",
             "verified_bad",
             "lost_leases",
+            "speed_mismatches",
+            "speed",
             "created_at",
         ]
         read_only_fields = fields

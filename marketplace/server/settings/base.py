@@ -216,6 +216,9 @@ GPUFLEX = {
     "REFERENCE_FP32_TFLOPS": float(os.environ.get("GPUFLEX_REFERENCE_FP32_TFLOPS", "20")),
     "MIN_SPEED_FACTOR": float(os.environ.get("GPUFLEX_MIN_SPEED_FACTOR", "0.01")),
     "MAX_SPEED_FACTOR": float(os.environ.get("GPUFLEX_MAX_SPEED_FACTOR", "8")),
+    # a node whose benchmark is more than this many times what its tasks show is billed at
+    # what they show, and loses reliability (ledger/speed.py)
+    "SPEED_MARGIN": float(os.environ.get("GPUFLEX_SPEED_MARGIN", "2")),
     "MIN_PAYOUT": os.environ.get("GPUFLEX_MIN_PAYOUT", "5"),
     # a job goes on only while its escrow covers this many times its dearest round so far
     "ROUND_BUDGET_MARGIN": os.environ.get("GPUFLEX_ROUND_BUDGET_MARGIN", "1.5"),
