@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
     dependencies = [
         ("jobs", "0010_job_files_pruned_at"),
         ("ledger", "0003_settlement_nonce"),
-        ("nodes", "0006_node_speed"),
+        ("nodes", "0007_node_speed"),
         ("rounds", "0003_content_types"),
     ]
 

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("nodes", "0005_enrollment_and_bounds"),
+        ("nodes", "0006_node_local_dataset_schemas"),
     ]
 
     operations = [
