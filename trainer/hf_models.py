@@ -94,7 +94,8 @@ def build_hf_model(
     hf_logging.set_verbosity_error()  # config warnings repeat on every build
     config = hf_config(spec, num_classes)
     check_fits_data(config, spec, input_shape, num_classes)
-    auto = AutoModelForCausalLM if spec.arch == "hf_causal_lm" else AutoModelForSequenceClassification
+    lm = spec.arch == "hf_causal_lm"
+    auto = AutoModelForCausalLM if lm else AutoModelForSequenceClassification
     try:
         model = auto.from_config(config)
     except (ValueError, KeyError, TypeError) as exc:

@@ -72,8 +72,9 @@ class LoraSpec(_Strict):
     dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     # module names (or name suffixes) to adapt; None: peft's default for the model type
     target_modules: (
-        Annotated[list[Annotated[str, Field(pattern=_MODULE_NAME)]], Field(min_length=1,
-                  max_length=64)]
+        Annotated[
+            list[Annotated[str, Field(pattern=_MODULE_NAME)]], Field(min_length=1, max_length=64)
+        ]
         | None
     ) = None
 

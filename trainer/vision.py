@@ -125,7 +125,9 @@ class ViTS(nn.Module):
         super().__init__()
         c, h, w = image
         if h % patch or w % patch:
-            raise ValueError(f"ViT-S needs image sides divisible by patch_size {patch}; got {h}x{w}")
+            raise ValueError(
+                f"ViT-S needs image sides divisible by patch_size {patch}; got {h}x{w}"
+            )
         self.image = image
         self.checkpointing = checkpointing
         width = VIT_S["width"]
