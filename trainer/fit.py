@@ -93,9 +93,15 @@ def fits(estimate: MemoryEstimate, free_bytes: int, headroom: float = 0.9) -> bo
 
 
 def measure_footprint(
-    spec: Any, input_shape: tuple[int, ...], num_classes: int, integer_input: bool = False
+    spec: Any,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    integer_input: bool = False,
+    weights: Any = None,
 ) -> Footprint:
-    """The footprint of `spec` (a ModelSpec) on this data, measured on the meta device."""
+    """The footprint of `spec` (a ModelSpec) on this data, measured on the meta device.
+    `weights`: a checkpoint's tensors (meta ones will do, `trainer.models.meta_weights`),
+    checked against the model as they would be loaded."""
     import torch
 
     from trainer.models import ModelSpecError, build_model
@@ -108,7 +114,7 @@ def measure_footprint(
         return t
 
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        model = build_model(spec, input_shape, num_classes)
+        model = build_model(spec, input_shape, num_classes, weights=weights)
         sample = torch.zeros((1, *input_shape), dtype=torch.long if integer_input else None)
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import safetensors
 import safetensors.torch
 import torch
 from torch import nn
@@ -258,6 +259,32 @@ def read_weights(data: bytes) -> dict[str, torch.Tensor]:
     """A checkpoint's tensors from safetensors bytes: parsed, never unpickled."""
     try:
         return safetensors.torch.load(data)
+    except Exception as exc:  # SafetensorError and friends: the bytes are not safetensors
+        raise ModelSpecError(f"the checkpoint is not a readable safetensors file: {exc}") from None
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def meta_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors as meta tensors (names, shapes, dtypes; no data): enough
+    to check a checkpoint against a model built on the meta device, reading its header only."""
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            out = {}
+            for name in f.keys():  # noqa: SIM118 - a safe_open handle, not a dict
+                part = f.get_slice(name)
+                dtype = _SAFETENSORS_DTYPES.get(part.get_dtype())
+                if dtype is None:
+                    raise ModelSpecError(f"checkpoint tensor '{name}': dtype {part.get_dtype()}")
+                out[name] = torch.empty(part.get_shape(), dtype=dtype, device="meta")
+            return out
+    except ModelSpecError:
+        raise
     except Exception as exc:  # SafetensorError and friends: the bytes are not safetensors
         raise ModelSpecError(f"the checkpoint is not a readable safetensors file: {exc}") from None
 

@@ -49,6 +49,8 @@ class Job(models.Model):
     num_classes = models.PositiveIntegerField(default=0)
     task_kind = models.CharField(max_length=32, default="classification")
     min_memory_gb = models.FloatField(default=0.0)
+    # trainer.fit.Footprint of the model: sent with each task for the agent's fit check
+    footprint = models.JSONField(default=dict, blank=True)
     proximal_mu = models.FloatField(default=0.0)
     # adaptive jobs: each node's tier as the policy last classed it (trainer.adapt
     # PolicyState), so a node excluded for poor health comes back only past the hysteresis

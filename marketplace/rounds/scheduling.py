@@ -409,6 +409,8 @@ def task_payload(task: Task) -> dict[str, Any]:
         "model_source": source,
         "shard_hash": task.shard.content_hash if task.shard else None,
         "overlap": overlap_allowed(task),
+        # trainer.fit.Footprint: the agent checks the task fits its free memory
+        "footprint": job.footprint,
     }
     if job.is_federated:
         # proposed addition to docs/agent-api.md: train on this named local dataset
