@@ -92,6 +92,33 @@ def fits(estimate: MemoryEstimate, free_bytes: int, headroom: float = 0.9) -> bo
     return estimate.total <= headroom * free_bytes
 
 
+def check_task(task: dict[str, Any], free_bytes: int, gpu: bool) -> str | None:
+    """Why a claimed task (the marketplace's task payload: its `footprint`, `spec` and
+    `batch_size`) would not fit in `free_bytes`, or None when it fits or cannot be judged
+    (a task without a footprint). Plain arithmetic, for the agent, which never imports torch."""
+    raw = task.get("footprint")
+    if not isinstance(raw, dict) or not raw:
+        return None
+    try:
+        footprint = Footprint.from_dict(raw)
+        spec = task.get("spec") or {}
+        opt, local = spec.get("optimizer") or {}, spec.get("local") or {}
+        estimate = estimate_memory(
+            footprint,
+            optimizer=str(opt.get("name", "sgd")),
+            momentum=float(opt.get("momentum") or 0.0),
+            batch_size=int(task.get("batch_size") or local.get("batch_size") or 1),
+            grad_accum_steps=int(local.get("grad_accum_steps") or 1),
+            gpu=gpu,
+        )
+    except (KeyError, TypeError, ValueError):
+        return None  # a malformed payload is the runner's to refuse, with its own checks
+    if fits(estimate, free_bytes):
+        return None
+    where = "GPU memory" if gpu else "RAM"
+    return f"needs {estimate.describe()}; {free_bytes / 2**30:.2f} GiB of {where} is free"
+
+
 def measure_footprint(
     spec: Any,
     input_shape: tuple[int, ...],
