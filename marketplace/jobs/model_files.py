@@ -19,7 +19,8 @@ from marketplace.jobs.errors import InvalidSpec, TooLarge
 from trainer.nesting import TooDeep, loads_json
 from trainer.spec import MAX_HF_CONFIG_BYTES, JobSpec, SpecError, parse_spec
 
-CHECKPOINT_FILE = "checkpoint.safetensors"
+# not "checkpoint.safetensors": that name is the aggregation's resume checkpoint
+CHECKPOINT_FILE = "initial-weights.safetensors"
 
 
 def checkpoint_name(job_id: object) -> str:
