@@ -17,7 +17,7 @@ from django.core.files.uploadedfile import UploadedFile
 from marketplace.jobs import files
 from marketplace.jobs.errors import InvalidSpec, TooLarge
 from trainer.nesting import TooDeep, loads_json
-from trainer.spec import MAX_HF_CONFIG_BYTES, JobSpec, SpecError, parse_spec
+from trainer.spec import MAX_HF_CONFIG_BYTES, JobSpec, SpecError
 
 # not "checkpoint.safetensors": that name is the aggregation's resume checkpoint
 CHECKPOINT_FILE = "initial-weights.safetensors"
@@ -82,10 +82,9 @@ def receive_model_files(
         )
     if not changes:
         return ModelFiles(spec, None)
-    data = spec.to_dict()
-    data["model"] = {**data["model"], **changes}
     try:
-        return ModelFiles(parse_spec(data), path)
+        return ModelFiles(spec.replace(model={**spec.model.model_dump(mode="json"), **changes}),
+                          path)  # fmt: skip
     except SpecError as exc:
         field, reason = exc.problems[0]
         raise _invalid(field, reason) from None

@@ -286,6 +286,9 @@ def _store(
                 task_kind=dataset.task,
                 min_memory_gb=min_memory_gb,
                 footprint=footprint.to_dict(),
+                min_vram_gb=spec.requirements.min_vram_gb,
+                min_fp32_tflops=spec.requirements.min_fp32_tflops,
+                gpu_required=spec.requirements.gpu_required,
                 proximal_mu=build_strategy(spec.aggregation).proximal_mu,
             )
             hold_budget(job)  # re-checked under the account's lock

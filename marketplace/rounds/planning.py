@@ -13,7 +13,6 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 from marketplace.jobs.models import Tier
 from marketplace.nodes.models import NodeKind
@@ -39,18 +38,6 @@ class JobNeeds:
     min_vram_gb: float = 0.0
     min_fp32_tflops: float = 0.0
     gpu_required: bool = False
-
-    @classmethod
-    def of(cls, max_price: Decimal, min_memory_gb: float, requirements: Any) -> JobNeeds:
-        """From a job's columns and its stored spec's `requirements` section (a dict)."""
-        req = requirements if isinstance(requirements, dict) else {}
-        return cls(
-            max_price=max_price,
-            min_memory_gb=min_memory_gb,
-            min_vram_gb=float(req.get("min_vram_gb") or 0.0),
-            min_fp32_tflops=float(req.get("min_fp32_tflops") or 0.0),
-            gpu_required=bool(req.get("gpu_required")),
-        )
 
 
 def may_work_on(needs: JobNeeds, node: NodeView) -> bool:

@@ -66,20 +66,20 @@ def node_view(node: Node) -> NodeView:
     )  # fmt: skip
 
 
+NEEDS_FIELDS = ("max_price_per_gpu_hour", "min_memory_gb", "min_vram_gb", "min_fp32_tflops",
+                "gpu_required")  # fmt: skip
+
+
 def job_needs(job: Job) -> JobNeeds:
-    return JobNeeds.of(job.max_price_per_gpu_hour, job.min_memory_gb,
-                       (job.spec or {}).get("requirements"))  # fmt: skip
+    return JobNeeds(*(getattr(job, f) for f in NEEDS_FIELDS))
 
 
 def jobs_node_may_work_on(node: Node) -> list[Any]:
     """Ids of the running jobs whose price and requirements let `node` work (`may_work_on`):
     one small read of the running jobs, the rule applied in Python."""
     offers = node_view(node)
-    rows = Job.objects.filter(status=JobStatus.RUNNING).values_list(
-        "pk", "max_price_per_gpu_hour", "min_memory_gb", "spec__requirements"
-    )
-    return [pk for pk, price, memory, req in rows
-            if may_work_on(JobNeeds.of(price, memory, req), offers)]  # fmt: skip
+    rows = Job.objects.filter(status=JobStatus.RUNNING).values_list("pk", *NEEDS_FIELDS)
+    return [pk for pk, *needs in rows if may_work_on(JobNeeds(*needs), offers)]
 
 
 def eligible_tasks(node: Node) -> QuerySet[Task]:
