@@ -646,7 +646,8 @@ class Agent:
                     task = self.client.claim(self.claim_wait_s)
                     if task is not None:
                         self._trace(str(task.get("id", "")), "claimed")
-                        self._accept(task)
+                        if not self._hand_back_if_too_big(task):
+                            self._accept(task)
                 outage = 0
             except Unavailable as exc:
                 outage += 1
@@ -700,6 +701,35 @@ class Agent:
         rec = self.journal.get(tid)
         assert rec is not None
         self._process(rec)
+
+    def _free_memory_bytes(self) -> tuple[int, bool]:
+        """(bytes a task may use now, whether on a GPU): the GPU's free memory, or on a CPU
+        node the available RAM within the sandbox's limit."""
+        hw = self._hardware
+        gpu = hw.primary_gpu if hw is not None and hw.accelerator != "cpu" else None
+        if gpu is not None:
+            used = gpu_metrics(own_pids=self._own_pids()).memory_used_mb or 0
+            return max(gpu.memory_total_mb - used, 0) * 2**20, True
+        import psutil
+
+        limit = self._settings.task_memory_mb * 2**20
+        return min(int(psutil.virtual_memory().available), limit), False
+
+    def _hand_back_if_too_big(self, task: dict[str, Any]) -> bool:
+        """Check a claimed task's memory estimate (trainer.fit) against the free memory before
+        taking it on; one that does not fit goes straight back, nothing downloaded."""
+        from trainer.fit import check_task
+
+        assert self.client is not None
+        free, on_gpu = self._free_memory_bytes()
+        reason = check_task(task, free, on_gpu)
+        if reason is None:
+            return False
+        tid = str(task.get("id", ""))
+        self._warn(f"task {tid} does not fit this machine ({reason}); handing it back")
+        self.client.fail(tid, "oom", f"does not fit: {reason}"[:300])
+        self._sleep(self.idle_sleep_s * 5)  # memory may free up; others may take it meanwhile
+        return True
 
     def _folder(self, tid: str) -> Path:
         return self.paths.tasks / tid

@@ -302,7 +302,8 @@ def _watch_steps(
 
 
 def _added(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    return {k: a[k] + b[k] for k in a}
+    # `b` may cover part of `a`: a LoRA model's updates carry its adapters alone
+    return {k: a[k] + b[k] if k in b else a[k] for k in a}
 
 
 def _progress(path: Path, global_state: dict[str, Any], max_norm: float | None) -> Any:
@@ -333,6 +334,7 @@ def run(folder: Path) -> int:
     _emit(phase="started", t=time.time())  # the bench splits sandbox start from imports
     from trainer.compression import CodecConfig, ErrorFeedback, decode_any, encode_update
     from trainer.local import train_local
+    from trainer.lora import update_part
     from trainer.models import ModelSpecError, build_model
     from trainer.resume import ResumeError, TrainingPaused
     from trainer.spec import SpecError, parse_spec
@@ -380,7 +382,8 @@ def run(folder: Path) -> int:
     _emit(progress=0.0, step=0, device=str(device))
     overlap = bool(task.get("overlap"))
     max_norm = spec.aggregation.max_update_norm
-    progress = _progress(folder / PROGRESS, global_state, max_norm) if overlap else None
+    reference = update_part(spec.model, global_state)  # what an update carries
+    progress = _progress(folder / PROGRESS, reference, max_norm) if overlap else None
     start = global_state if progress is None else _added(global_state, progress)  # the merge
     identity = {"task_id": str(task.get("id", "")), "model_hash": task.get("model_hash"),
                 "merged": progress is not None}  # fmt: skip
@@ -417,7 +420,7 @@ def run(folder: Path) -> int:
         delta = attack(delta, *byzantine, seed=int(task.get("seed", 0)))
     update = encode_update(delta, codec, feedback, metadata)
     try:  # never hand over what the server would reject
-        decode_any(update, global_state, max_norm)
+        decode_any(update, reference, max_norm)
     except UpdateRejected as exc:
         _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
                     "detail": f"the task produced an unusable update: {exc}"})  # fmt: skip
@@ -495,6 +498,7 @@ def run_continuation(folder: Path) -> int:
     _emit(phase="started", t=time.time())
     from trainer.compression import CodecConfig, decode_any, encode_update
     from trainer.local import train_local
+    from trainer.lora import update_keys
     from trainer.models import ModelSpecError, build_model
     from trainer.spec import SpecError, parse_spec
     from trainer.updates import UpdateRejected, decode_state
@@ -529,11 +533,12 @@ def run_continuation(folder: Path) -> int:
     except _StopRequested:
         stopped, done = True, seen["n"] // accum
     now = model.state_dict()
-    progress = {k: now[k].detach().cpu() - local[k].cpu() for k in local}
+    keys = update_keys(spec.model, local)
+    progress = {k: now[k].detach().cpu() - local[k].cpu() for k in keys}
     meta = {"task_id": str(task.get("id", "")), "kind": "progress", "steps": str(done)}
     payload = encode_update(progress, CodecConfig("none"), None, meta)
     try:  # as an update would be: the next task merges it into its start
-        decode_any(payload, local, spec.aggregation.max_update_norm)
+        decode_any(payload, {k: local[k] for k in keys}, spec.aggregation.max_update_norm)
     except UpdateRejected as exc:
         _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
                     "detail": f"the continuation made unusable progress: {exc}"})  # fmt: skip

@@ -20,13 +20,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainer.datasets import IGNORE_INDEX, Dataset
+from trainer.lora import update_keys
 from trainer.resume import PausedState, TrainingPaused, capture, restore
 from trainer.spec import JobSpec, OptimizerSpec, PrivacySpec
 
 
 @dataclass
 class LocalResult:
-    delta: dict[str, torch.Tensor]  # local state minus global state
+    # local state minus global state, over the tensors an update carries (trainer.lora)
+    delta: dict[str, torch.Tensor]
     num_samples: int
     steps: int
     loss: float  # mean training loss over the steps
@@ -249,7 +251,11 @@ def train_local(
     compute_s = before_s + time.perf_counter() - started
 
     local = model.state_dict()
-    delta = {k: (local[k].detach().cpu() - global_state[k].cpu()) for k in global_state}
+    # a LoRA model's update is its adapters alone: the frozen base never moves, never travels
+    delta = {
+        k: (local[k].detach().cpu() - global_state[k].cpu())
+        for k in update_keys(spec.model, global_state)
+    }
     delta = _privatize(delta, spec.privacy, gen)
     return LocalResult(
         delta=delta,

@@ -6,16 +6,21 @@ ill-defined, and it keeps every state tensor floating so updates are plain delta
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+import safetensors
+import safetensors.torch
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainer.spec import ModelSpec
+from trainer.spec import HF_ARCHS, ModelSpec
 
 
 class ModelSpecError(ValueError):
@@ -190,10 +195,44 @@ class ByteTransformer(nn.Module):
 
 
 def build_model(
-    spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int, seed: int = 0
+    spec: ModelSpec,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    seed: int = 0,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> nn.Module:
-    """Deterministic initial weights for a seed: every node and the server agree on round 0."""
+    """Deterministic initial weights for a seed: every node and the server agree on round 0.
+
+    `weights`: the spec's checkpoint (`read_weights`), loaded over the seed's; for a LoRA
+    model they are the base's, and the adapters still come from the seed."""
     torch.manual_seed(seed)
+    if spec.arch in HF_ARCHS:
+        return _hf(spec, input_shape, num_classes, weights)
+    model = _zoo(spec, input_shape, num_classes)
+    if weights is not None:
+        try:
+            model.load_state_dict(dict(weights))
+        except RuntimeError as exc:
+            raise ModelSpecError(f"the checkpoint does not fit the model: {exc}") from None
+    return model
+
+
+def _hf(
+    spec: ModelSpec,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    weights: Mapping[str, torch.Tensor] | None,
+) -> nn.Module:
+    from trainer.hf_models import HFModelError, build_hf_model
+    from trainer.lora import LoraError
+
+    try:
+        return build_hf_model(spec, input_shape, num_classes, weights)
+    except (HFModelError, LoraError) as exc:
+        raise ModelSpecError(str(exc)) from None
+
+
+def _zoo(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     if spec.arch == "mlp":
         return MLP(math.prod(input_shape), list(spec.hidden), num_classes, spec.dropout)
     if spec.arch == "cnn":
@@ -201,9 +240,86 @@ def build_model(
     if spec.arch == "resnet":
         image = _image_shape(input_shape)
         return SmallResNet(image, list(spec.channels), spec.blocks, num_classes, spec.checkpointing)
+    if spec.arch in ("resnet18", "vit_s"):
+        from trainer.vision import ResNet18, ViTS
+
+        image = _image_shape(input_shape)
+        if spec.arch == "resnet18":
+            return ResNet18(image, num_classes, spec.checkpointing)
+        try:
+            return ViTS(image, num_classes, spec.patch_size, spec.dropout, spec.checkpointing)
+        except ValueError as exc:
+            raise ModelSpecError(str(exc)) from None
     if len(input_shape) != 1:
         raise ModelSpecError(f"the transformer needs token sequences; got input {input_shape}")
     return ByteTransformer(input_shape[0], num_classes, spec)
+
+
+def read_weights(data: bytes) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors from safetensors bytes: parsed, never unpickled."""
+    try:
+        return safetensors.torch.load(data)
+    except Exception as exc:  # SafetensorError and friends: the bytes are not safetensors
+        raise ModelSpecError(f"the checkpoint is not a readable safetensors file: {exc}") from None
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+def meta_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors as meta tensors (names, shapes, dtypes; no data): enough
+    to check a checkpoint against a model built on the meta device, reading its header only."""
+    try:
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            out = {}
+            for name in f.keys():  # noqa: SIM118 - a safe_open handle, not a dict
+                part = f.get_slice(name)
+                dtype = _SAFETENSORS_DTYPES.get(part.get_dtype())
+                if dtype is None:
+                    raise ModelSpecError(f"checkpoint tensor '{name}': dtype {part.get_dtype()}")
+                out[name] = torch.empty(part.get_shape(), dtype=dtype, device="meta")
+            return out
+    except ModelSpecError:
+        raise
+    except Exception as exc:  # SafetensorError and friends: the bytes are not safetensors
+        raise ModelSpecError(f"the checkpoint is not a readable safetensors file: {exc}") from None
+
+
+def resolve_model_files(spec: ModelSpec, base_dir: Path | None = None) -> ModelSpec:
+    """The spec with a config path read into an inline config and a checkpoint path made
+    absolute, both relative to `base_dir` (the spec file's folder) when given."""
+
+    def where(name: str) -> Path:
+        path = Path(name).expanduser()
+        return path if path.is_absolute() or base_dir is None else Path(base_dir) / path
+
+    changes: dict[str, object] = {}
+    if isinstance(spec.config, str):
+        path = where(spec.config)
+        try:
+            changes["config"] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ModelSpecError(f"model.config: cannot read {path}: {exc}") from None
+    if spec.checkpoint is not None:
+        changes["checkpoint"] = str(where(spec.checkpoint))
+    if not changes:
+        return spec
+    return ModelSpec.model_validate({**spec.model_dump(mode="json"), **changes})
+
+
+def checkpoint_weights(spec: ModelSpec) -> dict[str, torch.Tensor] | None:
+    """The tensors of a resolved spec's checkpoint file, or None when it names none."""
+    if spec.checkpoint is None:
+        return None
+    try:
+        data = Path(spec.checkpoint).read_bytes()
+    except OSError as exc:
+        raise ModelSpecError(f"model.checkpoint: cannot read {spec.checkpoint}: {exc}") from None
+    return read_weights(data)
 
 
 def model_size(

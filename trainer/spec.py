@@ -57,8 +57,32 @@ class DatasetSpec(_Strict):
         return self
 
 
+# Architectures whose model is a Hugging Face `transformers` class built from a config.json
+HF_ARCHS = frozenset({"hf_causal_lm", "hf_seq_cls"})
+# a config.json is a few KiB; more is not a model description
+MAX_HF_CONFIG_BYTES = 64 * 1024
+_MODULE_NAME = r"^[A-Za-z0-9_.]{1,100}$"
+
+
+class LoraSpec(_Strict):
+    """Low-rank adapters (peft's LoRA) on a frozen base: only the adapters train and travel."""
+
+    r: Annotated[int, Field(ge=1, le=1024)] = 8
+    alpha: Annotated[float, Field(gt=0.0, le=4096.0)] = 16.0
+    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    # module names (or name suffixes) to adapt; None: peft's default for the model type
+    target_modules: (
+        Annotated[
+            list[Annotated[str, Field(pattern=_MODULE_NAME)]], Field(min_length=1, max_length=64)
+        ]
+        | None
+    ) = None
+
+
 class ModelSpec(_Strict):
-    arch: Literal["mlp", "cnn", "resnet", "transformer"] = "mlp"
+    arch: Literal[
+        "mlp", "cnn", "resnet", "transformer", "resnet18", "vit_s", "hf_causal_lm", "hf_seq_cls"
+    ] = "mlp"
     # layer lists are bounded too: a million one-unit layers is a tiny model that takes
     # minutes just to construct
     hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(max_length=64)] = [128]
@@ -71,6 +95,16 @@ class ModelSpec(_Strict):
     # Recompute each transformer/residual block's activations in the backward pass instead of
     # keeping them: about a third more compute for much less activation memory.
     checkpointing: bool = False
+    # vit_s: the side of its square patches (16 for 224-pixel images; the image side must be
+    # a multiple of it)
+    patch_size: Annotated[int, Field(ge=1, le=64)] = 16
+    # hf_*: the model's Hugging Face config.json, inline or as a path (relative to the spec
+    # file); the marketplace stores it inline. Never fetched from a hub.
+    config: dict[str, Any] | Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+    # initial weights: a safetensors file (relative to the spec file); for hf_* the base
+    # model's own state dict, as `save_pretrained` writes it. None: fresh weights from the seed.
+    checkpoint: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+    lora: LoraSpec | None = None
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
@@ -78,6 +112,24 @@ class ModelSpec(_Strict):
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _hf_fields(self) -> ModelSpec:
+        hf = self.arch in HF_ARCHS
+        if hf and self.config is None:
+            raise ValueError(f"arch '{self.arch}' needs a 'config' (its config.json)")
+        if not hf and self.config is not None:
+            raise ValueError(f"'config' is for the hf_* archs, not '{self.arch}'")
+        if not hf and self.lora is not None:
+            raise ValueError(f"'lora' is for the hf_* archs, not '{self.arch}'")
+        if isinstance(self.config, dict):
+            if not isinstance(self.config.get("model_type"), str):
+                raise ValueError("the config needs its 'model_type' (e.g. 'gpt2', 'llama')")
+            if "auto_map" in self.config:
+                raise ValueError("'auto_map' names remote code, which never runs here")
+            if len(json.dumps(self.config)) > MAX_HF_CONFIG_BYTES:
+                raise ValueError(f"the config is larger than {MAX_HF_CONFIG_BYTES} bytes")
         return self
 
 
@@ -233,7 +285,16 @@ class PrivacySpec(_Strict):
 
 
 class RequirementsSpec(_Strict):
+    """What a node must have to take the job's tasks; the scheduler enforces all of it.
+
+    `min_memory_gb` is the memory a task trains in, on whatever device the node trains on:
+    a GPU's memory, or for a CPU node the RAM it gives a task (the node's `memory_gb`).
+    `min_vram_gb` asks for that much GPU memory, which a CPU node never has; it implies
+    `gpu_required`.
+    """
+
     min_memory_gb: Annotated[float, Field(ge=0.0)] = 0.0
+    min_vram_gb: Annotated[float, Field(ge=0.0)] = 0.0
     min_fp32_tflops: Annotated[float, Field(ge=0.0)] = 0.0
     gpu_required: bool = False
     max_price_per_hour: Annotated[float, Field(ge=0.0)] | None = None

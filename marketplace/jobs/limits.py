@@ -1,8 +1,9 @@
 """How big a model a job may ask for: a cap that grows with the job's tier and budget.
 
 A spec is cheap to write and a model is not: `hidden: [65536, 65536]` is 17 GB of weights.
-The cap is checked on the model's size measured without building it (trainer.models.
-model_size), so an oversized spec is refused before anything is allocated.
+The cap is checked on the model's size measured without building it (trainer.fit.
+measure_footprint, on the meta device), so an oversized spec is refused before anything is
+allocated. A LoRA job counts its frozen base with its adapters: nodes hold and run both.
 """
 
 from __future__ import annotations
@@ -13,12 +14,19 @@ from decimal import Decimal
 from django.conf import settings
 
 BYTES_PER_PARAMETER = 4  # fp32 weights; buffers count against the byte cap as well
+# a checkpoint's safetensors header beyond the tensors' bytes: names, shapes, offsets
+CHECKPOINT_HEADER_SLACK = 16 * 2**20
 
 
 @dataclass(frozen=True)
 class ModelCap:
     parameters: int
     bytes: int
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        """The largest checkpoint file a job under this cap may upload (fp32 at most)."""
+        return self.bytes + CHECKPOINT_HEADER_SLACK
 
     def problems(self, parameters: int, nbytes: int, why: str) -> list[tuple[str, str]]:
         if parameters <= self.parameters and nbytes <= self.bytes:

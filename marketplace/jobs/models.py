@@ -49,6 +49,13 @@ class Job(models.Model):
     num_classes = models.PositiveIntegerField(default=0)
     task_kind = models.CharField(max_length=32, default="classification")
     min_memory_gb = models.FloatField(default=0.0)
+    # the spec's hardware requirements, as columns the scheduling rule reads (planning.
+    # may_work_on); min_memory_gb above is the spec's or the model's estimate, the larger
+    min_vram_gb = models.FloatField(default=0.0)
+    min_fp32_tflops = models.FloatField(default=0.0)
+    gpu_required = models.BooleanField(default=False)
+    # trainer.fit.Footprint of the model: sent with each task for the agent's fit check
+    footprint = models.JSONField(default=dict, blank=True)
     proximal_mu = models.FloatField(default=0.0)
     # adaptive jobs: each node's tier as the policy last classed it (trainer.adapt
     # PolicyState), so a node excluded for poor health comes back only past the hysteresis

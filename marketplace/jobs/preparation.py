@@ -1,5 +1,8 @@
 """Building a submitted job's model and opening its first round, in a worker.
 
+The model is the seed's, or the buyer's checkpoint loaded into it (jobs/model_files.py); a
+LoRA job's adapters always come from the seed.
+
 The request that submits a job validates everything (the model's size is measured on the meta
 device, nothing allocated) and stores the job, its dataset and its shards; the model's weights
 are built here, in a Celery task on the aggregation queue, never in a web process: a spec
@@ -15,11 +18,13 @@ import logging
 from celery import current_app
 from django.db import transaction
 
+from marketplace.jobs import files
+from marketplace.jobs.model_files import checkpoint_name
 from marketplace.jobs.models import Job
 from marketplace.rounds.lifecycle import open_round
 from marketplace.rounds.models import Round
 from marketplace.server.routing import PREPARE_JOB
-from trainer.models import build_model
+from trainer.models import build_model, read_weights
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,12 @@ def prepare_job(job_id: object) -> Round | None:
         if job is None or not job.is_active or Round.objects.filter(job=job).exists():
             return None
         spec = job.parsed_spec
-        model = build_model(spec.model, tuple(job.input_shape), job.num_classes, seed=spec.seed)
+        # the buyer's checkpoint (checked against the model at submission), else the seed's
+        weights = (
+            read_weights(files.get(checkpoint_name(job.pk))) if spec.model.checkpoint else None
+        )
+        model = build_model(
+            spec.model, tuple(job.input_shape), job.num_classes, seed=spec.seed, weights=weights
+        )
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return open_round(job, 1, state)

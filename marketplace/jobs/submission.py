@@ -22,6 +22,7 @@ from marketplace.accounts.models import User
 from marketplace.jobs import files
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.limits import describe_cap, model_cap
+from marketplace.jobs.model_files import checkpoint_name, receive_model_files
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.jobs.preparation import enqueue_preparation
 from marketplace.ledger.services import check_credit, hold_budget
@@ -30,7 +31,8 @@ from marketplace.rounds import resharding
 from marketplace.rounds.lifecycle import quorum_units, schema_misfit
 from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
-from trainer.models import ModelSpecError, model_size
+from trainer.fit import Footprint, estimate_memory, measure_footprint
+from trainer.models import ModelSpecError, meta_weights
 from trainer.nesting import TooDeep, check_depth, loads_json, loads_yaml
 from trainer.sharding import ShardingError
 from trainer.spec import JobSpec, SpecError, parse_spec
@@ -150,24 +152,35 @@ def submit_job(
     budget: Decimal,
     max_price_per_gpu_hour: Decimal,
     federated_dataset: str = "",
+    model_config: UploadedFile | None = None,
+    model_checkpoint: UploadedFile | None = None,
 ) -> Job:
     """Validate and store a job, holding its budget in escrow. With `federated_dataset`,
     nodes holding that named local dataset train on it; the job's own dataset is then only
-    used for evaluation."""
+    used for evaluation. `model_config` / `model_checkpoint`: an hf_* model's config.json
+    and initial weights (jobs/model_files.py)."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
     check_credit(buyer, budget)
+    cap = model_cap(tier, budget)
     with tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp:
+        received = receive_model_files(
+            spec, model_config, model_checkpoint, Path(tmp), cap.checkpoint_bytes
+        )
+        spec = received.spec
         dataset, local_path = _load(spec, dataset_upload, Path(tmp))
         try:
-            # measured and tried on the meta device: the weights are built by a worker
-            # (jobs/preparation.py), never in this request
+            # measured and tried on the meta device, the checkpoint checked by its header:
+            # the weights are built by a worker (jobs/preparation.py), never in this request
             lm = dataset.task == "language_model"
-            params, nbytes = model_size(
-                spec.model, dataset.input_shape, dataset.num_classes, integer_input=lm
+            weights = meta_weights(received.checkpoint) if received.checkpoint else None
+            footprint = measure_footprint(
+                spec.model, dataset.input_shape, dataset.num_classes, lm, weights
             )
         except ModelSpecError as exc:
-            raise _spec_error([("model.arch", str(exc))]) from None
-        too_big = model_cap(tier, budget).problems(params, nbytes, describe_cap(tier, budget))
+            field = "model.checkpoint" if "checkpoint" in str(exc) else "model.arch"
+            raise _spec_error([(field, str(exc))]) from None
+        nbytes = footprint.state_bytes
+        too_big = cap.problems(footprint.parameters, nbytes, describe_cap(tier, budget))
         if too_big:
             raise _spec_error(too_big)
         if federated_dataset:
@@ -184,8 +197,9 @@ def submit_job(
             dataset=dataset,
             dataset_bytes=dataset_bytes,
             plans=plans,
-            # weights, gradients, optimizer state and activations: about 4x the fp32 weights
-            min_memory_gb=max(spec.requirements.min_memory_gb, 4 * nbytes / 2**30),
+            checkpoint=received.checkpoint,
+            footprint=footprint,
+            min_memory_gb=max(spec.requirements.min_memory_gb, _memory_gb(spec, footprint)),
             tier=tier,
             budget=budget,
             max_price=_max_price(spec, max_price_per_gpu_hour),
@@ -211,6 +225,16 @@ def _check_silos(name: str, input_shape: list[int], num_classes: int) -> None:
     if all(misfits):
         reason = f"every node holding {name!r} has data this job's model cannot take: {misfits[0]}"
         raise _spec_error([("federated_dataset", reason)])
+
+
+def _memory_gb(spec: JobSpec, footprint: Footprint) -> float:
+    """What a task of the spec's batch takes (weights, gradients, optimizer state and
+    activations; trainer.fit), the least memory a node needs to take one."""
+    estimate = estimate_memory(
+        footprint, optimizer=spec.optimizer.name, momentum=spec.optimizer.momentum,
+        batch_size=spec.local.batch_size, grad_accum_steps=spec.local.grad_accum_steps,
+    )  # fmt: skip
+    return estimate.total / 2**30
 
 
 def _plan(spec: JobSpec, dataset: Dataset) -> list:
@@ -248,6 +272,8 @@ def _store(
     dataset: Dataset,
     dataset_bytes: bytes | None,
     plans: list,
+    checkpoint: Path | None,
+    footprint: Footprint,
     min_memory_gb: float,
     tier: str,
     budget: Decimal,
@@ -264,6 +290,8 @@ def _store(
                 f"{base}/dataset{UPLOAD_KINDS[spec.dataset.kind]}", dataset_bytes
             )
             written.append(dataset_file)
+        if checkpoint is not None:  # jobs/preparation.py builds round 1's model from it
+            written.append(files.put(checkpoint_name(job_id), checkpoint.read_bytes()))
         shard_rows = resharding.write(job_id, 0, dataset, plans, written)
         with transaction.atomic():
             job = Job.objects.create(
@@ -280,6 +308,10 @@ def _store(
                 num_classes=dataset.num_classes,
                 task_kind=dataset.task,
                 min_memory_gb=min_memory_gb,
+                footprint=footprint.to_dict(),
+                min_vram_gb=spec.requirements.min_vram_gb,
+                min_fp32_tflops=spec.requirements.min_fp32_tflops,
+                gpu_required=spec.requirements.gpu_required,
                 proximal_mu=build_strategy(spec.aggregation).proximal_mu,
             )
             hold_budget(job)  # re-checked under the account's lock

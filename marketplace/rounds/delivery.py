@@ -34,8 +34,9 @@ def model_source(task: Task) -> dict[str, Any]:
         if chain and sum(r.input_delta_size for r in chain) < full:
             return {"kind": "delta", "base": held.model_hash,
                     "chain": [r.input_model_hash for r in chain]}  # fmt: skip
-    if rnd.number == 1:
-        # round 1's model is build_model(spec, seed): the node builds it and checks the hash
+    if rnd.number == 1 and job.parsed_spec.model.checkpoint is None:
+        # round 1's model is build_model(spec, seed): the node builds it and checks the hash;
+        # one from the buyer's checkpoint (which nodes never get on its own) comes whole
         return {"kind": "seed", "input_shape": list(job.input_shape),
                 "num_classes": job.num_classes}  # fmt: skip
     return {"kind": "full"}

@@ -17,9 +17,10 @@ from marketplace.jobs.models_io import State, store_model
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
+from marketplace.rounds.planning import may_work_on
 from marketplace.rounds.queue import enqueue_aggregation
 from marketplace.rounds.resharding import round_shards
-from marketplace.rounds.scheduling import nodes_that_may_work_on
+from marketplace.rounds.scheduling import job_needs, node_view, nodes_that_may_work_on
 from marketplace.rounds.signals import bump_work_generation
 from marketplace.rounds.sizing import is_far, plan_cohort
 from trainer.aggregation import min_updates
@@ -105,7 +106,8 @@ def schema_misfit(input_shape: list[int], num_classes: int, schema: dict | None)
 
 
 def silo_fits(job: Job, node: Node) -> bool:
-    """A node may train a federated job: it holds the dataset and meets price, memory, tier."""
+    """A node may train a federated job: it holds the dataset and meets price, hardware
+    (`may_work_on`) and tier."""
     from marketplace.jobs.models import Tier
 
     if job.federated_dataset not in (node.local_datasets or []):
@@ -113,7 +115,7 @@ def silo_fits(job: Job, node: Node) -> bool:
     schema = (node.local_dataset_schemas or {}).get(job.federated_dataset)
     if schema_misfit(job.input_shape, job.num_classes, schema):
         return False
-    if node.price_per_gpu_hour > job.max_price_per_gpu_hour or node.memory_gb < job.min_memory_gb:
+    if not may_work_on(job_needs(job), node_view(node)):
         return False
     if job.tier == Tier.PLATFORM:
         return node.kind == NodeKind.PLATFORM

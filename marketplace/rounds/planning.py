@@ -1,6 +1,6 @@
 """Bulk assignment of pending tasks to idle nodes, in memory.
 
-The same rules as `scheduling.eligible_tasks` (tier, price, memory, reliability, never two
+The same rules as `scheduling.eligible_tasks` (tier, `may_work_on`, reliability, never two
 replicas of one unit on one node, platform nodes take replicas first, no task in a round the
 job's plan keeps the node from, no replica in a round it syncs every other round:
 `scheduling.plan_rules`), applied to many
@@ -23,8 +23,35 @@ class NodeView:
     id: int
     kind: str
     price: Decimal
-    memory_gb: float
+    memory_gb: float  # the memory a task trains in: the GPU's, or a CPU node's task RAM
     reliability: float
+    gpu: bool = False
+    fp32_tflops: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobNeeds:
+    """What a job asks of a node: its price cap and the spec's `requirements`."""
+
+    max_price: Decimal
+    min_memory_gb: float
+    min_vram_gb: float = 0.0
+    min_fp32_tflops: float = 0.0
+    gpu_required: bool = False
+
+
+def may_work_on(needs: JobNeeds, node: NodeView) -> bool:
+    """THE rule for whether a node's price and hardware let it take a job's tasks: the live
+    claim (`scheduling.eligible_tasks`), the bulk planner (`plan_assignments`), a round's
+    cohort (`scheduling.nodes_that_may_work_on`) and federated silos all ask it. Tier and
+    replicas are per task, and checked beside it."""
+    if node.price > needs.max_price or node.memory_gb < needs.min_memory_gb:
+        return False
+    if (needs.gpu_required or needs.min_vram_gb > 0) and not node.gpu:
+        return False
+    if node.memory_gb < needs.min_vram_gb:  # a GPU node's memory_gb is its GPU's memory
+        return False
+    return node.fp32_tflops >= needs.min_fp32_tflops
 
 
 @dataclass(frozen=True)
@@ -49,10 +76,18 @@ class TaskView:
     tier: str
     max_price: Decimal
     min_memory_gb: float
+    min_vram_gb: float = 0.0
+    min_fp32_tflops: float = 0.0
+    gpu_required: bool = False
+
+    @property
+    def needs(self) -> JobNeeds:
+        return JobNeeds(self.max_price, self.min_memory_gb, self.min_vram_gb,
+                        self.min_fp32_tflops, self.gpu_required)  # fmt: skip
 
 
 def _eligible_job(task: TaskView, node: NodeView) -> bool:
-    if node.price > task.max_price or node.memory_gb < task.min_memory_gb:
+    if not may_work_on(task.needs, node):
         return False
     if node.kind == NodeKind.PLATFORM:
         return task.tier != Tier.VOLUNTEER or task.replica > 0

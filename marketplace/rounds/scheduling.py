@@ -26,7 +26,14 @@ from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.rounds.delivery import model_source, record_model
 from marketplace.rounds.models import Round, RoundStatus, ShardCopy, Task, TaskStatus
-from marketplace.rounds.planning import NodeView, PlanRules, TaskView, plan_assignments
+from marketplace.rounds.planning import (
+    JobNeeds,
+    NodeView,
+    PlanRules,
+    TaskView,
+    may_work_on,
+    plan_assignments,
+)
 from marketplace.rounds.signals import bump_work_generation, work_generation
 from marketplace.rounds.sizing import is_far, plan_key, plan_works, planned_work, size_work
 
@@ -40,18 +47,44 @@ _FALLBACK_POLL_S = 2.0
 CLAIM_ORDER = ("replica", "round_id", "shard_id")
 
 
+def node_view(node: Node) -> NodeView:
+    """What the scheduling rule reads of a node: its price and hardware as registered."""
+    accelerator = str((node.hardware or {}).get("accelerator") or "")
+    gpu = accelerator not in ("", "cpu") if accelerator else bool(node.gpu_model)
+    tflops = (node.benchmark or {}).get("fp32_tflops")
+    return NodeView(
+        node.pk, node.kind, node.price_per_gpu_hour, node.memory_gb, node.reliability, gpu,
+        float(tflops) if isinstance(tflops, int | float) else 0.0,
+    )  # fmt: skip
+
+
+NEEDS_FIELDS = ("max_price_per_gpu_hour", "min_memory_gb", "min_vram_gb", "min_fp32_tflops",
+                "gpu_required")  # fmt: skip
+
+
+def job_needs(job: Job) -> JobNeeds:
+    return JobNeeds(*(getattr(job, f) for f in NEEDS_FIELDS))
+
+
+def jobs_node_may_work_on(node: Node) -> list[Any]:
+    """Ids of the running jobs whose price and requirements let `node` work (`may_work_on`):
+    one small read of the running jobs, the rule applied in Python."""
+    offers = node_view(node)
+    rows = Job.objects.filter(status=JobStatus.RUNNING).values_list("pk", *NEEDS_FIELDS)
+    return [pk for pk, *needs in rows if may_work_on(JobNeeds(*needs), offers)]
+
+
 def eligible_tasks(node: Node) -> QuerySet[Task]:
-    """Pending tasks this node may run: job running, tier, price, memory, never a second
-    replica of a unit it already holds, and nothing the rounds' plans keep it from
-    (`plan_rules`)."""
+    """Pending tasks this node may run: job running, tier, price and hardware
+    (`may_work_on`), never a second replica of a unit it already holds, and nothing the
+    rounds' plans keep it from (`plan_rules`)."""
     mine = Task.objects.filter(round=OuterRef("round"), shard=OuterRef("shard"), node=node)
     qs = (
         Task.objects.filter(
             status=TaskStatus.PENDING,
             round__status=RoundStatus.OPEN,
             round__job__status=JobStatus.RUNNING,
-            round__job__max_price_per_gpu_hour__gte=node.price_per_gpu_hour,
-            round__job__min_memory_gb__lte=node.memory_gb,
+            round__job__in=jobs_node_may_work_on(node),
         )
         .filter(Q(reserved_for__isnull=True) | Q(reserved_for=node))
         .exclude(Exists(mine))
@@ -120,10 +153,12 @@ def _far_busy(node: Node, far: dict[tuple[Any, int], int]) -> list[int]:
 
 def nodes_that_may_work_on(job: Job) -> QuerySet[Node]:
     """The node side of `eligible_tasks`' rule, seen from a job: the nodes whose price,
-    memory and kind let them take some task of it (online or not)."""
-    qs = Node.objects.filter(
-        price_per_gpu_hour__lte=job.max_price_per_gpu_hour, memory_gb__gte=job.min_memory_gb
-    )
+    hardware (`may_work_on`) and kind let them take some task of it (online or not)."""
+    needs = job_needs(job)
+    fields = ("pk", "kind", "price_per_gpu_hour", "memory_gb", "reliability", "gpu_model",
+              "hardware", "benchmark")  # fmt: skip
+    nodes = Node.objects.only(*fields)
+    qs = Node.objects.filter(pk__in=[n.pk for n in nodes if may_work_on(needs, node_view(n))])
     if job.tier == Tier.PLATFORM:
         return qs.filter(kind=NodeKind.PLATFORM)
     return qs  # volunteer jobs: volunteers train, platform nodes verify
@@ -395,6 +430,8 @@ def task_payload(task: Task) -> dict[str, Any]:
         "model_source": source,
         "shard_hash": task.shard.content_hash if task.shard else None,
         "overlap": overlap_allowed(task),
+        # trainer.fit.Footprint: the agent checks the task fits its free memory
+        "footprint": job.footprint,
     }
     if job.is_federated:
         # proposed addition to docs/agent-api.md: train on this named local dataset
@@ -437,8 +474,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
                 unit=(round_id, shard_id),
                 replica=replica,
                 tier=jobs[job_id].tier,
-                max_price=jobs[job_id].max_price_per_gpu_hour,
-                min_memory_gb=jobs[job_id].min_memory_gb,
+                **vars(job_needs(jobs[job_id])),
             )
             for i, round_id, shard_id, replica, job_id, *_ in rows
         ]
@@ -447,10 +483,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
         ).values_list("round_id", "shard_id", "node_id")
         plan = plan_assignments(
             views,
-            [
-                NodeView(n.pk, n.kind, n.price_per_gpu_hour, n.memory_gb, n.reliability)
-                for n in nodes
-            ],
+            [node_view(n) for n in nodes],
             slots=slots,
             min_reliability=settings.GPUFLEX["MIN_RELIABILITY"],
             held=(((r, s), n) for r, s, n in held),

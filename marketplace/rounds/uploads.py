@@ -24,6 +24,7 @@ from marketplace.rounds.signals import bump_work_generation
 from marketplace.rounds.verification import verify_unit
 from trainer.compression import decode_any
 from trainer.hashing import bytes_hash
+from trainer.lora import update_part
 from trainer.nesting import TooDeep, loads_json
 from trainer.replicas import claimed_device, claimed_precision
 from trainer.updates import UpdateRejected, encode_state
@@ -126,12 +127,12 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     metrics = parse_metrics(metrics_header)
     # checked before anything is written: a refused update leaves no file behind
     num_samples = task.shard.size if task.shard else federated_samples(node, task, metrics)
-    reference = load_model_file(task.round.input_model_file)
+    # the part of the model an update carries: a LoRA job's adapters alone (trainer.lora)
+    spec = task.round.job.parsed_spec
+    reference = update_part(spec.model, load_model_file(task.round.input_model_file))
     try:
         # any codec the task allowed; compressed updates get the same checks after decoding
-        delta, meta = decode_any(
-            body, reference, max_norm=task.round.job.parsed_spec.aggregation.max_update_norm
-        )
+        delta, meta = decode_any(body, reference, max_norm=spec.aggregation.max_update_norm)
         # kept on the result: the stored update is re-encoded without the payload's metadata
         precision, device = claimed_precision(meta), claimed_device(meta)
     except UpdateRejected as exc:

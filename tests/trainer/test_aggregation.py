@@ -265,8 +265,12 @@ def test_fedavg_rejects_bad_sample_counts_and_mismatches() -> None:
         FedAvg().aggregate(X0, [])
     with pytest.raises(ValueError, match="'w'"):
         FedAvg().aggregate(X0, [cu("a", s(1, 2))])
-    with pytest.raises(ValueError, match="missing"):
-        FedAvg().aggregate({**X0, "v": torch.zeros(1, dtype=F64)}, [cu("a", s(1, 2, 3))])
+    with pytest.raises(ValueError, match="unexpected"):  # a tensor the model does not have
+        FedAvg().aggregate(X0, [cu("a", s(1, 2, 3) | {"v": torch.zeros(1, dtype=F64)})])
+    # updates that carry part of the model (a LoRA job's adapters) step that part alone
+    frozen = torch.ones(1, dtype=F64)
+    new = FedAvg().aggregate({**X0, "v": frozen}, [cu("a", s(1, 2, 3))])
+    assert torch.equal(new["v"], frozen) and new.keys() == {*X0, "v"}
 
 
 def test_fedprox_aggregates_like_fedavg_and_exposes_mu() -> None:

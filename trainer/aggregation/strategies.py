@@ -101,10 +101,17 @@ class Strategy(ABC):
     def aggregate(
         self, global_state: Mapping[str, Tensor], updates: Iterable[ClientUpdate]
     ) -> StateDict:
-        """The new global state after this round's updates. Inputs are not modified."""
+        """The new global state after this round's updates. Inputs are not modified.
+
+        Updates may carry only part of the model (a LoRA job's adapters, trainer.lora): the
+        strategy then aggregates and steps that part, and the rest stays as it was."""
         combined = self._combine(updates)
-        _check_against_global(combined, global_state)
-        return self._apply(global_state, combined)
+        part = global_state
+        if combined.keys() < global_state.keys():
+            part = {k: global_state[k] for k in global_state if k in combined}
+        _check_against_global(combined, part)
+        stepped = self._apply(part, combined)
+        return stepped if part is global_state else {**global_state, **stepped}
 
     @abstractmethod
     def _combine(self, updates: Iterable[ClientUpdate]) -> StateDict:

@@ -32,6 +32,7 @@ from trainer.compression import CodecConfig, decode_any, encode_update
 from trainer.delivery import delivery_codec
 from trainer.hashing import state_hash
 from trainer.local import LocalResult, derive_seed, train_local
+from trainer.lora import update_part
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import close_round, staleness_weight
 from trainer.sim.federated import ProgressFn, RunOptions, account_round
@@ -306,7 +307,9 @@ class NetworkAwareRun:
                 continue
             try:
                 delta, _ = decode_any(
-                    job.payload, self.global_state, self.spec.aggregation.max_update_norm
+                    job.payload,
+                    update_part(self.spec.model, self.global_state),
+                    self.spec.aggregation.max_update_norm,
                 )
             except UpdateRejected:
                 node.rejected += 1

@@ -21,6 +21,7 @@ from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.evaluate import Evaluation
 from trainer.hashing import state_hash
 from trainer.local import derive_seed, planned_steps, train_local
+from trainer.lora import update_part
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
@@ -161,7 +162,9 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         t_up = profile.transfer_s(len(payload), upload=True)
         finish.append(task_s + t_down + t_compute + t_up)
         try:
-            delta, _ = decode_update(payload, global_state, max_norm=max_norm)
+            delta, _ = decode_update(
+                payload, update_part(setup.spec.model, global_state), max_norm=max_norm
+            )
         except UpdateRejected:
             rejected += 1  # as on the marketplace: the round goes on without it
             continue

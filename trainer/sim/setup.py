@@ -9,7 +9,13 @@ import torch
 from torch import nn
 
 from trainer.datasets import Dataset, load_dataset
-from trainer.models import ModelInfo, build_model, describe_model
+from trainer.models import (
+    ModelInfo,
+    build_model,
+    checkpoint_weights,
+    describe_model,
+    resolve_model_files,
+)
 from trainer.sharding import plan_shards
 from trainer.sim.network import WARM_TASKS, FixedCosts, NodeProfile, get_profile
 from trainer.spec import JobSpec
@@ -52,7 +58,12 @@ def prepare(
     if method == "prepartitioned":
         raise ValueError("the simulator makes its own shards; use random, stratified or capability")
     shards = plan_shards(dataset, nodes, method=method, seed=seed, weights=weights)
-    model = build_model(spec.model, dataset.input_shape, dataset.num_classes, seed=seed)
+    # a config.json or checkpoint named by path is read once, here, next to the spec file
+    spec = spec.replace(model=resolve_model_files(spec.model, base_dir))
+    model = build_model(
+        spec.model, dataset.input_shape, dataset.num_classes, seed=seed,
+        weights=checkpoint_weights(spec.model),
+    )  # fmt: skip
     info = describe_model(model, dataset.input_shape, dataset.task == "language_model")
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return SimSetup(

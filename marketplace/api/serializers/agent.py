@@ -108,6 +108,11 @@ class TaskSerializer(serializers.Serializer):
         help_text="train on while the update uploads and merge that progress into the job's "
         "next task (docs/agent-api.md, Overlap)",
     )  # fmt: skip
+    footprint = serializers.DictField(
+        child=serializers.IntegerField(), required=False,
+        help_text="the model's size as training sees it (trainer.fit.Footprint: parameters, "
+        "trainable, state_bytes, activation_bytes per sample), for the agent's fit check",
+    )  # fmt: skip
 
 
 class ClaimReplySerializer(serializers.Serializer):

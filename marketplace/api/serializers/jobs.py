@@ -26,6 +26,14 @@ class SpecField(serializers.JSONField):
 class JobSubmitSerializer(serializers.Serializer):
     spec = SpecField(help_text="the job spec: an object, or JSON/YAML text")
     dataset = serializers.FileField(required=False, allow_null=True, allow_empty_file=True)
+    model_config = serializers.FileField(
+        required=False, allow_null=True, help_text="an hf_* model's config.json (model.config)"
+    )
+    model_checkpoint = serializers.FileField(
+        required=False,
+        allow_null=True,
+        help_text="initial weights as safetensors (model.checkpoint); never a pickle",
+    )
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.HYBRID)
     budget = serializers.DecimalField(
         max_digits=12,

@@ -67,6 +67,8 @@ class JobListView(generics.ListAPIView):
             budget=data["budget"],
             max_price_per_gpu_hour=data["max_price_per_gpu_hour"],
             federated_dataset=data["federated_dataset"],
+            model_config=data.get("model_config"),
+            model_checkpoint=data.get("model_checkpoint"),
         )
         job = jobs_of(request.user).get(pk=job.pk)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
