@@ -23,7 +23,10 @@ from marketplace.ledger.models import Transaction
 from marketplace.rounds.models import ModelCopy, Round, ShardCopy, Task, TaskResult
 
 # the state before the move: rounds not yet an app, jobs and the ledger as they were
-BEFORE = [("jobs", "0008_shard_generations"), ("ledger", "0001_initial"), ("rounds", None)]
+# nodes goes back too: a column added since, NOT NULL without a database default, would
+# refuse the historical models' rows
+BEFORE = [("jobs", "0008_shard_generations"), ("ledger", "0001_initial"), ("rounds", None),
+          ("nodes", "0005_enrollment_and_bounds")]  # fmt: skip
 ROUNDS_TABLES = {"rounds_round", "rounds_task", "rounds_taskresult", "rounds_modelcopy",
                  "rounds_shardcopy"}  # fmt: skip
 OLD_TABLES = {t.replace("rounds_", "jobs_") for t in ROUNDS_TABLES}
