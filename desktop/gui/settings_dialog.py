@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import QTime
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
@@ -15,7 +14,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QSpinBox,
     QTabWidget,
-    QTimeEdit,
     QVBoxLayout,
     QWidget,
 )
@@ -25,6 +23,7 @@ from desktop.control import ControlError, NotRunning
 from desktop.gui.bridge import AgentBridge
 from desktop.gui.datasets_page import DatasetsPage
 from desktop.gui.icons import app_icon
+from desktop.gui.policy_page import PolicyFields
 from desktop.gui.style import STYLE
 
 
@@ -89,29 +88,20 @@ class SettingsDialog(QDialog):
         self.idle.setSpecialValueText("always")
         self.idle.setValue(int(s.idle_minutes))
         f.addRow("Only after idle for", self.idle)
-        self.use_schedule = QCheckBox("Only between")
-        self.use_schedule.setChecked(bool(s.schedule_start and s.schedule_end))
-        self.start_time = QTimeEdit(QTime.fromString(s.schedule_start or "22:00", "HH:mm"))
-        self.end_time = QTimeEdit(QTime.fromString(s.schedule_end or "07:00", "HH:mm"))
-        for w in (self.start_time, self.end_time):
-            w.setDisplayFormat("HH:mm")
-        f.addRow(self.use_schedule, self.start_time)
-        f.addRow("and", self.end_time)
+        self.policy = PolicyFields(s)
+        self.use_schedule, self.temp, self.busy = (
+            self.policy.use_schedule,
+            self.policy.temp,
+            self.policy.busy,
+        )
+        self.policy.add_schedule(f)
         self.battery = QCheckBox("Work while on battery")
         self.battery.setChecked(s.work_on_battery)
         f.addRow("", self.battery)
         self.gpu_procs = QCheckBox("Pause while another program uses the GPU (games)")
         self.gpu_procs.setChecked(s.pause_on_gpu_processes)
         f.addRow("", self.gpu_procs)
-        self.temp = QSpinBox()
-        self.temp.setRange(50, 100)
-        self.temp.setSuffix(" °C")
-        self.temp.setValue(int(s.max_gpu_temp_c))
         f.addRow("Pause above", self.temp)
-        self.busy = QSpinBox()
-        self.busy.setRange(5, 100)
-        self.busy.setSuffix(" % of the time")
-        self.busy.setValue(s.max_gpu_busy_pct)
         f.addRow("GPU busy at most", self.busy)
 
         f = _form(tabs, "Limits")
@@ -153,24 +143,20 @@ class SettingsDialog(QDialog):
     def settings(self) -> Settings:
         """The settings as edited (the widgets only collect values)."""
         s = self._loaded
-        schedule = self.use_schedule.isChecked()
-        return replace(
+        edited = replace(
             s,
             server_url=self.server.text().strip() or s.server_url,
             node_name=self.name.text().strip(),
             price_per_gpu_hour=f"{self.price.value():.2f}",
             start_at_login=self.autostart.isChecked(),
             idle_minutes=float(self.idle.value()),
-            schedule_start=self.start_time.time().toString("HH:mm") if schedule else "",
-            schedule_end=self.end_time.time().toString("HH:mm") if schedule else "",
             work_on_battery=self.battery.isChecked(),
             pause_on_gpu_processes=self.gpu_procs.isChecked(),
-            max_gpu_temp_c=float(self.temp.value()),
-            max_gpu_busy_pct=self.busy.value(),
             gpu_memory_fraction=self.gpu_mem.value() / 100,
             task_memory_mb=self.mem.value(),
             task_wall_s=self.wall.value(),
         )
+        return self.policy.applied(edited)  # schedule, temperature, GPU use
 
     def accept(self) -> None:
         """The agent checks and saves (and applies start at login); its refusal stays shown."""
