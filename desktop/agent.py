@@ -210,9 +210,11 @@ class Continuation:
     uploader: threading.Thread | None = None
 
 
-def registration_hardware(hw: HardwareReport, s: Settings) -> dict[str, Any]:
-    """The hardware report plus the summary fields the marketplace schedules on: `gpu_model`
-    and `memory_gb` (the GPU's memory, or for a CPU node the RAM a task may use)."""
+def registration_hardware(hw: HardwareReport, s: Settings, isolated: bool) -> dict[str, Any]:
+    """The hardware report plus the summary fields the marketplace schedules on: `gpu_model`,
+    `memory_gb` (the GPU's memory, or for a CPU node the RAM a task may use) and `isolation`
+    (whether this node's sandbox confines a task, or only limits it: a job may require
+    `isolation: full`)."""
     gpu = hw.primary_gpu if hw.accelerator != "cpu" else None
     memory_mb = gpu.memory_total_mb if gpu else min(hw.ram_total_mb, s.task_memory_mb)
     return {
@@ -220,6 +222,7 @@ def registration_hardware(hw: HardwareReport, s: Settings) -> dict[str, Any]:
         "gpu_model": gpu.name if gpu else "",
         "memory_gb": round(memory_mb / 1024, 2),
         "accelerator": hw.accelerator,
+        "isolation": "full" if isolated else "limits",
     }
 
 
@@ -547,7 +550,9 @@ class Agent:
             body = {
                 "name": s.node_name or self._hardware.cpu_name,
                 "kind": s.kind,
-                "hardware": registration_hardware(self._hardware, s),
+                "hardware": registration_hardware(
+                    self._hardware, s, self._sandbox is not None and self._sandbox.isolated
+                ),
                 "benchmark": self._bench.advertised(),
                 "network": self._probe_rtt().to_dict(),
                 "price_per_gpu_hour": s.price_per_gpu_hour,

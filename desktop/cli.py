@@ -19,14 +19,16 @@ def _print_json(data: Any) -> None:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from desktop.hardware import detect
-    from desktop.sandbox import bwrap_usable
+    from desktop.sandbox import isolation
 
     hw = detect()
+    level, how = isolation()
     if args.json:
-        _print_json({**hw.to_dict(), "fingerprint": hw.fingerprint(), "sandbox": bwrap_usable()})
+        sandbox = {"sandbox": level == "full", "isolation": level, "isolation_detail": how}
+        _print_json({**hw.to_dict(), "fingerprint": hw.fingerprint(), **sandbox})
     else:
         print(hw.summary())
-        print(f"sandbox {'bubblewrap' if bwrap_usable() else 'rlimits only (bwrap missing)'}")
+        print(f"sandbox {how}")
     return 0
 
 

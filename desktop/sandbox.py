@@ -104,6 +104,20 @@ def bwrap_path() -> str | None:
 _BWRAP_WORKS: dict[str, bool] = {}
 
 
+def isolation() -> tuple[str, str]:
+    """How far this machine's sandbox confines a task: ("full", how) or ("limits", what it
+    lacks). Jobs that require `isolation: full` never go to a "limits" node."""
+    if sys.platform == "win32":
+        return ("limits", "limits only: a Windows job object caps memory, CPU time and "
+                "processes; it does not isolate the network or the file system")  # fmt: skip
+    if sys.platform == "darwin":
+        return ("limits", "limits only: rlimits (the macOS sandbox profile is not used yet)")
+    if bwrap_usable():
+        return ("full", "bubblewrap: no network, a read-only system, only the task's folder "
+                "writable, no capability")  # fmt: skip
+    return ("limits", "limits only: rlimits (bubblewrap is missing: apt install bubblewrap)")
+
+
 def bwrap_usable() -> bool:
     """bwrap present *and* allowed to make namespaces (some kernels forbid it unprivileged)."""
     path = bwrap_path()

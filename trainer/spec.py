@@ -290,7 +290,10 @@ class RequirementsSpec(_Strict):
     `min_memory_gb` is the memory a task trains in, on whatever device the node trains on:
     a GPU's memory, or for a CPU node the RAM it gives a task (the node's `memory_gb`).
     `min_vram_gb` asks for that much GPU memory, which a CPU node never has; it implies
-    `gpu_required`.
+    `gpu_required`. `isolation: full` keeps the job's tasks on nodes whose sandbox confines
+    them completely (no network, only the task's folder: bubblewrap on Linux), never on
+    nodes whose sandbox only limits a task's resources (Windows job objects, a Linux node
+    without bubblewrap): "limits only" in `gpuflex-node info` and on the job page.
     """
 
     min_memory_gb: Annotated[float, Field(ge=0.0)] = 0.0
@@ -298,6 +301,7 @@ class RequirementsSpec(_Strict):
     min_fp32_tflops: Annotated[float, Field(ge=0.0)] = 0.0
     gpu_required: bool = False
     max_price_per_hour: Annotated[float, Field(ge=0.0)] | None = None
+    isolation: Literal["any", "full"] = "any"
 
 
 TrackerName = Literal["mlflow", "tensorboard", "wandb"]

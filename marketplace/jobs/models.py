@@ -54,6 +54,8 @@ class Job(models.Model):
     min_vram_gb = models.FloatField(default=0.0)
     min_fp32_tflops = models.FloatField(default=0.0)
     gpu_required = models.BooleanField(default=False)
+    # the spec's requirements.isolation == "full": only nodes whose sandbox confines a task
+    isolation_full = models.BooleanField(default=False)
     # trainer.fit.Footprint of the model: sent with each task for the agent's fit check
     footprint = models.JSONField(default=dict, blank=True)
     proximal_mu = models.FloatField(default=0.0)

@@ -312,6 +312,7 @@ def _store(
                 min_vram_gb=spec.requirements.min_vram_gb,
                 min_fp32_tflops=spec.requirements.min_fp32_tflops,
                 gpu_required=spec.requirements.gpu_required,
+                isolation_full=spec.requirements.isolation == "full",
                 proximal_mu=build_strategy(spec.aggregation).proximal_mu,
             )
             hold_budget(job)  # re-checked under the account's lock

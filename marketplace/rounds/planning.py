@@ -27,6 +27,7 @@ class NodeView:
     reliability: float
     gpu: bool = False
     fp32_tflops: float = 0.0
+    isolated: bool = False  # its sandbox confines a task (hardware.isolation == "full")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class JobNeeds:
     min_vram_gb: float = 0.0
     min_fp32_tflops: float = 0.0
     gpu_required: bool = False
+    isolation_full: bool = False
 
 
 def may_work_on(needs: JobNeeds, node: NodeView) -> bool:
@@ -50,6 +52,8 @@ def may_work_on(needs: JobNeeds, node: NodeView) -> bool:
     if (needs.gpu_required or needs.min_vram_gb > 0) and not node.gpu:
         return False
     if node.memory_gb < needs.min_vram_gb:  # a GPU node's memory_gb is its GPU's memory
+        return False
+    if needs.isolation_full and not node.isolated:  # unknown (an older agent) is not full
         return False
     return node.fp32_tflops >= needs.min_fp32_tflops
 
@@ -79,11 +83,12 @@ class TaskView:
     min_vram_gb: float = 0.0
     min_fp32_tflops: float = 0.0
     gpu_required: bool = False
+    isolation_full: bool = False
 
     @property
     def needs(self) -> JobNeeds:
         return JobNeeds(self.max_price, self.min_memory_gb, self.min_vram_gb,
-                        self.min_fp32_tflops, self.gpu_required)  # fmt: skip
+                        self.min_fp32_tflops, self.gpu_required, self.isolation_full)  # fmt: skip
 
 
 def _eligible_job(task: TaskView, node: NodeView) -> bool:

@@ -55,11 +55,12 @@ def node_view(node: Node) -> NodeView:
     return NodeView(
         node.pk, node.kind, node.price_per_gpu_hour, node.memory_gb, node.reliability, gpu,
         float(tflops) if isinstance(tflops, int | float) else 0.0,
+        (node.hardware or {}).get("isolation") == "full",
     )  # fmt: skip
 
 
 NEEDS_FIELDS = ("max_price_per_gpu_hour", "min_memory_gb", "min_vram_gb", "min_fp32_tflops",
-                "gpu_required")  # fmt: skip
+                "gpu_required", "isolation_full")  # fmt: skip
 
 
 def job_needs(job: Job) -> JobNeeds:

@@ -102,9 +102,27 @@ def node_rows(job: Job) -> list[dict[str, Any]]:
                 "share": round((w.get("samples") or 0) / total_samples, 4),
                 "state": "working" if node.pk in working else node.state,
                 "reason": "" if node.pk in working else node.state_reason,
+                "isolation": (node.hardware or {}).get("isolation") or "unknown",
             }
         )
     return rows
+
+
+def sandbox_note(job: Job, rows: list[dict[str, Any]]) -> str:
+    """What confined this job's tasks: required full isolation, or which nodes had limits
+    only (a Windows job object, a node without bubblewrap: no network or file isolation)."""
+    if job.isolation_full:
+        return ("Full isolation required: only nodes whose sandbox confines a task (no "
+                "network, only the task's folder) run it.")  # fmt: skip
+    limited = [r["name"] for r in rows if r["isolation"] != "full"]
+    if not limited:
+        return (
+            "Every node on this job confines its tasks fully (no network, only the task's folder)."
+        )
+    return (f"Limits only on {len(limited)} of {len(rows)} nodes ({', '.join(limited[:5])}"
+            f"{'…' if len(limited) > 5 else ''}): their sandbox caps memory and time but does "
+            "not isolate the network or the file system. Require `isolation: full` in the "
+            "spec's requirements to keep tasks off them.")  # fmt: skip
 
 
 def topology(rows: list[dict[str, Any]], size: int = 320) -> dict[str, Any]:
@@ -147,6 +165,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "nodes": rows,
         "node_states": job_node_states(job),
         "federated": federated_status(job),
+        "sandbox": sandbox_note(job, rows) if rows or job.isolation_full else "",
         "topology": topology(rows),
         "cost": cost_summary(job),
         "error": job.error,

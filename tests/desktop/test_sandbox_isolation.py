@@ -202,3 +202,17 @@ def test_warm_tasks_share_no_memory_no_folder_and_survive_a_kill(tmp_path: Path)
         seen, others = json.loads((tasks / name / "out.json").read_text())
         assert seen is None and others == [name]
     assert not (tasks / ".warm" / "a").exists() and (tasks / "a" / "secret.txt").exists()
+
+
+def test_the_isolation_a_node_advertises_says_what_its_sandbox_gives(monkeypatch) -> None:
+    """`gpuflex-node info` and registration's `hardware.isolation` (a job may require full)."""
+    from desktop import sandbox
+
+    monkeypatch.setattr(sandbox, "bwrap_usable", lambda: True)
+    assert sandbox.isolation()[0] == "full"
+    monkeypatch.setattr(sandbox, "bwrap_usable", lambda: False)
+    level, how = sandbox.isolation()
+    assert level == "limits" and "bubblewrap is missing" in how
+    monkeypatch.setattr(sandbox.sys, "platform", "win32")
+    level, how = sandbox.isolation()
+    assert level == "limits" and "does not isolate the network or the file system" in how

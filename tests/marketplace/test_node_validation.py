@@ -116,7 +116,7 @@ def test_what_the_real_agent_registers_with_is_accepted(provider) -> None:
     body = {
         "name": "gpu-box",
         "kind": s.kind,
-        "hardware": registration_hardware(hw, s),
+        "hardware": registration_hardware(hw, s, isolated=True),
         "benchmark": bench.advertised(),
         "network": NetworkFigures(rtt_ms=12.5, up_mbps=None, down_mbps=None).to_dict(),
         "price_per_gpu_hour": s.price_per_gpu_hour,
@@ -126,6 +126,7 @@ def test_what_the_real_agent_registers_with_is_accepted(provider) -> None:
     assert response.status_code == 201, response.content
     node = Node.objects.get()
     assert node.memory_gb == 23.99 and node.gpu_model == "RTX 4090"
+    assert node.hardware["isolation"] == "full"
     assert node.benchmark["train_samples_per_s"] == {"mlp": 40000.0, "cnn": 9000.0}
     assert node.hardware["gpus"][0]["memory_total_mb"] == 24564
 

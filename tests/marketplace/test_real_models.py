@@ -163,3 +163,36 @@ def test_the_claim_and_the_bulk_planner_keep_hardware_requirements(
     assert lease_batch(list(rows)) == len(allowed)  # the bulk planner, by the same rule
     leased = set(Task.objects.filter(status=TaskStatus.LEASED).values_list("node_id", flat=True))
     assert leased == {nodes[name].node_id for name in allowed}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("isolation", "allowed"), [("full", {"bwrap"}), ("any", {"bwrap", "winjob", "older"})]
+)
+def test_a_job_that_requires_full_isolation_never_goes_to_a_limits_only_node(
+    make_agent, submit, isolation: str, allowed: set[str]
+) -> None:
+    """`requirements.isolation: full`: a node whose sandbox only limits a task (a Windows job
+    object, no bubblewrap) or that never said (an older agent) takes none of its tasks."""
+    nodes = {
+        "bwrap": make_agent(kind="platform", hardware=SMALL_GPU | {"isolation": "full"}),
+        "winjob": make_agent(kind="platform", hardware=SMALL_GPU | {"isolation": "limits"}),
+        "older": make_agent(kind="platform", hardware=SMALL_GPU),
+    }
+    spec = SMALL_SPEC | {"requirements": {"isolation": isolation},
+                         "sharding": {"method": "stratified", "num_shards": 8}}  # fmt: skip
+    job = submit(spec, tier="platform")
+    claimed = {name for name, agent in nodes.items() if agent.claim() is not None}
+    assert claimed == allowed  # the live claim
+
+    Task.objects.filter(round__job=job["id"]).update(status=TaskStatus.PENDING, node=None)
+    rows = Node.objects.filter(pk__in=[a.node_id for a in nodes.values()])
+    assert lease_batch(list(rows)) == len(allowed)  # the bulk planner, by the same rule
+
+
+def test_a_spec_names_only_the_isolation_levels_there_are() -> None:
+    from trainer.spec import SpecError, parse_spec
+
+    assert parse_spec({"name": "t", "requirements": {"isolation": "full"}}).requirements
+    with pytest.raises(SpecError, match="isolation"):
+        parse_spec({"name": "t", "requirements": {"isolation": "strong"}})

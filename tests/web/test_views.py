@@ -327,3 +327,20 @@ def test_api_keys_are_shown_once_and_revocable(make_user, login) -> None:
     key.refresh_from_db()
     assert key.revoked_at is not None
     assert "gfx_u_" not in client.get("/keys/").content.decode().replace(key.prefix, "")
+
+
+def test_the_job_page_says_what_confined_its_tasks() -> None:
+    """Full isolation required, or which nodes had limits only (no network or file isolation)."""
+    from types import SimpleNamespace
+
+    from marketplace.web.jobview import sandbox_note
+
+    rows = [{"name": "linux-box", "isolation": "full"}, {"name": "win-box", "isolation": "limits"},
+            {"name": "old-agent", "isolation": "unknown"}]  # fmt: skip
+    assert sandbox_note(SimpleNamespace(isolation_full=True), rows).startswith(
+        "Full isolation required"
+    )
+    note = sandbox_note(SimpleNamespace(isolation_full=False), rows)
+    assert "Limits only on 2 of 3 nodes (win-box, old-agent)" in note
+    assert "isolation: full" in note
+    assert "confines its tasks" in sandbox_note(SimpleNamespace(isolation_full=False), rows[:1])

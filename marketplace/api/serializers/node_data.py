@@ -137,6 +137,8 @@ class HardwareSerializer(serializers.Serializer):
     torch_cuda = text()
     gpus = GpuSerializer(many=True, required=False, max_length=b.MAX_GPUS)
     notes = serializers.ListField(child=text(b.LONG_TEXT), required=False, max_length=b.MAX_NOTES)
+    # the agent's sandbox: "full" confines a task, "limits" only caps its resources
+    isolation = serializers.ChoiceField(choices=["full", "limits"], required=False)
 
 
 class BenchmarkSerializer(serializers.Serializer):

@@ -75,6 +75,7 @@
     el("node-rows").innerHTML = rows.length ? rows.join("") :
       '<tr><td colspan="7" class="empty">Waiting for nodes to pick up the first tasks…</td></tr>';
     text("node-summary", d.node_states ? d.node_states.summary : "");
+    text("sandbox-note", d.sandbox || "");
   }
 
   function drawTopology(d) {
