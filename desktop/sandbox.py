@@ -34,6 +34,7 @@ from typing import Any
 import psutil
 
 from desktop.entry import entry_argv
+from desktop.seatbelt import seatbelt_argv, seatbelt_usable
 from desktop.task_outputs import UnsafeOutput, is_regular, read_json_output
 from desktop.task_runner import EXIT_PAUSED, PAUSE
 from desktop.warm import WARM_DIR, WarmWorker, parse_event, recover
@@ -111,7 +112,10 @@ def isolation() -> tuple[str, str]:
         return ("limits", "limits only: a Windows job object caps memory, CPU time and "
                 "processes; it does not isolate the network or the file system")  # fmt: skip
     if sys.platform == "darwin":
-        return ("limits", "limits only: rlimits (the macOS sandbox profile is not used yet)")
+        if seatbelt_usable():
+            return ("full", "Seatbelt (sandbox-exec): no network, only the task's folder "
+                    "writable, the owner's files unreadable")  # fmt: skip
+        return ("limits", "limits only: rlimits (sandbox-exec is missing)")
     if bwrap_usable():
         return ("full", "bubblewrap: no network, a read-only system, only the task's folder "
                 "writable, no capability")  # fmt: skip
@@ -372,7 +376,9 @@ class Sandbox:
         self.env: dict[str, str] = {}  # extra variables for the task (e.g. the GPU memory cap)
         self.pause_grace_s = PAUSE_GRACE_S  # tests on a loaded machine give a task longer
         self._running: psutil.Process | None = None
-        self.isolated = bwrap_usable() if use_bwrap is None else use_bwrap
+        # bubblewrap on Linux, Seatbelt (sandbox-exec) on macOS: desktop/seatbelt.py
+        confines = seatbelt_usable() if sys.platform == "darwin" else bwrap_usable()
+        self.isolated = confines if use_bwrap is None else use_bwrap
         # Python tasks run through a warm worker (desktop/warm.py) on Linux: the sandbox and
         # `import torch` are paid once per agent instead of once per task. Not on macOS, where
         # forking a process that loaded Apple's frameworks is unsafe, nor on Windows (no fork)
@@ -382,10 +388,10 @@ class Sandbox:
         self.warm = warm
         self._worker: WarmWorker | None = None
         if not self.isolated and warn is not None:
-            warn(
-                "bubblewrap is not available: tasks run with resource limits only, without "
-                "network or filesystem isolation (install the 'bubblewrap' package)"
-            )
+            missing = ("sandbox-exec is not available" if sys.platform == "darwin" else
+                       "bubblewrap is not available")  # fmt: skip
+            warn(f"{missing}: tasks run with resource limits only, without network or "
+                 "filesystem isolation (install the 'bubblewrap' package on Linux)")  # fmt: skip
 
     def current_pids(self) -> set[int]:
         """Host pids of the running task's processes: its GPU use is ours, not a game's."""
@@ -460,7 +466,16 @@ class Sandbox:
         # that reads a local dataset runs cold, in a sandbox of its own
         if self.warm and python is not None and not read_only:
             return self._run_warm(folder, python, cap_data, should_stop, on_event)
-        if self.isolated:
+        if self.isolated and sys.platform == "darwin":
+            if read_only:  # no bind mounts in Seatbelt: the runner would not find the data
+                return SandboxResult("sandbox", None, "local datasets are not yet bound into "
+                                     "the macOS sandbox")  # fmt: skip
+            try:
+                full = seatbelt_argv(folder, argv)
+            except ValueError as exc:
+                return SandboxResult("sandbox", None, f"could not confine the task: {exc}")
+            env = {**_child_env(folder), **self.env}
+        elif self.isolated:
             try:
                 full = bwrap_argv(folder, argv, self.gpu, self.env, self.limits, read_only)
                 hand_to_task(folder)
