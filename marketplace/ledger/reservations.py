@@ -23,6 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from marketplace.ledger.metering import Meter, Rules, max_charge, speed_factor
@@ -227,27 +228,22 @@ def release_job(job_id: object) -> int:
     )
 
 
-def cheapest_lease(job_id: object) -> Decimal | None:
-    """The least a lease of this job reserves, over the online nodes that may work on it;
-    None while no such node is online (then nobody can tell what it would cost)."""
-    from marketplace.jobs.models import Job
-    from marketplace.nodes.selectors import online_nodes
-    from marketplace.rounds.scheduling import nodes_that_may_work_on
-
-    job = Job.objects.get(pk=job_id)
-    nodes = nodes_that_may_work_on(job).filter(pk__in=online_nodes().values("pk"))
+def cheapest_lease(nodes: QuerySet[Node]) -> Decimal | None:
+    """The least a lease reserves over `nodes` (the online nodes that may work on a job:
+    rounds.scheduling.online_candidates); None when there are none (then nobody can tell
+    what it would cost)."""
     rules = Rules.from_settings()
     bounds = [lease_bound(n, rules).gross for n in nodes.only("price_per_gpu_hour", "benchmark")]
     return min(bounds) if bounds else None
 
 
-def unaffordable(job_id: object) -> str:
+def unaffordable(job_id: object, candidates: QuerySet[Node]) -> str:
     """Why the job can pay for no further task, or "": nothing of it is in flight (an open
     reservation may still free escrow when its result is settled) and its free escrow is
     less than the cheapest lease any online node that may work on it would reserve."""
     if Reservation.objects.filter(job_id=job_id, state=ReservationState.OPEN).exists():
         return ""
-    need = cheapest_lease(job_id)
+    need = cheapest_lease(candidates)
     free = free_escrow([job_id])[job_id]
     if need is None or free >= need:
         return ""

@@ -12,6 +12,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 
 from marketplace.accounts.models import User
 from marketplace.jobs.models import Job
@@ -35,6 +36,7 @@ from marketplace.ledger.money import ZERO, parse_amount, q
 from marketplace.ledger.observed_speed import observe_speed
 from marketplace.ledger.posting import balance, post
 from marketplace.ledger.reservations import free_escrow
+from marketplace.nodes.models import Node
 from marketplace.rounds.models import TaskResult
 
 ADDRESS = re.compile(r"^0x[0-9a-fA-F]{40}$")
@@ -195,12 +197,12 @@ def round_costs(job: Job) -> list[Decimal]:
     return [totals[r] for r in sorted(totals)]
 
 
-def budget_stop_reason(job: Job) -> str:
+def budget_stop_reason(job: Job, candidates: QuerySet[Node]) -> str:
     """Why the job cannot afford another round, or "" if it can. The exact rule first: its
     free escrow must cover one more lease (`reservations.unaffordable`); then the estimate:
     the escrow must cover the dearest round so far times a margin, so that a round is not
     started that would stall half done."""
-    exact = reservations.unaffordable(job.pk)
+    exact = reservations.unaffordable(job.pk, candidates)
     if exact:
         return (
             f"Stopped at the end of round {job.rounds_done}: {exact}. Raise the budget to "

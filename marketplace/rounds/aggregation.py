@@ -36,6 +36,7 @@ from marketplace.ledger.services import (
 from marketplace.nodes.services import record_verification
 from marketplace.rounds.lifecycle import open_round, unit_states
 from marketplace.rounds.models import Round, RoundStatus, TaskResult
+from marketplace.rounds.scheduling import online_candidates
 from marketplace.rounds.weighting import weigh
 from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
@@ -246,7 +247,10 @@ def run_aggregation(round_id: int) -> None:
         job.model_hash, job.model_file = model_hash, model_file
         fields = ["rounds_done", "reached_target", "model_hash", "model_file", "updated_at"]
         finished = outcome.reached_target or rnd.number >= job.max_rounds
-        stop = "" if finished or not job.is_active else budget_stop_reason(job)
+        stop = (
+            "" if finished or not job.is_active
+            else budget_stop_reason(job, online_candidates(job))
+        )  # fmt: skip
         if finished and job.status != JobStatus.CANCELLED:
             job.status = JobStatus.COMPLETED
             job.finished_at = timezone.now()

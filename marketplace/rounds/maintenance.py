@@ -33,6 +33,7 @@ from marketplace.rounds.lifecycle import (
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
 from marketplace.rounds.queue import enqueue_aggregation
 from marketplace.rounds.retention import prune_ended_jobs
+from marketplace.rounds.scheduling import online_candidates
 from marketplace.rounds.sizing import plan_key
 from marketplace.rounds.uploads import release_task
 from trainer.aggregation import min_updates
@@ -184,7 +185,8 @@ def stop_unaffordable_jobs() -> int:
     ):
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=job_id)
-            why = unaffordable(job.pk) if job.status == JobStatus.RUNNING else ""
+            running = job.status == JobStatus.RUNNING
+            why = unaffordable(job.pk, online_candidates(job)) if running else ""
             if why:
                 stop_job(job, f"Stopped in round {job.rounds_done + 1}: {why}. Raise the "
                               "budget to train further.")  # fmt: skip

@@ -24,6 +24,7 @@ from django.utils import timezone
 from marketplace.jobs.models import Job, JobStatus, Tier
 from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
+from marketplace.nodes.selectors import online_nodes
 from marketplace.rounds.delivery import model_source, record_model
 from marketplace.rounds.models import Round, RoundStatus, ShardCopy, Task, TaskStatus
 from marketplace.rounds.planning import (
@@ -65,6 +66,12 @@ NEEDS_FIELDS = ("max_price_per_gpu_hour", "min_memory_gb", "min_vram_gb", "min_f
 
 def job_needs(job: Job) -> JobNeeds:
     return JobNeeds(*(getattr(job, f) for f in NEEDS_FIELDS))
+
+
+def online_candidates(job: Job) -> QuerySet[Node]:
+    """The online nodes that may work on `job`: what its next lease could cost is read off
+    them (ledger.reservations.unaffordable)."""
+    return nodes_that_may_work_on(job).filter(pk__in=online_nodes().values("pk"))
 
 
 def jobs_node_may_work_on(node: Node) -> list[Any]:

@@ -343,13 +343,16 @@ def test_a_task_held_past_its_deadline_while_the_game_goes_on_goes_back_at_once(
 
 
 def _unpaused_update(t, tmp_path):
+    from desktop.sandbox import Limits, Sandbox
 
     folder = tmp_path / "unpaused"
     folder.mkdir()
     (folder / "task.json").write_text(json.dumps(t.task))
     (folder / "model.safetensors").write_bytes(t.model)
     (folder / "shard.safetensors").write_bytes(t.shard)
-    assert task_runner.run(folder) == task_runner.EXIT_OK
+    # in a sandbox, as the agent's run was: the same torch threads, so the same float sums
+    with Sandbox(Limits(wall_s=120, memory_mb=4096)) as sandbox:
+        assert sandbox.run_task(folder).ok
     return decode_state((folder / "update.safetensors").read_bytes())[0]
 
 

@@ -71,7 +71,9 @@ def earn_from_a_paid_job(buyer: Any, provider: Any, make_agent: Any) -> Decimal:
     body = {"spec": {"name": "paid", "dataset": {"kind": "digits"}, "local": {"steps": 4},
                      "rounds": {"max_rounds": 1}, "sharding": {"method": "stratified",
                                                                "num_shards": 3}},
-            "tier": "platform", "budget": "20", "max_price_per_gpu_hour": "1000"}  # fmt: skip
+            # each lease reserves its most (600/h x the lease timeout): the budget must hold
+            # all three at once (docs/money.md, reservations); what is unspent comes back
+            "tier": "platform", "budget": "500", "max_price_per_gpu_hour": "1000"}  # fmt: skip
     assert buyer.post("/api/v1/jobs/", body, format="json").status_code == 201
     work_all(agents)
     earned = Decimal(provider.get("/api/v1/ledger/earnings").json()["balance"])

@@ -100,8 +100,8 @@ def test_zero_costs_reproduce_the_pure_model(spec) -> None:
     # (since re-measured: later models reach nodes as the job's int8 delta chain, sized as the
     # marketplace sends it, rather than as per-node deltas; and round 1's download is the spec
     # itself, a few bytes longer with each spec field added: download_codec, weighting,
-    # elastic, tracking)
-    expected = [0.7285857313269659, 1.2229688807793366, 1.7173520302317073]
+    # elastic, tracking, and the models a buyer brings and the isolation a job requires)
+    expected = [0.7306053739999586, 1.2249885234523294, 1.7193716729047002]
     assert aware.sim_time_per_round == pytest.approx(expected, rel=1e-12)
 
 

@@ -197,7 +197,9 @@ def _story(base, console, shots, new_page, tmp_path, monkeypatch) -> None:
         assert buyer.is_hidden("#estimate-figures")
         buyer.fill("#id_spec", yaml.safe_dump(spec, sort_keys=False))
         buyer.select_option("#id_tier", "platform")
-        buyer.fill("#id_budget", "5")
+        # each lease reserves its most (20/h x 4 speed x the lease timeout, about 7.3): the
+        # budget holds both nodes' leases at once (docs/money.md); the rest comes back
+        buyer.fill("#id_budget", "20")
         buyer.fill("#id_max_price_per_gpu_hour", "50")
         buyer.wait_for_selector("#estimate-figures:not([hidden])")
         assert buyer.inner_text("#est-nodes") == "2"
