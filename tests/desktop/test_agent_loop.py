@@ -278,7 +278,7 @@ def test_a_game_starting_mid_task_preempts_it_and_work_resumes_later(
 
     agent = make_agent(logged_in, isolated_dirs, fake_bench, observe_fn=observe,
                        policy_check_s=0.1)  # fmt: skip
-    market.add(digits_task("t-7", steps=400, rows=300))
+    market.add(digits_task("t-7", steps=3000, rows=300))
     agent.start()
     try:
         wait_for(lambda: (t := agent.status().task) is not None and t.phase == "training")
@@ -296,7 +296,7 @@ def test_a_game_starting_mid_task_preempts_it_and_work_resumes_later(
     # it paused at a step and went on from there, to the update an unpaused run makes
     assert any("interrupted" in m and "paused at a step boundary" in m for m in messages)
     assert any("resuming after" in m for m in messages), messages
-    expected = _unpaused_update(digits_task("t-7", steps=400, rows=300), tmp_path)
+    expected = _unpaused_update(digits_task("t-7", steps=3000, rows=300), tmp_path)
     sent = decode_state(market.accepted()["t-7"])[0]
     assert sent.keys() == expected.keys()
     assert all(torch.equal(sent[k], expected[k]) for k in expected)
