@@ -78,17 +78,7 @@ class TaskView:
     unit: tuple[int, int]  # (round id, shard id)
     replica: int
     tier: str
-    max_price: Decimal
-    min_memory_gb: float
-    min_vram_gb: float = 0.0
-    min_fp32_tflops: float = 0.0
-    gpu_required: bool = False
-    isolation_full: bool = False
-
-    @property
-    def needs(self) -> JobNeeds:
-        return JobNeeds(self.max_price, self.min_memory_gb, self.min_vram_gb,
-                        self.min_fp32_tflops, self.gpu_required, self.isolation_full)  # fmt: skip
+    needs: JobNeeds  # its job's price cap and requirements
 
 
 def _eligible_job(task: TaskView, node: NodeView) -> bool:

@@ -482,7 +482,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
                 unit=(round_id, shard_id),
                 replica=replica,
                 tier=jobs[job_id].tier,
-                **vars(job_needs(jobs[job_id])),
+                needs=job_needs(jobs[job_id]),
             )
             for i, round_id, shard_id, replica, job_id, *_ in rows
         ]

@@ -9,7 +9,13 @@ import pytest
 
 from marketplace.nodes.models import Node
 from marketplace.rounds.models import Task
-from marketplace.rounds.planning import NodeView, PlanRules, TaskView, plan_assignments
+from marketplace.rounds.planning import (
+    JobNeeds,
+    NodeView,
+    PlanRules,
+    TaskView,
+    plan_assignments,
+)
 from marketplace.rounds.scheduling import lease_batch
 from tests.marketplace.helpers import SMALL_SPEC
 
@@ -18,7 +24,7 @@ def task(i: int, tier: str = "hybrid", replica: int = 0, unit: int | None = None
     """Price, memory and tier are properties of a job; a task differing in them is its own."""
     fields = {"max_price": Decimal("1"), "min_memory_gb": 1.0} | kw
     job = "job" if not kw and tier == "hybrid" else f"job-{i if unit is None else unit}"
-    return TaskView(i, job, (1, i if unit is None else unit), replica, tier, **fields)
+    return TaskView(i, job, (1, i if unit is None else unit), replica, tier, JobNeeds(**fields))
 
 
 def node(i: int, kind: str = "volunteer", price: str = "0.5", memory: float = 8.0) -> NodeView:
