@@ -2,7 +2,7 @@
 
 client = Client("https://gpuflex.example", api_key="gfx_u_…")
 job = client.submit("job.yaml", budget="5.00", max_price_per_gpu_hour="0.50")
-for state in client.follow(job["id"]):
+for state in client.follow(job["id"]):  # pushed by the server as the job changes
     print(state["rounds_done"], state["last_metrics"])
 client.download(job["id"], "out/")
 """
@@ -63,13 +63,7 @@ class Client:
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         response = self._http.request(method, path, **kwargs)
-        if response.status_code >= 400:
-            try:
-                body = response.json()
-                code, detail = body.get("error", "error"), body.get("detail", response.text)
-            except ValueError:
-                body, code, detail = None, "error", response.text[:500]
-            raise GPUFlexError(response.status_code, code, detail, body)
+        _raise_for(response)
         return response
 
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -134,11 +128,42 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._json("POST", f"jobs/{job_id}/cancel")
 
+    def events(self, job_id: str) -> Iterator[dict[str, Any]]:
+        """The job's state now, then each time it changes, pushed by the server (Server-Sent
+        Events) until the job ends or the server closes the stream (after a few minutes).
+        GPUFlexError 503 when the server holds all the streams it may."""
+        headers = {"Accept": "text/event-stream"}
+        with self._http.stream("GET", f"jobs/{job_id}/events", headers=headers) as response:
+            if response.status_code >= 400:
+                response.read()
+                _raise_for(response)
+            for event, data in sse_messages(response.iter_lines()):
+                if event == "state":
+                    yield json.loads(data)
+
     def follow(self, job_id: str, interval: float = 2.0) -> Iterator[dict[str, Any]]:
-        """The job's state every `interval` seconds until it completes, fails or is cancelled."""
+        """The job's state now and at each change until it completes, fails, stops or is
+        cancelled. Pushed by the server; where it holds no more streams (503) or the stream
+        breaks, polled once, then after `interval` seconds the stream is tried again."""
+        last: dict[str, Any] | None = None
         while True:
+            try:
+                for state in self.events(job_id):
+                    if state != last:
+                        last = state
+                        yield state
+                    if state["status"] in TERMINAL:
+                        return
+                continue  # the server ended the stream (its lifetime): open another
+            except GPUFlexError as exc:
+                if exc.status != 503:
+                    raise
+            except (httpx.TransportError, ValueError):
+                pass  # a dropped or garbled stream: poll, then stream again
             state = self.job(job_id)
-            yield state
+            if state != last:
+                last = state
+                yield state
             if state["status"] in TERMINAL:
                 return
             time.sleep(interval)
@@ -222,3 +247,35 @@ def _unzip_flat(data: bytes, folder: Path) -> None:
             if info.is_dir() or not name:
                 continue
             (folder / name).write_bytes(zf.read(info))
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+        code, detail = body.get("error", "error"), body.get("detail", response.text)
+    except ValueError:
+        body, code, detail = None, "error", response.text[:500]
+    raise GPUFlexError(response.status_code, code, detail, body)
+
+
+def sse_messages(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """(event, data) for each Server-Sent Events message in `lines` (the WHATWG rules the
+    server needs: `event`, multi-line `data`, comments and `id`/`retry` ignored)."""
+    event, data = "message", []
+    for raw in lines:
+        line = raw.rstrip("\r")
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)

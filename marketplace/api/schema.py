@@ -51,6 +51,7 @@ DESCRIPTIONS = {
     415: "The body's Content-Type is not one this operation takes.",
     422: "The upload was read but rejected; the detail says why.",
     429: "Too many requests; retry after the Retry-After header's seconds.",
+    503: "The server holds all the live streams it may; poll, or retry after Retry-After.",
 }
 
 

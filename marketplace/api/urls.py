@@ -27,6 +27,7 @@ urlpatterns = [
     path("jobs/<uuid:pk>/model", jobs.JobModelView.as_view(), name="job-model"),
     path("jobs/<uuid:pk>/tracking", jobs.JobTrackingView.as_view(), name="job-tracking"),
     path("jobs/<uuid:pk>/provenance", jobs.JobProvenanceView.as_view(), name="job-provenance"),
+    path("jobs/<uuid:pk>/events", jobs.JobEventsView.as_view(), name="job-events"),
     *[
         path(
             f"jobs/<uuid:pk>/{action}",

@@ -29,6 +29,10 @@ class JobStatus(models.TextChoices):
     STOPPED = "stopped"  # ended early, with the reason in `error` (its budget ran out)
 
 
+# a job in these may still change; in any other it has ended
+ACTIVE_STATUSES = (JobStatus.RUNNING, JobStatus.PAUSED)
+
+
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     buyer = models.ForeignKey(
@@ -91,7 +95,7 @@ class Job(models.Model):
 
     @property
     def is_active(self) -> bool:
-        return self.status in (JobStatus.RUNNING, JobStatus.PAUSED)
+        return self.status in ACTIVE_STATUSES
 
     @property
     def is_federated(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace.events.services import job_changed
 from marketplace.jobs.errors import Conflict
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.ledger.services import release_escrow
@@ -25,6 +26,7 @@ def pause_job(job: Job) -> Job:
         raise Conflict(f"Only a running job can be paused; this one is {job.status}.")
     job.status = JobStatus.PAUSED
     job.save(update_fields=["status", "updated_at"])
+    job_changed(job.pk)
     return job
 
 
@@ -38,6 +40,7 @@ def resume_job(job: Job) -> Job:
     # the pause should not count against the round's deadline
     Round.objects.filter(job=job, status=RoundStatus.OPEN).update(deadline=round_deadline(job))
     transaction.on_commit(bump_work_generation)
+    job_changed(job.pk)
     return job
 
 
@@ -83,6 +86,7 @@ def _end(job: Job, status: str, error: str = "") -> None:
     release its unspent escrow."""
     job.status, job.error, job.finished_at = status, error or job.error, timezone.now()
     job.save(update_fields=["status", "error", "finished_at", "updated_at"])
+    job_changed(job.pk)
     cancel_outstanding(job)
     Round.objects.filter(job=job, status=RoundStatus.OPEN).update(
         status=RoundStatus.CANCELLED, closed_at=timezone.now()

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from marketplace.events.services import job_changed, money_changed
 from marketplace.ledger.errors import IdempotencyConflict, InsufficientFunds, Unbalanced
 from marketplace.ledger.models import Account, Entry, Transaction
 from marketplace.ledger.money import ZERO, q
@@ -69,6 +70,9 @@ def post(
             _same(existing, legs)
             return existing
         Entry.objects.bulk_create(Entry(transaction=tx, account=a, amount=amt) for a, amt in legs)
+        # balances on live pages: the users' and jobs' whose accounts moved
+        money_changed(*{a.user_id for a, _ in legs if a.user_id is not None})
+        job_changed(*{a.job_id for a, _ in legs if a.job_id is not None})
     return tx
 
 

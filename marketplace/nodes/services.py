@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from marketplace.accounts.models import User
 from marketplace.accounts.services import issue_node_key
+from marketplace.events.services import nodes_changed
 from marketplace.nodes import presence
 from marketplace.nodes.bounds import MAX_MEMORY_GB, MAX_MEMORY_MB, finite_in
 from marketplace.nodes.enrollment import redeem_enrollment_token
@@ -69,6 +70,7 @@ def register_node(
         enrolled_with=token,
     )
     _, plaintext = issue_node_key(node)
+    nodes_changed()
     return node, plaintext
 
 
@@ -161,6 +163,7 @@ def mark_offline(now: datetime | None = None) -> list[int]:
     ids = list(stale.values_list("pk", flat=True))
     if ids:
         Node.objects.filter(pk__in=ids).update(state=NodeState.OFFLINE)
+        nodes_changed()
     return ids
 
 

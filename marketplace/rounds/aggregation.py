@@ -20,6 +20,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from marketplace.events.services import job_changed
 from marketplace.faults import failpoint
 from marketplace.jobs import files
 from marketplace.jobs.datasets import job_dataset
@@ -266,6 +267,7 @@ def run_aggregation(round_id: int) -> None:
             cancel_outstanding(job)
             release_escrow(job)
         enqueue_tracking(job, rnd.number)  # sent on commit; a tracker never fails the round
+        job_changed(job.pk)  # the round's close, pushed to the job page (and the SDK)
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
 
 

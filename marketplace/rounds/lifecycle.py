@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace.events.services import job_changed
 from marketplace.jobs import files
 from marketplace.jobs.models import Job
 from marketplace.jobs.models_io import State, store_model
@@ -64,6 +65,7 @@ def open_round(
             for s in shards
         )
     transaction.on_commit(bump_work_generation)
+    job_changed(job.pk)
     return rnd
 
 
@@ -222,6 +224,7 @@ def start_aggregation(rnd: Round) -> None:
     outstanding = Task.objects.filter(round=rnd, status__in=[TaskStatus.PENDING, TaskStatus.LEASED])
     outstanding.exclude(pk__in=kept_in_flight(rnd)).update(status=TaskStatus.CANCELLED)
     enqueue_aggregation(rnd.pk)
+    job_changed(rnd.job_id)
 
 
 def kept_in_flight(rnd: Round) -> list[Any]:

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from marketplace.events.services import job_changed
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.preparation import enqueue_preparation
 from marketplace.ledger.reservations import unaffordable
@@ -150,6 +151,7 @@ def resume_orphaned_jobs() -> int:
                 job.status = JobStatus.COMPLETED
                 job.finished_at = timezone.now()
                 job.save(update_fields=["status", "finished_at", "updated_at"])
+                job_changed(job.pk)
                 release_escrow(job)
                 continue
             open_round(job, number, state)

@@ -21,6 +21,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from marketplace.events.services import job_changed
 from marketplace.jobs.models import Job, JobStatus, Tier
 from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
@@ -267,6 +268,7 @@ def _lease(task: Task, node: Node) -> bool:
         return False
     if replicate:
         add_replica(task, steps, batch, codec)
+    job_changed(job.pk)
     return True
 
 

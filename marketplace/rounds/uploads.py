@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from marketplace.events.services import job_changed
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
 from marketplace.jobs.models_io import load_model_file
@@ -174,6 +175,7 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         if not late:  # a late one waits, unreplicated, for the next aggregation to fold it
             verify_unit(rnd, task)
             maybe_close(rnd)
+        job_changed(rnd.job_id)
     return 201
 
 
@@ -205,6 +207,8 @@ def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
         release_tasks([task.pk])  # nothing will be charged for this lease
     if updated and lost and node_id is not None:
         record_verification(node_id, lost=1)
+    if updated:
+        job_changed(task.round.job_id)
     if updated and not give_up and not closed:
         transaction.on_commit(bump_work_generation)
 

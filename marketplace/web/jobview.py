@@ -14,7 +14,7 @@ import yaml
 from django.urls import reverse
 
 from marketplace.jobs import files
-from marketplace.jobs.models import Job
+from marketplace.jobs.models import ACTIVE_STATUSES, Job
 from marketplace.jobs.selectors import federated_status, job_node_states
 from marketplace.ledger.selectors import job_costs
 from marketplace.nodes.models import Node
@@ -151,8 +151,14 @@ def cost_summary(job: Job) -> dict[str, Any]:
     return {"available": True} | summary
 
 
+def is_live(payload: dict[str, Any]) -> bool:
+    """Whether a job's page may still change: a finished job's last payload is final."""
+    return payload["status"] in ACTIVE_STATUSES
+
+
 def live_payload(job: Job) -> dict[str, Any]:
-    """Everything the job page updates while it is open; small enough to poll every second."""
+    """Everything the job page updates while it is open: pushed on each change (its event
+    stream), or polled where a stream cannot be held."""
     rows = node_rows(job)
     return {
         "status": job.status,

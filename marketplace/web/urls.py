@@ -18,6 +18,7 @@ urlpatterns = [
     path("jobs/estimate/", buyer.job_estimate, name="job-estimate"),
     path("jobs/<uuid:pk>/", buyer.job_detail, name="job"),
     path("jobs/<uuid:pk>/live/", buyer.job_live, name="job-live"),
+    path("jobs/<uuid:pk>/events/", buyer.job_events, name="job-events"),
     path("jobs/<uuid:pk>/model/", buyer.job_model, name="job-model"),
     path("jobs/<uuid:pk>/provenance/", buyer.job_provenance, name="job-provenance"),
     path("jobs/<uuid:pk>/<str:action>/", buyer.job_action, name="job-action"),
@@ -25,8 +26,11 @@ urlpatterns = [
     path("nodes/<int:pk>/price/", provider.node_price, name="node-price"),
     path("earnings/", provider.earnings, name="earnings"),
     path("earnings/live/", provider.earnings_live, name="earnings-live"),
+    path("earnings/events/", provider.earnings_events, name="earnings-events"),
     path("keys/", provider.api_keys, name="keys"),
     path("operator/", operator.overview, name="operator"),
+    path("operator/live/", operator.overview_live, name="operator-live"),
+    path("operator/events/", operator.overview_events, name="operator-events"),
     # gunicorn serves no static files and the pages' few files are small: let Django serve
     # them (from the apps' static folders, no collectstatic) rather than need a web server.
     re_path(r"^static/(?P<path>.+)$", serve_static, {"insecure": True}),

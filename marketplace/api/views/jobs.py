@@ -11,6 +11,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -25,10 +26,12 @@ from marketplace.api.serializers.jobs import (
     RoundSerializer,
 )
 from marketplace.api.throttles import KeyRateThrottle, SubmitThrottle
+from marketplace.events import topics
+from marketplace.events.stream import CONTENT_TYPE, event_stream
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict
 from marketplace.jobs.export import job_model_download
-from marketplace.jobs.models import Job
+from marketplace.jobs.models import ACTIVE_STATUSES, Job
 from marketplace.jobs.selectors import jobs_of
 from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import submit_job
@@ -157,3 +160,34 @@ class JobProvenanceView(BuyerView):
         if not job.rounds_done:
             raise Conflict("No round has finished yet, so there is no provenance record.")
         return HttpResponse(files.get(provenance_name(job)), content_type="application/json")
+
+
+class EventStreamRenderer(BaseRenderer):
+    """Lets `Accept: text/event-stream` through content negotiation; the stream writes its
+    own frames, and errors before it starts are JSON."""
+
+    media_type = CONTENT_TYPE
+    format = "sse"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):  # type: ignore[override]
+        return JSONRenderer().render(data)
+
+
+class JobEventsView(BuyerView):
+    renderer_classes = [JSONRenderer, EventStreamRenderer]
+
+    @extend_schema(responses={(200, CONTENT_TYPE): OpenApiTypes.STR, **errors(503)})
+    def get(self, request: Request, pk: str) -> HttpResponse:
+        """Server-Sent Events: the job (as `GET jobs/{id}/`) once at once, then each time it
+        changes (a lease, an upload, a round closing, a status change), as `event: state`
+        messages. The stream ends after the job ends, or after a few minutes (reconnect);
+        503 when the server holds all the streams it may (poll `GET jobs/{id}/` instead)."""
+        job = self.job(request, pk)
+        own = jobs_of(request.user)
+
+        def render() -> dict:
+            return dict(JobDetailSerializer(own.get(pk=job.pk)).data)
+
+        return event_stream(
+            [topics.job(job.pk)], render, done=lambda state: state["status"] not in ACTIVE_STATUSES
+        )

@@ -178,6 +178,11 @@ GPUFLEX = {
     "LEASE_TIMEOUT_S": float(os.environ.get("GPUFLEX_LEASE_TIMEOUT_S", "300")),
     "ROUND_DEADLINE_S": float(os.environ.get("GPUFLEX_ROUND_DEADLINE_S", "900")),
     "MAX_CLAIM_WAIT_S": 30.0,
+    # live pushes (marketplace/events/stream.py): each open stream holds a server thread, so
+    # a process keeps at most this many and answers 503 (poll instead) beyond
+    "EVENT_STREAMS_PER_PROCESS": int(os.environ.get("GPUFLEX_EVENT_STREAMS_PER_PROCESS", "8")),
+    "EVENT_KEEPALIVE_S": 15.0,
+    "EVENT_STREAM_MAX_S": float(os.environ.get("GPUFLEX_EVENT_STREAM_MAX_S", "300")),
     "DEFAULT_SHARDS": int(os.environ.get("GPUFLEX_DEFAULT_SHARDS", "4")),
     "MAX_DATASET_BYTES": int(os.environ.get("GPUFLEX_MAX_DATASET_BYTES", str(64 * 2**20))),
     "MAX_UPDATE_BYTES": int(os.environ.get("GPUFLEX_MAX_UPDATE_BYTES", str(256 * 2**20))),

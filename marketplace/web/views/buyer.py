@@ -13,6 +13,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from marketplace.api.throttles import SubmitThrottle
+from marketplace.events import topics
+from marketplace.events.stream import event_stream
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, InvalidSpec, MarketplaceError
 from marketplace.jobs.export import formats_for, job_model_download
@@ -182,6 +184,21 @@ def job_live(request: HttpRequest, pk: str) -> JsonResponse:
     if job is None:
         return JsonResponse({"detail": "Not found."}, status=404)
     return JsonResponse(jobview.live_payload(job))
+
+
+@buyer_required
+@require_GET
+def job_events(request: HttpRequest, pk: str) -> HttpResponse:
+    """The job page's live data, pushed (Server-Sent Events) each time it changes; the page
+    falls back to polling `job_live` where it cannot hold a stream."""
+    job = _job(request, pk)
+    if job is None:
+        return JsonResponse({"detail": "Not found."}, status=404)
+
+    def render() -> dict:
+        return jobview.live_payload(Job.objects.get(pk=job.pk))
+
+    return event_stream([topics.job(job.pk)], render, done=lambda d: not jobview.is_live(d))
 
 
 @buyer_required

@@ -14,6 +14,8 @@ from marketplace.accounts.errors import KeyLimitReached
 from marketplace.accounts.selectors import user_keys
 from marketplace.accounts.services import issue_user_key, revoke_key
 from marketplace.api.throttles import KeyCreateThrottle
+from marketplace.events import topics
+from marketplace.events.stream import event_stream
 from marketplace.ledger import selectors as ledger
 from marketplace.ledger.errors import LedgerError
 from marketplace.ledger.services import request_payout
@@ -108,6 +110,14 @@ def earnings(request: HttpRequest) -> HttpResponse:
 @require_GET
 def earnings_live(request: HttpRequest) -> JsonResponse:
     return JsonResponse(_earnings(request.user))
+
+
+@provider_required
+@require_GET
+def earnings_events(request: HttpRequest) -> HttpResponse:
+    """The earnings page's figures, pushed whenever the provider's money moves."""
+    user = request.user
+    return event_stream([topics.money(user.pk)], lambda: _earnings(user))
 
 
 @role_required("buyer", "provider")

@@ -1,4 +1,5 @@
-/* The earnings page: a daily earnings chart, refreshed every 2 s so new earnings appear. */
+/* The earnings page: a daily earnings chart and balances, updated as the server pushes them
+   (live.js), so new earnings appear as they are credited. */
 "use strict";
 
 (function () {
@@ -47,13 +48,9 @@
       '<tr><td colspan="3" class="empty">Nothing earned yet.</td></tr>';
   }
 
-  function poll() {
-    fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
-      .then(function (r) { return r.ok ? r.json() : null; })
-      .then(function (d) { if (d) render(d); setTimeout(poll, 2000); })
-      .catch(function () { setTimeout(poll, 5000); });
-  }
-
   render(JSON.parse(document.getElementById("earnings-data").textContent));
-  setTimeout(poll, 2000);
+  GPUFlexLive.follow({
+    streamUrl: document.getElementById("earnings-page").dataset.eventsUrl,
+    pollUrl: url, pollMs: 2000, onData: render,
+  });
 })();

@@ -1,5 +1,6 @@
-/* The job page: renders the live payload, then polls it every second so that charts, the
-   rounds timeline, the node table, the topology and the cost grow without a reload. */
+/* The job page: renders the live payload, then again each time the server pushes a new one
+   (live.js), so that charts, the rounds timeline, the node table, the topology and the cost
+   grow without a reload. */
 "use strict";
 
 (function () {
@@ -146,20 +147,16 @@
 
   function active(d) { return d.status === "running" || d.status === "paused"; }
 
-  function poll() {
-    fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
-      .then(function (r) { return r.ok ? r.json() : null; })
-      .then(function (d) {
-        if (d) { data = d; render(d); }
-        // a finished job changes no more: this last answer already holds its final round
-        if (d === null || active(d)) setTimeout(poll, 1000);
-      })
-      .catch(function () { setTimeout(poll, 3000); });
-  }
 
   document.querySelectorAll("[data-confirm]").forEach(function (f) {
     f.addEventListener("submit", function (e) { if (!window.confirm(f.dataset.confirm)) e.preventDefault(); });
   });
   render(data);
-  if (active(data)) setTimeout(poll, 1000);
+  // a finished job changes no more: its page already holds its final round
+  if (active(data)) {
+    GPUFlexLive.follow({
+      streamUrl: page.dataset.eventsUrl, pollUrl: url, pollMs: 1000, active: active,
+      onData: function (d) { data = d; render(d); },
+    });
+  }
 })();

@@ -1,0 +1,113 @@
+"""Doorbells: a topic is rung after the change it names commits; open streams hear it.
+
+A ring carries no data. The stream that hears it renders its page's state again, from the
+database, and sends it if it changed: nothing is pushed that a reload would not show, and a
+ring that is lost costs only latency (streams also re-render at each keepalive).
+
+With REDIS_URL the bell is Redis pub/sub, one channel per topic, so a change committed by a
+Celery worker reaches the web processes at once. The embedded setup (`make demo`) has no
+Redis, and its processes share only the data folder: there the bell is one file whose
+modification time changes, and every stream checks it (a stat) every POLL_S.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import redis
+from django.conf import settings
+
+from marketplace.server import shared_redis
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.02  # the embedded bell's stat interval: well under the 100 ms a page may lag
+
+
+def ring(topics: Iterable[str]) -> None:
+    """Tell the streams listening on any of `topics` that it changed. Never raises: a page
+    that misses a ring catches up at its next keepalive."""
+    topics = sorted(set(topics))
+    if not topics:
+        return
+    client = shared_redis.client()
+    if client is None:
+        with contextlib.suppress(OSError):
+            _bell_file().touch()
+        return
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for topic in topics:
+                pipe.publish(_channel(topic), b"1")
+            pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("live push: could not ring %s: %s", ",".join(topics), exc)
+
+
+class Listener:
+    """Subscribed to some topics from creation on, so a change made while its first state
+    renders is heard, not lost."""
+
+    def __init__(self, topics: Iterable[str]) -> None:
+        self._pubsub = None
+        url = getattr(settings, "REDIS_URL", "")
+        if url:
+            self._pubsub = _subscriber(url).pubsub(ignore_subscribe_messages=True)
+            self._pubsub.subscribe(*[_channel(t) for t in topics])
+        else:
+            self._seen = _mtime()
+
+    def wait(self, timeout: float) -> bool:
+        """True when rung within `timeout` seconds (rings that came together count once)."""
+        if self._pubsub is not None:
+            try:
+                heard = self._pubsub.get_message(timeout=timeout) is not None
+                while heard and self._pubsub.get_message(timeout=0) is not None:
+                    pass
+                return heard
+            except redis.RedisError as exc:
+                log.warning("live push: lost the Redis subscription: %s", exc)
+                time.sleep(timeout)
+                return True  # render again: whatever changed meanwhile is sent
+        deadline = time.monotonic() + timeout
+        while True:
+            now = _mtime()
+            if now != self._seen:
+                self._seen = now
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(POLL_S, left))
+
+    def close(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(redis.RedisError):
+                self._pubsub.close()
+
+
+def _channel(topic: str) -> str:
+    return shared_redis.key("events", topic)
+
+
+@functools.lru_cache(maxsize=8)
+def _subscriber(url: str) -> redis.Redis:
+    # no socket timeout: a subscription is idle between rings by design (get_message waits
+    # with select); the hot-path client's 2 s timeout would drop it
+    return redis.Redis.from_url(url, socket_connect_timeout=2.0, health_check_interval=30)
+
+
+def _bell_file() -> Path:
+    return Path(settings.DATA_DIR) / "events-bell"
+
+
+def _mtime() -> int:
+    try:
+        return _bell_file().stat().st_mtime_ns
+    except OSError:
+        return 0
