@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Min, Q, Sum
 from django.utils import timezone
 
 
@@ -22,11 +22,15 @@ def job_timing(job: Any) -> dict[str, Any]:
     any bytes for the job (NodeTraffic).
     """
     from marketplace.nodes.models import NodeTraffic
-    from marketplace.rounds.models import Round, TaskResult
+    from marketplace.rounds.models import Round, Task, TaskResult
 
     first = Round.objects.filter(job=job).order_by("number").first()
     if first is None:
-        return {"job_wall_s": None, "time_to_target_s": None, "utilization": None}
+        return {"job_wall_s": None, "time_to_target_s": None, "utilization": None,
+                "submit_to_first_lease_s": None}  # fmt: skip
+    # the job row is written once its upload (spec and dataset) has been received whole
+    leased = Task.objects.filter(round=first).aggregate(t=Min("leased_at"))["t"]
+    to_lease = (leased - job.created_at).total_seconds() if leased else None
     ended: datetime = job.finished_at or timezone.now()
     wall = max((ended - first.opened_at).total_seconds(), 0.0)
     compute = TaskResult.objects.filter(task__round__job=job).aggregate(s=Sum("compute_s"))["s"]
@@ -35,6 +39,7 @@ def job_timing(job: Any) -> dict[str, Any]:
         "job_wall_s": round(wall, 2),
         "time_to_target_s": round(wall, 2) if job.reached_target else None,
         "utilization": round(float(compute or 0.0) / (nodes * wall), 4) if nodes and wall else None,
+        "submit_to_first_lease_s": round(to_lease, 3) if to_lease is not None else None,
     }
 
 
@@ -165,6 +170,8 @@ def print_summary(s: dict[str, Any], write: Any = print) -> None:
         )
     ran = sorted({pair for n in s["nodes"] for pair in n["ran_on"]})
     write(f"tasks trained on: {', '.join(ran) or 'nothing'}")
+    if s.get("submit_to_first_lease_s") is not None:
+        write(f"upload received to first task leased: {s['submit_to_first_lease_s']:.2f} s")
     write(f"verified contributions: {s['verified_contributions']}")
     write(
         f"buyer: budget {s['buyer_budget']}, cost {s['buyer_cost']} (of which redundancy "

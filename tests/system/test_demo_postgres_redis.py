@@ -38,3 +38,7 @@ def test_demo_on_postgres_and_redis(services, tmp_path) -> None:
     fee, earned = float(summary["platform_fee"]), float(summary["provider_earnings_total"])
     assert abs(cost - fee - earned) < 1e-9 and cost > 0
     assert os.path.getsize(summary["model_path"]) > 0
+    # the goal (< 5 s from the upload received to the first lease), reported, never asserted
+    to_lease = summary["submit_to_first_lease_s"]
+    print(f"submit_to_first_lease_s: {to_lease}")
+    assert to_lease is not None and to_lease >= 0
