@@ -523,6 +523,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
                 steps, batch, codec = work.steps, work.batch_size, work.codec
             leases.append((task_id, node_id, steps, batch, codec, node.price_per_gpu_hour))
             funds.reserve(task_id, job_id, node)
+        job_changed(*{by_id[lease[0]][4] for lease in leases})
         if locked:
             _bulk_lease_postgres(leases, now, expires)
             funds.save()
