@@ -6,8 +6,10 @@ ring that is lost costs only latency (streams also re-render at each keepalive).
 
 With REDIS_URL the bell is Redis pub/sub, one channel per topic, so a change committed by a
 Celery worker reaches the web processes at once. The embedded setup (`make demo`) has no
-Redis, and its processes share only the data folder: there the bell is one file whose
-modification time changes, and every stream checks it (a stat) every POLL_S.
+Redis, and its processes share only the data folder: there the bell is one file that each
+ring appends a byte to, and every stream checks it (a stat) every POLL_S. Its size, not its
+modification time, tells a ring: the kernel stamps times at a few milliseconds' grain, so two
+rings that close would look like one.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from marketplace.server import shared_redis
 log = logging.getLogger(__name__)
 
 POLL_S = 0.02  # the embedded bell's stat interval: well under the 100 ms a page may lag
+BELL_MAX_BYTES = 1 << 20  # then it starts again from empty (its size changes all the same)
 
 
 def ring(topics: Iterable[str]) -> None:
@@ -38,7 +41,11 @@ def ring(topics: Iterable[str]) -> None:
     client = shared_redis.client()
     if client is None:
         with contextlib.suppress(OSError):
-            _bell_file().touch()
+            path = _bell_file()
+            with path.open("ab") as bell:  # O_APPEND: rings from several processes all land
+                bell.write(b"\n")
+                if bell.tell() > BELL_MAX_BYTES:
+                    bell.truncate(0)
         return
     try:
         with client.pipeline(transaction=False) as pipe:
@@ -60,7 +67,7 @@ class Listener:
             self._pubsub = _subscriber(url).pubsub(ignore_subscribe_messages=True)
             self._pubsub.subscribe(*[_channel(t) for t in topics])
         else:
-            self._seen = _mtime()
+            self._seen = _bell_state()
 
     def wait(self, timeout: float) -> bool:
         """True when rung within `timeout` seconds (rings that came together count once)."""
@@ -76,7 +83,7 @@ class Listener:
                 return True  # render again: whatever changed meanwhile is sent
         deadline = time.monotonic() + timeout
         while True:
-            now = _mtime()
+            now = _bell_state()
             if now != self._seen:
                 self._seen = now
                 return True
@@ -106,8 +113,10 @@ def _bell_file() -> Path:
     return Path(settings.DATA_DIR) / "events-bell"
 
 
-def _mtime() -> int:
+def _bell_state() -> tuple[int, int]:
+    """The bell's state: any ring changes it (its size, and its time if it was emptied)."""
     try:
-        return _bell_file().stat().st_mtime_ns
+        st = _bell_file().stat()
     except OSError:
-        return 0
+        return (0, 0)
+    return (st.st_size, st.st_mtime_ns)
