@@ -20,9 +20,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainer.datasets import IGNORE_INDEX, Dataset
+from trainer.dp_sgd import train_dp_sgd
 from trainer.lora import update_keys
+from trainer.privacy import privatize_update
 from trainer.resume import PausedState, TrainingPaused, capture, restore
-from trainer.spec import JobSpec, OptimizerSpec, PrivacySpec
+from trainer.spec import JobSpec, OptimizerSpec
 
 
 @dataclass
@@ -137,22 +139,6 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-def _privatize(
-    delta: dict[str, torch.Tensor], privacy: PrivacySpec, gen: torch.Generator
-) -> dict[str, torch.Tensor]:
-    """Clip the whole update to clip_norm, add Gaussian noise scaled to the clip (DP-FedAvg)."""
-    if privacy.clip_norm is None:
-        return delta
-    norm = torch.sqrt(sum((t.double() ** 2).sum() for t in delta.values())).item()
-    scale = min(1.0, privacy.clip_norm / max(norm, 1e-12))
-    sigma = privacy.noise_multiplier * privacy.clip_norm
-    out = {}
-    for key, t in delta.items():
-        noise = torch.randn(t.shape, generator=gen, dtype=t.dtype) * sigma if sigma else 0.0
-        out[key] = t * scale + noise
-    return out
-
-
 def train_local(
     model: nn.Module,
     global_state: Mapping[str, torch.Tensor],
@@ -177,6 +163,8 @@ def train_local(
     same result as if it had never stopped (trainer.resume).
     """
     device = next(model.parameters()).device
+    if spec.privacy.mode == "sample" and spec.privacy.clip_norm is not None:
+        return _train_sample_private(model, global_state, data, spec, steps, batch_size)
     precision = resolve_precision(spec.local.precision, device)
     on_cuda = device.type == "cuda"
     if on_cuda:  # tensor cores (TF32) for the matmuls and convolutions that stay in fp32
@@ -256,7 +244,7 @@ def train_local(
         k: (local[k].detach().cpu() - global_state[k].cpu())
         for k in update_keys(spec.model, global_state)
     }
-    delta = _privatize(delta, spec.privacy, gen)
+    delta = privatize_update(delta, spec.privacy)
     return LocalResult(
         delta=delta,
         num_samples=n,
@@ -265,4 +253,46 @@ def train_local(
         compute_s=compute_s,
         metrics={"loss": mean_loss, "steps": float(steps), "samples": float(n)},
         precision=precision,
+    )
+
+
+def _train_sample_private(
+    model: nn.Module,
+    global_state: Mapping[str, torch.Tensor],
+    data: Dataset,
+    spec: JobSpec,
+    steps: int | None,
+    batch_size: int | None,
+) -> LocalResult:
+    """`privacy.mode: sample`: Opacus's DP-SGD (trainer/dp_sgd.py), in fp32, then the whole
+    update clipped as for every private job. Not deterministic, by design: its batches and
+    noise come from the OS's randomness."""
+    model.load_state_dict(global_state)
+    model.train()
+    batch = batch_size or spec.local.batch_size
+    n = data.num_train
+    steps = steps if steps is not None else planned_steps(spec, n, batch)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(params, spec.optimizer)
+    started = time.perf_counter()
+    run = train_dp_sgd(
+        model, opt, data, lambda logits, y: loss_fn(logits, y, data.task),
+        steps=steps, batch_size=batch, clip_norm=spec.privacy.clip_norm or 0.0,
+        noise_multiplier=spec.privacy.noise_multiplier,
+    )  # fmt: skip
+    compute_s = time.perf_counter() - started
+    local = model.state_dict()
+    delta = {
+        k: (local[k].detach().cpu() - global_state[k].cpu())
+        for k in update_keys(spec.model, global_state)
+    }
+    mean_loss = run.loss_sum / max(run.steps, 1)
+    return LocalResult(
+        delta=privatize_update(delta, spec.privacy),
+        num_samples=n,
+        steps=run.steps,
+        loss=mean_loss,
+        compute_s=compute_s,
+        metrics={"loss": mean_loss, "steps": float(run.steps), "samples": float(n)},
+        precision="fp32",
     )

@@ -274,14 +274,36 @@ class AdaptationSpec(_Strict):
 
 
 class PrivacySpec(_Strict):
+    """Differential privacy (trainer/privacy.py, docs/privacy.md).
+
+    `mode: update` clips each task's whole update to `clip_norm` and noises it on the node
+    (user-level DP-FedAvg, the user being a shard of the data); `mode: sample` is Opacus's
+    DP-SGD, each example's gradient clipped to `clip_norm` and every step noised. With a
+    target `epsilon` (and `delta`) and no `noise_multiplier`, the marketplace computes the
+    noise that keeps `rounds.max_rounds` rounds within it; with both, the job stops before a
+    round would spend more than `epsilon`.
+    """
+
     clip_norm: Annotated[float, Field(gt=0.0)] | None = None
-    noise_multiplier: Annotated[float, Field(ge=0.0)] = 0.0
+    noise_multiplier: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.0
+    mode: Literal["update", "sample"] = "update"
+    epsilon: Annotated[float, Field(gt=0.0, le=1000.0)] | None = None
+    delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
 
     @model_validator(mode="after")
     def _noise_needs_clip(self) -> PrivacySpec:
         if self.noise_multiplier > 0 and self.clip_norm is None:
             raise ValueError("noise_multiplier needs clip_norm (noise is scaled to the clip)")
+        if self.epsilon is not None and self.clip_norm is None:
+            raise ValueError("epsilon needs clip_norm (the privacy bound is set by the clip)")
+        if self.mode == "sample" and self.clip_norm is None:
+            raise ValueError("mode 'sample' needs clip_norm (each example's gradient is clipped)")
         return self
+
+    @property
+    def private(self) -> bool:
+        """Whether the job makes a differential-privacy promise (noise, or a budget)."""
+        return self.noise_multiplier > 0 or self.epsilon is not None
 
 
 class RequirementsSpec(_Strict):
