@@ -157,13 +157,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     with build_client(args) as client:
         rows = client.jobs()
-    print(f"{'id':36}  {'status':10} {'rounds':>7}  {'accuracy':>8}  name")
+    print(f"{'id':36}  {'status':10} {'rounds':>7}  {'accuracy':>8}  {'ε spent':>11}  name")
     for job in rows:
         acc = (job.get("last_metrics") or {}).get("accuracy")
         shown = f"{acc:.3f}" if acc is not None else "-"
         rounds = f"{job['rounds_done']}/{job['max_rounds']}"
-        print(f"{job['id']:36}  {job['status']:10} {rounds:>7}  {shown:>8}  {job['name']}")
+        eps = _epsilon(job.get("privacy"))
+        print(f"{job['id']:36}  {job['status']:10} {rounds:>7}  {shown:>8}  {eps:>11}  "
+              f"{job['name']}")  # fmt: skip
     return 0
+
+
+def _epsilon(privacy: dict[str, Any] | None) -> str:
+    """ε spent of the target ("1.2/8"), or "-" for a job without differential privacy."""
+    if not privacy:
+        return "-"
+    spent = privacy.get("epsilon_spent")
+    shown = f"{spent:.2g}" if spent is not None else "0"
+    target = privacy.get("epsilon")
+    return f"{shown}/{target:g}" if target is not None else shown
 
 
 def cmd_download(args: argparse.Namespace) -> int:

@@ -165,3 +165,16 @@ def rounds_within(plan: Plan, epsilon: float, delta: float, limit: int) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def with_budget_noise(spec: JobSpec, shard_rows: int) -> JobSpec:
+    """The spec with the noise multiplier that keeps `rounds.max_rounds` rounds within its
+    target ε, when it names a target and no noise; as it is otherwise. The marketplace
+    stores this at submission and the simulator runs it, so both train with the same noise.
+    ValueError when no noise reaches the target."""
+    p = spec.privacy
+    if p.epsilon is None or p.noise_multiplier > 0 or p.clip_norm is None:
+        return spec
+    plan = round_plan(spec, shard_rows)
+    z = noise_for_budget(plan, spec.rounds.max_rounds, p.epsilon, p.delta)
+    return spec.replace(privacy=p.model_copy(update={"noise_multiplier": round(z, 6)}))

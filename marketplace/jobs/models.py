@@ -68,6 +68,8 @@ class Job(models.Model):
     policy_tiers = models.JSONField(default=dict, blank=True)
     rounds_done = models.PositiveIntegerField(default=0)
     reached_target = models.BooleanField(default=False)
+    # ε spent so far by a job that promises differential privacy (jobs/privacy.py)
+    privacy_epsilon_spent = models.FloatField(null=True, blank=True)
     model_hash = models.CharField(max_length=64, blank=True)
     model_file = models.CharField(max_length=300, blank=True)
     error = models.TextField(blank=True)

@@ -25,6 +25,7 @@ from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.model_files import checkpoint_name, receive_model_files
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.jobs.preparation import enqueue_preparation
+from marketplace.jobs.privacy import settle_noise
 from marketplace.ledger.services import check_credit, hold_budget
 from marketplace.nodes.models import Node
 from marketplace.rounds import resharding
@@ -186,6 +187,13 @@ def submit_job(
         if federated_dataset:
             _check_silos(federated_dataset, list(dataset.input_shape), dataset.num_classes)
         plans = [] if federated_dataset else _plan(spec, dataset)
+        # a target ε without a noise multiplier: the noise that keeps max_rounds within it
+        rows = min((plan.size for plan in plans), default=None)
+        spec, privacy_problems = settle_noise(
+            spec, tuple(dataset.input_shape), dataset.num_classes, rows
+        )
+        if privacy_problems:
+            raise _spec_error(privacy_problems)
         dataset_bytes = local_path.read_bytes() if local_path else None
         stored_spec = spec
         if dataset_upload is not None:

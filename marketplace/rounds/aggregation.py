@@ -26,6 +26,7 @@ from marketplace.jobs import files
 from marketplace.jobs.datasets import job_dataset
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.models_io import State, load_model_file, new_model, store_model
+from marketplace.jobs.privacy import privacy_stop_reason, spent_after
 from marketplace.jobs.services import cancel_outstanding, fail_job
 from marketplace.jobs.tasks import enqueue_tracking
 from marketplace.ledger.services import (
@@ -244,13 +245,15 @@ def run_aggregation(round_id: int) -> None:
         rnd.save(update_fields=["status", "metrics"])
         job.rounds_done = rnd.number
         job.reached_target = outcome.reached_target
+        job.privacy_epsilon_spent = spent_after(job, rnd.number)
         model_hash, model_file = store_model(job, rnd.number + 1, outcome.state)
         job.model_hash, job.model_file = model_hash, model_file
-        fields = ["rounds_done", "reached_target", "model_hash", "model_file", "updated_at"]
+        fields = ["rounds_done", "reached_target", "model_hash", "model_file", "updated_at",
+                  "privacy_epsilon_spent"]  # fmt: skip
         finished = outcome.reached_target or rnd.number >= job.max_rounds
         stop = (
             "" if finished or not job.is_active
-            else budget_stop_reason(job, online_candidates(job))
+            else privacy_stop_reason(job) or budget_stop_reason(job, online_candidates(job))
         )  # fmt: skip
         if finished and job.status != JobStatus.CANCELLED:
             job.status = JobStatus.COMPLETED

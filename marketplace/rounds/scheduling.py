@@ -247,7 +247,10 @@ def _lease(task: Task, node: Node) -> bool:
     # far node's two-round task is not replicated: a replica's on-time result would settle
     # the unit and the far node's update, folded in a round later, would be thrown away
     # (the statistical filter still screens it when it is folded in)
-    replicable = task.shard_id is not None and not is_far(task.round.plan, node.pk)
+    # a private job's updates carry noise no other node can repeat: they are checked by the
+    # noise check and the aggregation's screens instead (docs/privacy.md, "Verification")
+    replicable = (task.shard_id is not None and not is_far(task.round.plan, node.pk)
+                  and not spec.privacy.private)  # fmt: skip
     replicate = task.replica == 0 and replicable and _needs_replica(node, task)
     if replicate and codec == "topk":
         # top-k's error feedback makes an upload depend on the node's earlier tasks, so two

@@ -18,6 +18,7 @@ from marketplace.jobs.models_io import load_model_file
 from marketplace.ledger.reservations import release_tasks, shrink_on_upload
 from marketplace.nodes.bounds import MAX_DATASET_ROWS
 from marketplace.nodes.models import Node
+from marketplace.nodes.services import record_verification
 from marketplace.rounds.delivery import record_model
 from marketplace.rounds.lifecycle import maybe_close, two_round
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
@@ -27,6 +28,7 @@ from trainer.compression import decode_any
 from trainer.hashing import bytes_hash
 from trainer.lora import update_part
 from trainer.nesting import TooDeep, loads_json
+from trainer.privacy import noise_problem
 from trainer.replicas import claimed_device, claimed_precision
 from trainer.updates import UpdateRejected, encode_state
 
@@ -138,6 +140,9 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         precision, device = claimed_precision(meta), claimed_device(meta)
     except UpdateRejected as exc:
         raise UpdateRejectedError(f"The update was rejected: {exc}.", reason=exc.reason) from None
+    if (problem := noise_problem(delta, spec.privacy)) is not None:
+        record_verification(node.pk, bad=1)
+        raise UpdateRejectedError(f"The update was rejected: {problem}.", reason="privacy")
     # Stored decoded, so verification and aggregation read plain deltas whatever the codec;
     # the name keys the bytes the node sent, which is what makes a retried upload idempotent.
     name = f"{files.job_dir(task.round.job_id)}/updates/{digest}.safetensors"
@@ -190,8 +195,6 @@ def _takes_late(rnd: Round, task: Task) -> bool:
 
 def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
     """Put a leased task back in the queue (or give up on it after too many attempts)."""
-    from marketplace.nodes.services import record_verification
-
     node_id = task.node_id
     give_up = task.attempts >= MAX_ATTEMPTS
     # work in flight past its round's close (late updates folded) is not queued again

@@ -15,6 +15,7 @@ from django.urls import reverse
 
 from marketplace.jobs import files
 from marketplace.jobs.models import ACTIVE_STATUSES, Job
+from marketplace.jobs.privacy import privacy_summary
 from marketplace.jobs.selectors import federated_status, job_node_states
 from marketplace.ledger.selectors import job_costs
 from marketplace.nodes.models import Node
@@ -174,6 +175,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "sandbox": sandbox_note(job, rows) if rows or job.isolation_full else "",
         "topology": topology(rows),
         "cost": cost_summary(job),
+        "privacy": privacy_summary(job),
         "error": job.error,
     }
 

@@ -22,6 +22,7 @@ from trainer.evaluate import Evaluation
 from trainer.hashing import state_hash
 from trainer.local import derive_seed, planned_steps, train_local
 from trainer.lora import update_part
+from trainer.privacy import epsilon_after, round_plan, rounds_within
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
@@ -90,6 +91,12 @@ def run_federated(
 
     work = equal_work(setup)
     max_rounds = options.max_rounds or spec.rounds.max_rounds
+    privacy = spec.privacy
+    if privacy.private and privacy.clip_norm is not None:
+        plan = round_plan(spec, min(s.num_train for s in setup.shards))
+        if privacy.epsilon is not None:  # stop before a round would exceed the budget
+            max_rounds = min(max_rounds, rounds_within(plan, privacy.epsilon, privacy.delta,
+                                                       max_rounds))  # fmt: skip
     for r in range(start_round, max_rounds + 1):
         if result.reached_target and options.stop_at_target:
             break
@@ -111,6 +118,8 @@ def run_federated(
             break
     result.model_hash = state_hash(global_state)
     result.provenance_head = chain.head
+    if privacy.private and privacy.clip_norm is not None:
+        result.epsilon_spent = epsilon_after(plan, result.rounds, privacy.delta)
     return result, global_state
 
 

@@ -49,6 +49,7 @@ class SimResult:
     bytes_up_to_target: int | None = None
     model_hash: str = ""
     provenance_head: str = ""
+    epsilon_spent: float | None = None  # a private job's ε after its rounds (trainer.privacy)
     accuracy_per_round: list[float] = field(default_factory=list)
     sim_time_per_round: list[float] = field(default_factory=list)
     log: list[RoundLog] = field(default_factory=list)

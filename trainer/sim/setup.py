@@ -16,6 +16,7 @@ from trainer.models import (
     describe_model,
     resolve_model_files,
 )
+from trainer.privacy import with_budget_noise
 from trainer.sharding import plan_shards
 from trainer.sim.network import WARM_TASKS, FixedCosts, NodeProfile, get_profile
 from trainer.spec import JobSpec
@@ -60,6 +61,8 @@ def prepare(
     shards = plan_shards(dataset, nodes, method=method, seed=seed, weights=weights)
     # a config.json or checkpoint named by path is read once, here, next to the spec file
     spec = spec.replace(model=resolve_model_files(spec.model, base_dir))
+    # a target ε without noise: the noise the marketplace would store (trainer.privacy)
+    spec = with_budget_noise(spec, min(s.size for s in shards))
     model = build_model(
         spec.model, dataset.input_shape, dataset.num_classes, seed=seed,
         weights=checkpoint_weights(spec.model),

@@ -8,6 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from marketplace.jobs.models import Job, Tier
+from marketplace.jobs.privacy import privacy_summary
 from marketplace.jobs.selectors import federated_status, job_node_states
 from marketplace.ledger.selectors import job_costs
 from marketplace.rounds.models import Round
@@ -58,6 +59,7 @@ class JobSerializer(serializers.ModelSerializer):
     current_round = serializers.SerializerMethodField()
     last_metrics = serializers.SerializerMethodField()
     costs = serializers.SerializerMethodField()
+    privacy = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -76,6 +78,7 @@ class JobSerializer(serializers.ModelSerializer):
             "reached_target",
             "last_metrics",
             "costs",
+            "privacy",
             "model_hash",
             "error",
             "created_at",
@@ -87,6 +90,12 @@ class JobSerializer(serializers.ModelSerializer):
     def get_current_round(self, job: Job) -> int | None:
         active = [r for r in job.rounds.all() if r.status in ("open", "aggregating")]
         return active[0].number if active else None
+
+    def get_privacy(self, job: Job) -> dict | None:
+        """A private job's promise and what it has spent: mode, clip_norm, noise_multiplier,
+        the target epsilon and delta, and epsilon_spent after the rounds done (None before
+        the first); null for a job without differential privacy."""
+        return privacy_summary(job)
 
     def get_costs(self, job: Job) -> dict[str, str | int]:
         """Money as decimal strings: budget, held, spent (with fees, bonuses and the cost of

@@ -122,6 +122,17 @@
     }).join("");
   }
 
+  function drawPrivacy(d) {
+    const p = d.privacy;
+    el("privacy-card").hidden = !p;
+    if (!p) return;
+    const spent = p.epsilon_spent == null ? 0 : p.epsilon_spent;
+    text("stat-epsilon", spent.toFixed(2));
+    text("stat-privacy", (p.epsilon != null ? "of ε " + p.epsilon + ", " : "") + "δ " + p.delta +
+      ", " + p.mode + "-level, noise " + Number(p.noise_multiplier).toFixed(2));
+    el("epsilon-bar").style.width = (p.epsilon ? Math.min(100, 100 * spent / p.epsilon) : 0) + "%";
+  }
+
   function drawStatus(d) {
     const badge = el("job-status");
     badge.textContent = d.status;
@@ -138,6 +149,7 @@
     if (key === lastKey) return;
     lastKey = key;
     drawStatus(d);
+    drawPrivacy(d);
     drawCharts(d);
     drawTimeline(d);
     drawNodes(d);
