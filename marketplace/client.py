@@ -28,6 +28,7 @@ TERMINAL = frozenset({"completed", "failed", "cancelled", "stopped"})
 # datasets larger than this go as a chunked, resumable upload (docs/uploads.md), not inline
 CHUNKED_ABOVE = 16 * 2**20
 CHUNK_BYTES = 8 * 2**20
+RETRY_WAIT_S = 1.0  # times the failures in a row: the wait before asking where to resume
 # (bytes the server has, total bytes): called as an upload moves on
 Progress = Callable[[int, int], None]
 
@@ -141,10 +142,9 @@ class Client:
         self,
         path: str | Path,
         *,
-        chunk_bytes: int = CHUNK_BYTES,
+        chunk_bytes: int | None = None,
         progress: Progress | None = None,
         retries: int = 5,
-        retry_wait: float = 1.0,
     ) -> dict[str, Any]:
         """Upload a file in chunks and finish it; returns the finished upload (its `id`
         goes in a job's `dataset_upload`). Resumable: an open upload of the same file (same
@@ -153,6 +153,7 @@ class Client:
         retried up to `retries` times in a row, from the offset the server reports.
         Memory holds one chunk at a time."""
         path = Path(path)
+        chunk_bytes = chunk_bytes or CHUNK_BYTES
         size = path.stat().st_size
         digest = file_sha256(path)
         upload = self._resumable(size, digest) or self._json(
@@ -187,7 +188,7 @@ class Client:
                     failures += 1
                     if failures > retries:
                         raise
-                    time.sleep(retry_wait * failures)
+                    time.sleep(RETRY_WAIT_S * failures)
                     upload = self.upload_status(upload["id"])  # where the server stands
         return self._json("POST", f"uploads/{upload['id']}/finish")
 
