@@ -8,6 +8,7 @@ by the maintenance tick with its file.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import uuid
@@ -286,25 +287,24 @@ def expire_stale_uploads(at: datetime | None = None) -> int:
 
 
 def _orphan_partials(before: float) -> int:
+    """Partial files older than `before` (a timestamp) that no upload owns. Only old files
+    are looked up, so a folder of busy uploads costs the tick a listing, not a query."""
     folder = partial.upload_dir()
     if not folder.is_dir():
         return 0
-    found = {p.stem: p for p in folder.glob("*.part")}
-    if not found:
-        return 0
-    ids = Upload.objects.filter(pk__in=_uuids(found)).values_list("pk", flat=True)
-    known = {str(pk) for pk in ids}
-    removed = 0
-    for stem, path in found.items():
-        if stem in known:
-            continue
-        try:
+    old = {}
+    for path in folder.glob("*.part"):
+        with contextlib.suppress(FileNotFoundError):
             if path.stat().st_mtime < before:
-                partial.remove(path)
-                removed += 1
-        except FileNotFoundError:
-            pass
-    return removed
+                old[path.stem] = path
+    if not old:
+        return 0
+    ids = Upload.objects.filter(pk__in=_uuids(old)).values_list("pk", flat=True)
+    known = {str(pk) for pk in ids}
+    for stem, path in old.items():
+        if stem not in known:
+            partial.remove(path)
+    return len(old) - len(known & set(old))
 
 
 def _uuids(found: dict[str, Path]) -> list[str]:

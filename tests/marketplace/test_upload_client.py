@@ -152,3 +152,17 @@ def test_cli_upload_command_and_small_datasets_go_inline(key, tmp_path, monkeypa
     assert cli.main(argv) == 0
     assert "uploading" not in capsys.readouterr().err  # inline: no chunks, no bar
     assert Upload.objects.count() == 1
+
+
+def test_a_dataset_over_the_servers_inline_limit_goes_chunked_after_its_413(
+    key, tmp_path, settings
+) -> None:
+    """The SDK's threshold is its own guess; a server with a lower inline limit answers
+    413 too_large, and the dataset goes in chunks instead."""
+    settings.GPUFLEX = settings.GPUFLEX | {"MAX_DATASET_BYTES": 20_000}
+    data = csv_file(tmp_path / "big.csv")
+    assert 20_000 < data.stat().st_size < 10**6
+    with Client("http://testserver", key, transport=Flaky()) as client:
+        job = client.submit(spec_file(tmp_path), dataset=data, budget="10",
+                            chunked_above=10**6)  # fmt: skip
+    assert Upload.objects.get().job_id == Job.objects.get(pk=job["id"]).pk
