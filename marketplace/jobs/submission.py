@@ -172,13 +172,12 @@ def submit_job(
     model_checkpoint: UploadedFile | None = None,
     dataset_upload_id: object = None,
 ) -> Job:
-    """Validate and store a job, holding its budget in escrow. `dataset_upload_id`: a
-    finished chunked upload (marketplace/uploads) as the dataset, instead of
-    `dataset_upload` inline; the job keeps its own copy and the upload is used up. With
-    `federated_dataset`,
+    """Validate and store a job, holding its budget in escrow. With `federated_dataset`,
     nodes holding that named local dataset train on it; the job's own dataset is then only
     used for evaluation. `model_config` / `model_checkpoint`: an hf_* model's config.json
-    and initial weights (jobs/model_files.py)."""
+    and initial weights (jobs/model_files.py). `dataset_upload_id`: a finished chunked
+    upload (marketplace/uploads) as the dataset instead of `dataset_upload` inline; its file
+    is checked like an inline one, the job keeps its own copy, and the upload is used up."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
     check_credit(buyer, budget)
     cap = model_cap(tier, budget)
