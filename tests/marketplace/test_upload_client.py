@@ -5,19 +5,26 @@ next, and `gpuflex submit` taking the chunked path above the threshold with a pr
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import threading
 from pathlib import Path
 
 import httpx
 import pytest
 from django.conf import settings
 from django.core.wsgi import get_wsgi_application
+from django.db import connection
 
 from marketplace import cli
 from marketplace import client as sdk
+from marketplace.accounts.models import User
 from marketplace.client import Client
 from marketplace.jobs.models import Job
+from marketplace.uploads import partial
+from marketplace.uploads.errors import ChunkOutOfOrder
 from marketplace.uploads.models import Upload, UploadStatus
+from marketplace.uploads.services import create_upload, write_chunk
 from tests.marketplace.helpers import SMALL_SPEC
 
 pytestmark = [
@@ -166,3 +173,51 @@ def test_a_dataset_over_the_servers_inline_limit_goes_chunked_after_its_413(
         job = client.submit(spec_file(tmp_path), dataset=data, budget="10",
                             chunked_above=10**6)  # fmt: skip
     assert Upload.objects.get().job_id == Job.objects.get(pk=job["id"]).pk
+
+
+def test_two_chunks_at_once_for_one_offset_write_one(key, tmp_path) -> None:
+    """A client retrying a chunk whose first attempt is still being written (mid-body,
+    holding the session's row lock): the retry is refused with the offset the first one
+    reached, whenever it gets the lock, and the file holds the chunk once."""
+    owner = User.objects.get()  # the buyer whose key the fixture made
+    data = b"abcdefgh" * 512
+    up = create_upload(owner=owner, filename="d.bin", size=len(data),
+                       sha256=hashlib.sha256(data).hexdigest())  # fmt: skip
+    reading, release = threading.Event(), threading.Event()
+
+    class Held:
+        """A body that stops halfway until the test releases it (the lock is held)."""
+
+        def __init__(self) -> None:
+            self.sent = 0
+
+        def read(self, n: int) -> bytes:
+            if self.sent == 1024:
+                reading.set()
+                release.wait()
+            piece = data[self.sent : min(self.sent + n, self.sent + 1024, 2048)]
+            self.sent += len(piece)
+            return piece
+
+    results: dict[str, object] = {}
+
+    def send(name: str, stream: object) -> None:
+        try:
+            done = write_chunk(owner=owner, upload_id=up.pk, content_range="bytes 0-2047/4096",
+                               content_length=2048, stream=stream)  # fmt: skip
+            results[name] = ("written", done.received)
+        except ChunkOutOfOrder as exc:
+            results[name] = ("refused", exc.extra["received"])
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=send, args=("first", Held()))
+    first.start()
+    assert reading.wait(30)  # the first holds the row lock, mid-body
+    second = threading.Thread(target=send, args=("second", io.BytesIO(data[:2048])))
+    second.start()
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert results == {"first": ("written", 2048), "second": ("refused", 2048)}
+    assert partial.partial_path(up.pk).read_bytes() == data[:2048]
