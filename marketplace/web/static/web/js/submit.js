@@ -14,6 +14,7 @@
   const csrf = form.querySelector("input[name=csrfmiddlewaretoken]").value;
   let timer = null;
   let seq = 0;
+  let uploaded = null; // the finished chunked upload of the file chosen, once there is one
 
   function esc(s) {
     return String(s).replace(/[&<>"']/g, function (c) {
@@ -153,10 +154,15 @@
     const body = new FormData(form);
     const chunkedAbove = Number(form.getAttribute("data-chunked-above"));
     if (!file || file.size <= chunkedAbove) { post(body, file); return; }
-    // a large file: resumable chunks first (upload.js), then the form names the upload
+    // a large file: resumable chunks first (upload.js), then the form names the upload;
+    // submitted again (a spec fixed after an error), the same file is not sent twice
+    const key = [file.name, file.size, file.lastModified].join("/");
+    const sent = uploaded && uploaded.key === key ? Promise.resolve(uploaded.upload) :
+      window.GPUFlexUpload.upload(file, form.getAttribute("data-upload-url"), csrf, showProgress);
     button.textContent = "Uploading…";
-    window.GPUFlexUpload.upload(file, form.getAttribute("data-upload-url"), csrf, showProgress)
+    sent
       .then(function (up) {
+        uploaded = { key: key, upload: up };
         form.elements.dataset_upload.value = up.id;
         body.delete("dataset");
         body.set("dataset_upload", up.id);
