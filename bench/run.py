@@ -21,6 +21,7 @@ from bench import (
     scaling_bench,
     slow_clients_bench,
     trainer_bench,
+    upload_bench,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -158,6 +159,8 @@ def render(results: dict[str, Any]) -> str:
         parts += render_live(results["live"])
     if "scaling" in results:
         parts += scaling_bench.render(results["scaling"])
+    if "upload" in results:
+        parts += upload_bench.render(results["upload"])
     if "pause" in results:
         parts += pause_bench.render(results["pause"])
     return "\n".join(parts)
@@ -266,7 +269,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
-    "load", "pause",
+    "load", "pause", "upload",
 )  # fmt: skip
 
 
@@ -505,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "load":
             print("load: 1,000 Locust agents against gpuflex serve on PostgreSQL and Redis")
             results["load"] = load_section()
+        elif section == "upload":
+            print("upload: a 500 MB dataset in chunks through gpuflex serve, beside a file copy")
+            results["upload"] = upload_bench.run()
         elif section == "slow_clients":
             print("slow clients: gunicorn alone, then behind nginx")
             results["slow_clients"] = slow_clients_bench.run()

@@ -827,8 +827,11 @@ class Agent:
         self._fetch_model(rec, folder)
         if rec.task.get("local_dataset"):  # federated: the node's own data, never downloaded
             self._local_input(rec, folder)
+        elif self.inputs.copy_to(rec.task.get("shard_hash"), folder / "shard.safetensors"):
+            # this node holds a shard with the task's content hash (any job's, any round's)
+            self._trace(rec.id, "shard_cached")
         else:
-            shard = self._fetch(rec, "shard_hash", self.client.get_shard)
+            shard = self._timed_get(self.client.get_shard, rec.id)
             (folder / "shard.safetensors").write_bytes(shard)
         (folder / "task.json").write_text(json.dumps(rec.task), encoding="utf-8")
         residual = self._residual_file(rec)
@@ -899,15 +902,6 @@ class Agent:
             self._trace(rec.id, "model_delta")
             return
         (folder / "model.safetensors").write_bytes(self._timed_get(self.client.get_model, rec.id))
-
-    def _fetch(self, rec: TaskRecord, hash_key: str, get: Callable[[str], bytes]) -> bytes:
-        """An input from the cache when this node has had it (see desktop.input_cache),
-        else downloaded."""
-        cached = self.inputs.get(rec.task.get(hash_key))
-        if cached is not None:
-            self._trace(rec.id, f"{hash_key.removesuffix('_hash')}_cached")
-            return cached
-        return self._timed_get(get, rec.id)
 
     def _job_file(self, kind: str, job_id: object) -> Path:
         """A file kept per job between its tasks, under data/`kind` (the id made a safe name)."""

@@ -40,6 +40,21 @@ class InputCache:
             return None
         return data
 
+    def copy_to(self, digest: object, target: Path) -> bool:
+        """Copy a cached input to `target` file to file, never whole in memory (a shard of
+        a large uploaded dataset runs to hundreds of MB); False when it is not cached."""
+        path = self._path(digest)
+        if path is None:
+            return False
+        try:
+            shutil.copyfile(path, target)
+            os.utime(path)  # recently used
+        except OSError:
+            with contextlib.suppress(OSError):
+                target.unlink(missing_ok=True)
+            return False
+        return True
+
     def put(self, digest: object, source: Path) -> None:
         """Keep a checked input (the file is copied: the task folder goes with the task)."""
         path = self._path(digest)

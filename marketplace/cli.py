@@ -130,21 +130,58 @@ def _progress(client: Client, job: dict[str, Any], interval: float) -> dict[str,
     return state
 
 
+class UploadBar:
+    """A byte progress bar for a chunked upload, opened at its first report (a dataset sent
+    inline reports nothing and shows none)."""
+
+    def __init__(self, desc: str) -> None:
+        self.desc = desc
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=total, initial=done, desc=self.desc, unit="B",
+                            unit_scale=True, unit_divisor=1024)  # fmt: skip
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
+    bar = UploadBar(f"uploading {os.path.basename(args.dataset or '')}")
     with build_client(args) as client:
-        job = client.submit(
-            args.spec,
-            dataset=args.dataset,
-            tier=args.tier,
-            budget=args.budget,
-            max_price_per_gpu_hour=args.max_price,
-            federated=args.federated or "",
-        )
+        try:
+            job = client.submit(
+                args.spec,
+                dataset=args.dataset,
+                tier=args.tier,
+                budget=args.budget,
+                max_price_per_gpu_hour=args.max_price,
+                federated=args.federated or "",
+                progress=bar,
+            )
+        finally:
+            bar.close()
         print(f"submitted {job['id']} ({job['name']})")
         if args.follow:
             job = _progress(client, job, args.interval)
             print(f"{job['id']}: {job['status']} after {job['rounds_done']} round(s)")
             return 0 if job["status"] == "completed" else 1
+    return 0
+
+
+def cmd_upload(args: argparse.Namespace) -> int:
+    bar = UploadBar(f"uploading {os.path.basename(args.file)}")
+    with build_client(args) as client:
+        try:
+            upload = client.upload(args.file, progress=bar)
+        finally:
+            bar.close()
+    print(f"uploaded {upload['id']} ({upload['size']} bytes, sha256 {upload['sha256']})")
     return 0
 
 
@@ -257,7 +294,11 @@ def parser() -> argparse.ArgumentParser:
 
     j = sub.add_parser("submit", help="submit a job spec (YAML or JSON)")
     j.add_argument("spec")
-    j.add_argument("--dataset", help="CSV, NPZ or Parquet file for the spec's dataset")
+    j.add_argument(
+        "--dataset",
+        help="CSV, NPZ or Parquet file for the spec's dataset; a large one goes as a "
+        "chunked upload with a progress bar, and a rerun after an interruption resumes it",
+    )
     j.add_argument("--tier", choices=["volunteer", "hybrid", "platform"], default="hybrid")
     j.add_argument(
         "--budget", required=True, help="credits to hold in escrow; unspent credit comes back"
@@ -271,6 +312,12 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("--follow", action="store_true", help="show progress until the job ends")
     j.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
     j.set_defaults(func=cmd_submit)
+
+    u = sub.add_parser(
+        "upload", help="upload a large dataset in resumable chunks; prints the upload id"
+    )
+    u.add_argument("file")
+    u.set_defaults(func=cmd_upload)
 
     jobs = sub.add_parser("jobs", help="list your jobs (or: jobs export JOB --to TRACKER)")
     jobs.set_defaults(func=cmd_jobs)

@@ -9,13 +9,14 @@ client.download(job["id"], "out/")
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,12 @@ import httpx
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 MODEL_SUFFIX = {"safetensors": ".safetensors", "onnx": ".onnx", "torchscript": ".torchscript.pt"}
 TERMINAL = frozenset({"completed", "failed", "cancelled", "stopped"})
+# datasets larger than this go as a chunked, resumable upload (docs/uploads.md), not inline
+CHUNKED_ABOVE = 16 * 2**20
+CHUNK_BYTES = 8 * 2**20
+RETRY_WAIT_S = 1.0  # times the failures in a row: the wait before asking where to resume
+# (bytes the server has, total bytes): called as an upload moves on
+Progress = Callable[[int, int], None]
 
 
 class GPUFlexError(Exception):
@@ -89,12 +96,16 @@ class Client:
         tier: str = "hybrid",
         max_price_per_gpu_hour: str = "1.00",
         federated: str = "",
+        progress: Progress | None = None,
+        chunked_above: int | None = None,
     ) -> dict[str, Any]:
         """Submit a job, holding `budget` credits of your balance in escrow; `spec` is a
         mapping or a YAML/JSON file (sent as text, parsed by the server, so errors come back
         with the spec's field paths). `federated`: the name of the local dataset its nodes
         train on, which never leaves them (docs/federated.md); the spec's own dataset is then
-        only evaluated on."""
+        only evaluated on. A dataset larger than `chunked_above` bytes (CHUNKED_ABOVE), or
+        one the server finds too large to take inline, goes as a chunked upload first
+        (`upload`, reporting to `progress`)."""
         text = json.dumps(spec) if isinstance(spec, dict) else Path(spec).read_text("utf-8")
         form = {
             "spec": text,
@@ -107,8 +118,91 @@ class Client:
         if dataset is None:
             return self._json("POST", "jobs/", data=form)
         path = Path(dataset)
+        limit = CHUNKED_ABOVE if chunked_above is None else chunked_above
+        if path.stat().st_size <= limit:
+            try:
+                with path.open("rb") as fh:
+                    files = {"dataset": (path.name, fh)}
+                    return self._json("POST", "jobs/", data=form, files=files)
+            except GPUFlexError as exc:
+                if exc.status != 413 or exc.code != "too_large":
+                    raise  # else: over the server's inline limit, so chunked after all
+        upload = self.upload(path, progress=progress)
+        return self._json("POST", "jobs/", data=form | {"dataset_upload": upload["id"]})
+
+    # -- chunked uploads (docs/uploads.md) -------------------------------------------------
+
+    def upload(
+        self,
+        path: str | Path,
+        *,
+        chunk_bytes: int | None = None,
+        progress: Progress | None = None,
+        retries: int = 5,
+    ) -> dict[str, Any]:
+        """Upload a file in chunks and finish it; returns the finished upload (its `id`
+        goes in a job's `dataset_upload`). Resumable: an open upload of the same file (same
+        sha256 and size) left by an interrupted run goes on from where the server has it,
+        and a finished one not used yet is returned as it is. A dropped connection is
+        retried up to `retries` times in a row, from the offset the server reports.
+        Memory holds one chunk at a time."""
+        path = Path(path)
+        chunk_bytes = chunk_bytes or CHUNK_BYTES
+        size = path.stat().st_size
+        digest = file_sha256(path)
+        upload = self._resumable(size, digest) or self._json(
+            "POST", "uploads/", json={"filename": path.name, "size": size, "sha256": digest}
+        )
+        if upload["status"] == "complete":
+            if progress:
+                progress(size, size)
+            return upload
+        failures = 0
         with path.open("rb") as fh:
-            return self._json("POST", "jobs/", data=form, files={"dataset": (path.name, fh)})
+            while True:
+                at = int(upload["received"])
+                if progress:
+                    progress(at, size)
+                if at >= size:
+                    break
+                fh.seek(at)
+                data = fh.read(min(chunk_bytes, size - at))
+                headers = {
+                    "Content-Range": f"bytes {at}-{at + len(data) - 1}/{size}",
+                    "Content-Type": "application/octet-stream",
+                }
+                try:
+                    upload = self._json("PUT", f"uploads/{upload['id']}/", content=data,
+                                        headers=headers)  # fmt: skip
+                    failures = 0
+                except (httpx.TransportError, GPUFlexError) as exc:
+                    server_side = isinstance(exc, GPUFlexError) and exc.status < 500
+                    if server_side and exc.code not in ("chunk_out_of_order", "bad_chunk"):
+                        raise
+                    failures += 1
+                    if failures > retries:
+                        raise
+                    time.sleep(RETRY_WAIT_S * failures)
+                    upload = self.upload_status(upload["id"])  # where the server stands
+        return self._json("POST", f"uploads/{upload['id']}/finish")
+
+    def upload_status(self, upload_id: str) -> dict[str, Any]:
+        return self._json("GET", f"uploads/{upload_id}/")
+
+    def uploads(self) -> list[dict[str, Any]]:
+        return list(self._pages("uploads/"))
+
+    def delete_upload(self, upload_id: str) -> None:
+        self._request("DELETE", f"uploads/{upload_id}/")
+
+    def _resumable(self, size: int, digest: str) -> dict[str, Any] | None:
+        """This file's unfinished (or finished, unused) upload, if one is left."""
+        for status in ("complete", "open"):
+            found = self._json("GET", "uploads/", params={"sha256": digest, "status": status})
+            for upload in found["results"]:
+                if int(upload["size"]) == size:
+                    return upload
+        return None
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._pages("jobs/"))
@@ -236,6 +330,14 @@ class Client:
 
     def capacity(self) -> dict[str, Any]:
         return self._json("GET", "market/capacity")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while piece := fh.read(2**20):
+            digest.update(piece)
+    return digest.hexdigest()
 
 
 def _unzip_flat(data: bytes, folder: Path) -> None:

@@ -3,7 +3,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from marketplace.api.views import agent, jobs, keys, ledger, market, nodes
+from marketplace.api.views import agent, jobs, keys, ledger, market, nodes, uploads
 
 urlpatterns = [
     # agent (docs/agent-api.md)
@@ -22,6 +22,10 @@ urlpatterns = [
     path("nodes/<int:pk>/key", nodes.NodeKeyView.as_view(), name="node-key"),
     # buyers
     path("jobs/", jobs.JobListView.as_view(), name="jobs"),
+    # chunked dataset uploads (docs/uploads.md)
+    path("uploads/", uploads.UploadListView.as_view(), name="uploads"),
+    path("uploads/<uuid:pk>/", uploads.UploadDetailView.as_view(), name="upload-detail"),
+    path("uploads/<uuid:pk>/finish", uploads.UploadFinishView.as_view(), name="upload-finish"),
     path("jobs/<uuid:pk>/", jobs.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<uuid:pk>/rounds/", jobs.JobRoundsView.as_view(), name="job-rounds"),
     path("jobs/<uuid:pk>/model", jobs.JobModelView.as_view(), name="job-model"),

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from django.core.files.base import ContentFile
+from django.core.files.base import ContentFile, File
 from django.core.files.storage import FileSystemStorage, default_storage, storages
+
+COPY_BUFFER = 2**20  # bytes per read when a file is streamed
 
 
 def job_dir(job_id: object) -> str:
@@ -62,6 +65,51 @@ def _put_local(storage: FileSystemStorage, name: str, data: bytes, content_addre
     return name
 
 
+def put_file(name: str, source: Path, *, move: bool = False) -> str:
+    """Store the local file `source` under exactly `name`, streamed, never read whole into
+    memory (datasets run to gigabytes). The stored file appears whole or not at all: on the
+    filesystem storage through a rename (with `move`, the source itself is renamed there
+    when both are on one filesystem), on object stores by their own upload."""
+    storage = storages["default"]
+    if isinstance(storage, FileSystemStorage):
+        return _put_local_file(storage, name, source, move)
+    if default_storage.exists(name):
+        default_storage.delete(name)
+    with source.open("rb") as fh:
+        saved = default_storage.save(name, File(fh, name=Path(name).name))
+    if saved != name:
+        raise RuntimeError(f"storage saved {name!r} as {saved!r}")
+    if move:
+        source.unlink(missing_ok=True)
+    return name
+
+
+def _put_local_file(storage: FileSystemStorage, name: str, source: Path, move: bool) -> str:
+    path = Path(storage.path(name))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if move and os.stat(source).st_dev == os.stat(path.parent).st_dev:
+        if storage.file_permissions_mode is not None:
+            os.chmod(source, storage.file_permissions_mode)
+        os.replace(source, path)  # atomic: the whole file or the old one
+        return name
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out, source.open("rb") as src:
+            shutil.copyfileobj(src, out, COPY_BUFFER)
+            out.flush()
+            os.fsync(out.fileno())
+        if storage.file_permissions_mode is not None:
+            os.chmod(tmp, storage.file_permissions_mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if move:
+        source.unlink(missing_ok=True)
+    return name
+
+
 def get(name: str) -> bytes:
     with default_storage.open(name, "rb") as fh:
         return fh.read()
@@ -87,5 +135,6 @@ def local_copy(name: str, suffix: str = "") -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory(prefix="gpuflex-") as tmp:
         path = Path(tmp) / (Path(name).name or f"file{suffix}")
-        path.write_bytes(get(name))
+        with default_storage.open(name, "rb") as src, path.open("wb") as out:
+            shutil.copyfileobj(src, out, COPY_BUFFER)  # streamed: datasets are large
         yield path

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import tempfile
 import uuid
+from contextlib import nullcontext
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ from marketplace.ledger.services import check_credit, hold_budget
 from marketplace.nodes.models import Node
 from marketplace.rounds import resharding
 from marketplace.rounds.lifecycle import quorum_units, schema_misfit
+from marketplace.uploads import services as uploads
+from marketplace.uploads.models import Upload
 from trainer.aggregation import build_strategy, round_size_problems
 from trainer.datasets import Dataset, DatasetError, load_dataset
 from trainer.fit import Footprint, estimate_memory, measure_footprint
@@ -117,31 +120,44 @@ def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
     return problems
 
 
-def _load(spec: JobSpec, upload: UploadedFile | None, tmp: Path) -> tuple[Dataset, Path | None]:
+def _load(
+    spec: JobSpec, upload: UploadedFile | None, tmp: Path, assembled: Path | None = None
+) -> tuple[Dataset, Path | None]:
+    """The dataset, checked by its format's loader: built in, an uploaded file (written to
+    `tmp` first), or `assembled`, a finished chunked upload's file (uploads/), read in place."""
     kind = spec.dataset.kind
     if kind in BUILTIN_KINDS:
-        if upload is not None:
+        if upload is not None or assembled is not None:
             raise InvalidDataset(f"Dataset kind {kind!r} is built in; do not upload a file.")
         return load_dataset(spec.dataset, seed=spec.seed), None
+    if assembled is not None:
+        return _load_file(spec, assembled, assembled.name), assembled
     if upload is None:
         raise InvalidDataset(
-            f"Dataset kind {kind!r} needs an uploaded file in the 'dataset' field."
+            f"Dataset kind {kind!r} needs an uploaded file in the 'dataset' field, or a "
+            "finished upload's id in 'dataset_upload'."
         )
     limit = settings.GPUFLEX["MAX_DATASET_BYTES"]
     if upload.size is not None and upload.size > limit:
-        raise TooLarge(f"The dataset upload is {upload.size} bytes; the limit is {limit} bytes.")
+        raise TooLarge(
+            f"The dataset upload is {upload.size} bytes; the limit is {limit} bytes. Send "
+            "larger files as a chunked upload (docs/uploads.md) and name it in 'dataset_upload'."
+        )
     path = tmp / f"dataset{UPLOAD_KINDS[kind]}"
     with path.open("wb") as out:
         for chunk in upload.chunks():
             out.write(chunk)
+    return _load_file(spec, path, upload.name or path.name), path
+
+
+def _load_file(spec: JobSpec, path: Path, shown: str) -> Dataset:
     local = spec.dataset.model_copy(update={"path": str(path)})
     try:
-        dataset = load_dataset(local, seed=spec.seed)
+        return load_dataset(local, seed=spec.seed)
     except DatasetError as exc:
         # messages name our temp path; the buyer knows the file by its own name
-        message = str(exc).replace(str(path), upload.name or path.name)
+        message = str(exc).replace(str(path), shown)
         raise InvalidDataset(f"The dataset cannot be used: {message}") from None
-    return dataset, path
 
 
 def submit_job(
@@ -155,20 +171,31 @@ def submit_job(
     federated_dataset: str = "",
     model_config: UploadedFile | None = None,
     model_checkpoint: UploadedFile | None = None,
+    dataset_upload_id: object = None,
 ) -> Job:
     """Validate and store a job, holding its budget in escrow. With `federated_dataset`,
     nodes holding that named local dataset train on it; the job's own dataset is then only
     used for evaluation. `model_config` / `model_checkpoint`: an hf_* model's config.json
-    and initial weights (jobs/model_files.py)."""
+    and initial weights (jobs/model_files.py). `dataset_upload_id`: a finished chunked
+    upload (marketplace/uploads) as the dataset instead of `dataset_upload` inline; its file
+    is checked like an inline one, the job keeps its own copy, and the upload is used up."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
     check_credit(buyer, budget)
     cap = model_cap(tier, budget)
-    with tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp:
+    chunked = None
+    if dataset_upload_id is not None:
+        if dataset_upload is not None:
+            raise InvalidDataset("Give the dataset inline or as an upload id, not both.")
+        chunked = uploads.dataset_upload(buyer, dataset_upload_id)
+    with (
+        tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp,
+        files.local_copy(chunked.stored_name) if chunked else nullcontext() as assembled,
+    ):
         received = receive_model_files(
             spec, model_config, model_checkpoint, Path(tmp), cap.checkpoint_bytes
         )
         spec = received.spec
-        dataset, local_path = _load(spec, dataset_upload, Path(tmp))
+        dataset, local_path = _load(spec, dataset_upload, Path(tmp), assembled)
         try:
             # measured and tried on the meta device, the checkpoint checked by its header:
             # the weights are built by a worker (jobs/preparation.py), never in this request
@@ -194,16 +221,16 @@ def submit_job(
         )
         if privacy_problems:
             raise _spec_error(privacy_problems)
-        dataset_bytes = local_path.read_bytes() if local_path else None
         stored_spec = spec
-        if dataset_upload is not None:
-            shown = Path(dataset_upload.name or "dataset").name
+        if dataset_upload is not None or chunked is not None:
+            named = chunked.filename if chunked else dataset_upload.name  # type: ignore[union-attr]
+            shown = Path(named or "dataset").name
             stored_spec = spec.replace(dataset=spec.dataset.model_copy(update={"path": shown}))
         return _store(
             buyer=buyer,
             spec=stored_spec,
             dataset=dataset,
-            dataset_bytes=dataset_bytes,
+            dataset_path=local_path,
             plans=plans,
             checkpoint=received.checkpoint,
             footprint=footprint,
@@ -212,6 +239,7 @@ def submit_job(
             budget=budget,
             max_price=_max_price(spec, max_price_per_gpu_hour),
             federated_dataset=federated_dataset,
+            chunked=chunked,
         )
 
 
@@ -278,7 +306,7 @@ def _store(
     buyer: User,
     spec: JobSpec,
     dataset: Dataset,
-    dataset_bytes: bytes | None,
+    dataset_path: Path | None,
     plans: list,
     checkpoint: Path | None,
     footprint: Footprint,
@@ -287,15 +315,16 @@ def _store(
     budget: Decimal,
     max_price: Decimal,
     federated_dataset: str,
+    chunked: Upload | None = None,
 ) -> Job:
     job_id = uuid.uuid4()
     base = files.job_dir(job_id)
     written: list[str] = []
     try:
         dataset_file = ""
-        if dataset_bytes is not None:
-            dataset_file = files.put(
-                f"{base}/dataset{UPLOAD_KINDS[spec.dataset.kind]}", dataset_bytes
+        if dataset_path is not None:  # streamed: a chunked upload runs to gigabytes
+            dataset_file = files.put_file(
+                f"{base}/dataset{UPLOAD_KINDS[spec.dataset.kind]}", dataset_path
             )
             written.append(dataset_file)
         if checkpoint is not None:  # jobs/preparation.py builds round 1's model from it
@@ -324,6 +353,8 @@ def _store(
                 proximal_mu=build_strategy(spec.aggregation).proximal_mu,
             )
             hold_budget(job)  # re-checked under the account's lock
+            if chunked is not None:
+                uploads.use_upload(chunked, job.pk)
             Shard.objects.bulk_create(shard_rows)
             enqueue_preparation(job.pk)  # builds the model and opens round 1
     except BaseException:

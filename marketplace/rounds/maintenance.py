@@ -37,6 +37,7 @@ from marketplace.rounds.retention import prune_ended_jobs
 from marketplace.rounds.scheduling import online_candidates
 from marketplace.rounds.sizing import plan_key
 from marketplace.rounds.uploads import release_task
+from marketplace.uploads.services import expire_stale_uploads
 from trainer.aggregation import min_updates
 
 # Re-enqueued aggregations of one round before its job fails: a crashed worker or a passing
@@ -205,4 +206,5 @@ def tick() -> dict[str, Any]:
         "restarted": restart_stuck_aggregations(),
         "resumed": resume_orphaned_jobs(),
         "pruned": prune_ended_jobs(),
+        "uploads": expire_stale_uploads(),
     }

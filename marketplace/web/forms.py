@@ -92,6 +92,8 @@ class JobForm(forms.Form):
     dataset = forms.FileField(
         required=False, help_text="CSV, NPZ or Parquet; leave empty for a built-in dataset."
     )
+    # set by the page's script once a large file's chunked upload is finished (upload.js)
+    dataset_upload = forms.UUIDField(required=False, widget=forms.HiddenInput)
     tier = forms.ChoiceField(choices=Tier.choices, initial=Tier.HYBRID)
     budget = forms.DecimalField(
         min_value=Decimal("0"), max_digits=12, decimal_places=4, initial=Decimal("5")

@@ -3,7 +3,7 @@
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import path, re_path
 
-from marketplace.web.views import buyer, operator, provider, public
+from marketplace.web.views import buyer, operator, provider, public, uploads
 
 app_name = "web"
 
@@ -16,6 +16,9 @@ urlpatterns = [
     path("jobs/", buyer.job_list, name="jobs"),
     path("jobs/new/", buyer.job_new, name="job-new"),
     path("jobs/estimate/", buyer.job_estimate, name="job-estimate"),
+    path("uploads/", uploads.upload_new, name="upload-new"),
+    path("uploads/<uuid:pk>/", uploads.upload_chunk, name="upload"),
+    path("uploads/<uuid:pk>/finish/", uploads.upload_finish, name="upload-finish"),
     path("jobs/<uuid:pk>/", buyer.job_detail, name="job"),
     path("jobs/<uuid:pk>/live/", buyer.job_live, name="job-live"),
     path("jobs/<uuid:pk>/events/", buyer.job_events, name="job-events"),

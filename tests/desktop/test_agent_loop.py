@@ -451,6 +451,28 @@ def test_inputs_come_from_the_cache_by_content_hash(market, logged_in, isolated_
     assert shard.read_bytes() == first.shard  # checked again, and kept again
 
 
+def test_a_shard_with_the_same_hash_from_another_job_is_not_downloaded(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    """The same dataset submitted again (another job, the same shard bytes): the node
+    that trained on it already serves the second job's task from its cache."""
+    first, second = digits_task("t-21"), digits_task("t-22", seed=2)
+    second.task["job_id"] = "job-2"
+    assert second.task["shard_hash"] == first.task["shard_hash"]
+    market.add(first)
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: "t-21" in market.accepted(), what="the first job's task")
+        assert _gets(market, "shard") == 1
+        market.add(second)
+        wait_for(lambda: "t-22" in market.accepted(), what="the second job's task")
+    finally:
+        agent.stop()
+    assert _gets(market, "shard") == 1  # the second task did not download it again
+    assert market.tasks["t-22"].accepted is not None
+
+
 class _BeatRecorder:
     """Stands in for the client: keeps each heartbeat's body."""
 

@@ -36,3 +36,15 @@ def test_the_least_recently_used_go_past_the_size(tmp_path: Path) -> None:
     os.utime(tmp_path / "c" / f"{b}.safetensors", (old, old))  # b: used longest ago
     cache.put(c, _file(tmp_path, "z", 10))
     assert cache.get(b) is None and cache.get(a) is not None and cache.get(c) is not None
+
+
+def test_copy_to_writes_the_cached_file_and_misses_say_so(tmp_path: Path) -> None:
+    cache = InputCache(tmp_path / "c")
+    digest = "cd" * 32
+    cache.put(digest, _file(tmp_path, "a", 3000))
+    target = tmp_path / "task" / "shard.safetensors"
+    target.parent.mkdir()
+    assert cache.copy_to(digest, target) and target.read_bytes() == b"x" * 3000
+    target.unlink()
+    assert not cache.copy_to("ef" * 32, target) and not target.exists()
+    assert not cache.copy_to("../../etc/passwd", target) and not target.exists()

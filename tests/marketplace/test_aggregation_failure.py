@@ -81,6 +81,7 @@ def assert_never_requeued(job_id: str, monkeypatch) -> None:
         "restarted": 0,
         "resumed": 0,
         "pruned": 0,
+        "uploads": 0,
     }
     assert enqueued == [] and Job.objects.get(pk=job_id).status in ("failed", "cancelled")
 

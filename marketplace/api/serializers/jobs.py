@@ -27,6 +27,12 @@ class SpecField(serializers.JSONField):
 class JobSubmitSerializer(serializers.Serializer):
     spec = SpecField(help_text="the job spec: an object, or JSON/YAML text")
     dataset = serializers.FileField(required=False, allow_null=True, allow_empty_file=True)
+    dataset_upload = serializers.UUIDField(
+        required=False,
+        allow_null=True,
+        help_text="a finished chunked upload's id (POST /api/v1/uploads/), instead of "
+        "`dataset`: for datasets larger than the inline limit",
+    )
     model_config = serializers.FileField(
         required=False, allow_null=True, help_text="an hf_* model's config.json (model.config)"
     )

@@ -66,6 +66,7 @@ class JobListView(generics.ListAPIView):
             buyer=request.user,
             spec_data=data["spec"],
             dataset_upload=data.get("dataset"),
+            dataset_upload_id=data.get("dataset_upload"),
             tier=data["tier"],
             budget=data["budget"],
             max_price_per_gpu_hour=data["max_price_per_gpu_hour"],

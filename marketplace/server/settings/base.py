@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "marketplace.jobs",
     "marketplace.rounds",
     "marketplace.ledger",
+    "marketplace.uploads",
     "marketplace.api",
     "marketplace.web",
 ]
@@ -186,6 +187,20 @@ GPUFLEX = {
     "DEFAULT_SHARDS": int(os.environ.get("GPUFLEX_DEFAULT_SHARDS", "4")),
     "MAX_DATASET_BYTES": int(os.environ.get("GPUFLEX_MAX_DATASET_BYTES", str(64 * 2**20))),
     "MAX_UPDATE_BYTES": int(os.environ.get("GPUFLEX_MAX_UPDATE_BYTES", str(256 * 2**20))),
+    # -- chunked dataset uploads (docs/uploads.md) --
+    # open sessions' partial files: on the media folder's filesystem, so that a finished
+    # upload moves into storage by a rename; shared by all web servers of a deployment
+    "UPLOAD_DIR": os.environ.get("GPUFLEX_UPLOAD_DIR", str(DATA_DIR / "uploads")),
+    "MAX_UPLOAD_BYTES": int(os.environ.get("GPUFLEX_MAX_UPLOAD_BYTES", str(8 * 2**30))),
+    "MAX_UPLOAD_CHUNK_BYTES": int(
+        os.environ.get("GPUFLEX_MAX_UPLOAD_CHUNK_BYTES", str(64 * 2**20))
+    ),
+    # bytes of open and finished, not yet used, uploads one account may hold
+    "UPLOAD_QUOTA_BYTES": int(os.environ.get("GPUFLEX_UPLOAD_QUOTA_BYTES", str(20 * 2**30))),
+    # an open session without a chunk this long, and a finished upload no job took in
+    # UPLOAD_KEEP_S, are removed by the tick with their bytes
+    "UPLOAD_STALE_S": float(os.environ.get("GPUFLEX_UPLOAD_STALE_S", str(24 * 3600))),
+    "UPLOAD_KEEP_S": float(os.environ.get("GPUFLEX_UPLOAD_KEEP_S", str(7 * 24 * 3600))),
     # model size per job (marketplace/jobs/limits.py): the tier's ceiling, scaled down for
     # small budgets at this many parameters per credit, never below the floor
     "MAX_MODEL_PARAMS": {"volunteer": 100_000_000, "hybrid": 500_000_000, "platform": 2 * 10**9},

@@ -107,6 +107,7 @@ def _submit(request: HttpRequest, form: JobForm) -> tuple[Job | None, list[dict]
             buyer=request.user,
             spec_data=data["spec"],
             dataset_upload=data.get("dataset"),
+            dataset_upload_id=data.get("dataset_upload"),
             tier=data["tier"],
             budget=data["budget"],
             max_price_per_gpu_hour=data["max_price_per_gpu_hour"],
@@ -153,6 +154,9 @@ def job_new(request: HttpRequest) -> HttpResponse:
         "error": error,
         "balances": balances(request.user),
         "max_upload_mb": settings.GPUFLEX["MAX_DATASET_BYTES"] / 2**20,
+        "max_chunked_gb": settings.GPUFLEX["MAX_UPLOAD_BYTES"] / 2**30,
+        # above this a file goes in resumable chunks (static/web/js/upload.js)
+        "chunked_above": min(settings.GPUFLEX["MAX_DATASET_BYTES"], 16 * 2**20),
     }
     response = render(request, "web/job_new.html", context, status=status if error else 200)
     if retry_after is not None:

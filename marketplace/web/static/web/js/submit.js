@@ -1,6 +1,7 @@
 /* The submit page: checks the spec as the buyer types (problems inline, with their line),
    shows the market's estimate, and uploads the form with XHR so that a progress bar can
-   follow a large dataset. Without JavaScript the form still posts and shows the same errors. */
+   follow the dataset; a large one goes first in resumable chunks (upload.js). Without
+   JavaScript the form still posts and shows the same errors. */
 "use strict";
 
 (function () {
@@ -13,6 +14,7 @@
   const csrf = form.querySelector("input[name=csrfmiddlewaretoken]").value;
   let timer = null;
   let seq = 0;
+  let uploaded = null; // the finished chunked upload of the file chosen, once there is one
 
   function esc(s) {
     return String(s).replace(/[&<>"']/g, function (c) {
@@ -103,46 +105,71 @@
     later();
   });
 
-  form.addEventListener("submit", function (e) {
-    e.preventDefault();
+  function showProgress(phase, done, total) {
+    const pct = total ? Math.round(100 * done / total) : 100;
+    document.getElementById("upload-progress").hidden = false;
+    document.getElementById("upload-progress").querySelector(".bar span").style.width = pct + "%";
+    document.getElementById("upload-phase").textContent = phase;
+    document.getElementById("upload-pct").textContent = pct;
+  }
+
+  function failed(message) {
     const button = document.getElementById("submit-btn");
-    const bar = document.getElementById("upload-progress");
-    const file = form.elements.dataset.files.length > 0;
-    button.disabled = true;
-    button.textContent = "Submitting…";
-    formError.hidden = true;
+    button.disabled = false;
+    button.textContent = "Submit job";
+    formError.textContent = message;
+    formError.hidden = false;
+  }
+
+  function post(body, file) {
     const xhr = new XMLHttpRequest();
     xhr.open("POST", form.action);
     xhr.setRequestHeader("Accept", "application/json");
     xhr.setRequestHeader("X-CSRFToken", csrf);
     if (file) {
-      bar.hidden = false;
       xhr.upload.addEventListener("progress", function (ev) {
-        if (!ev.lengthComputable) return;
-        const pct = Math.round(100 * ev.loaded / ev.total);
-        bar.querySelector(".bar span").style.width = pct + "%";
-        document.getElementById("upload-pct").textContent = pct;
+        if (ev.lengthComputable) showProgress("uploaded", ev.loaded, ev.total);
       });
     }
     xhr.onload = function () {
       let d = {};
       try { d = JSON.parse(xhr.responseText); } catch (err) { d = { error: "The server answered " + xhr.status + "." }; }
       if (xhr.status < 300 && d.redirect) { window.location.assign(d.redirect); return; }
-      button.disabled = false;
-      button.textContent = "Submit job";
       showProblems(d.problems || []);
       const fields = d.fields || {};
       const extra = Object.keys(fields).map(function (k) { return k + ": " + fields[k].join(" "); });
-      formError.textContent = [d.error || "The job was not submitted."].concat(extra).join(" ");
-      formError.hidden = false;
+      failed([d.error || "The job was not submitted."].concat(extra).join(" "));
     };
-    xhr.onerror = function () {
-      button.disabled = false;
-      button.textContent = "Submit job";
-      formError.textContent = "The upload failed: check your connection and try again.";
-      formError.hidden = false;
-    };
-    xhr.send(new FormData(form));
+    xhr.onerror = function () { failed("The upload failed: check your connection and try again."); };
+    xhr.send(body);
+  }
+
+  form.addEventListener("submit", function (e) {
+    e.preventDefault();
+    const button = document.getElementById("submit-btn");
+    const file = form.elements.dataset.files[0];
+    button.disabled = true;
+    button.textContent = "Submitting…";
+    formError.hidden = true;
+    const body = new FormData(form);
+    const chunkedAbove = Number(form.getAttribute("data-chunked-above"));
+    if (!file || file.size <= chunkedAbove) { post(body, file); return; }
+    // a large file: resumable chunks first (upload.js), then the form names the upload;
+    // submitted again (a spec fixed after an error), the same file is not sent twice
+    const key = [file.name, file.size, file.lastModified].join("/");
+    const sent = uploaded && uploaded.key === key ? Promise.resolve(uploaded.upload) :
+      window.GPUFlexUpload.upload(file, form.getAttribute("data-upload-url"), csrf, showProgress);
+    button.textContent = "Uploading…";
+    sent
+      .then(function (up) {
+        uploaded = { key: key, upload: up };
+        form.elements.dataset_upload.value = up.id;
+        body.delete("dataset");
+        body.set("dataset_upload", up.id);
+        button.textContent = "Submitting…";
+        post(body, null);
+      })
+      .catch(function (err) { failed("The upload failed: " + err.message); });
   });
 
   check();
