@@ -71,17 +71,14 @@ class Listener:
 
     def wait(self, timeout: float) -> bool:
         """True when rung within `timeout` seconds (rings that came together count once)."""
+        deadline = time.monotonic() + timeout
         if self._pubsub is not None:
             try:
-                heard = self._pubsub.get_message(timeout=timeout) is not None
-                while heard and self._pubsub.get_message(timeout=0) is not None:
-                    pass
-                return heard
+                return self._heard(deadline)
             except redis.RedisError as exc:
                 log.warning("live push: lost the Redis subscription: %s", exc)
-                time.sleep(timeout)
+                time.sleep(max(0.0, deadline - time.monotonic()))
                 return True  # render again: whatever changed meanwhile is sent
-        deadline = time.monotonic() + timeout
         while True:
             now = _bell_state()
             if now != self._seen:
@@ -91,6 +88,19 @@ class Listener:
             if left <= 0:
                 return False
             time.sleep(min(POLL_S, left))
+
+    def _heard(self, deadline: float) -> bool:
+        assert self._pubsub is not None
+        while True:
+            # None also for the subscription's own confirmation, which is skipped: keep
+            # waiting until the deadline
+            message = self._pubsub.get_message(timeout=max(0.0, deadline - time.monotonic()))
+            if message is not None:
+                while self._pubsub.get_message(timeout=0) is not None:
+                    pass  # rings that came together count once
+                return True
+            if time.monotonic() >= deadline:
+                return False
 
     def close(self) -> None:
         if self._pubsub is not None:
