@@ -1,4 +1,5 @@
-"""A folder of images sorted into one subfolder per class: root/<class_name>/*.png."""
+"""A folder of images sorted into one subfolder per class: root/<class_name>/*.png, or the
+same packed in a zip or tar archive (trainer/datasets/archives.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from trainer.datasets.archives import archive_suffix, load_image_archive
 from trainer.datasets.base import Dataset, DatasetError
 from trainer.datasets.classification import classification_dataset
 
@@ -25,6 +27,8 @@ def load_image_folder(
     C is 3 if any image is in colour, else 1, so a grey dataset is not tripled in size.
     """
     root = Path(root)
+    if root.is_file() and archive_suffix(root.name):
+        return load_image_archive(root, image_size, test_fraction, seed)
     classes = _class_folders(root)
     arrays: list[np.ndarray] = []
     labels: list[int] = []
@@ -33,12 +37,17 @@ def load_image_folder(
         for file in files:
             arrays.append(_load_image(file, image_size))
             labels.append(label)
+    x = stack_images(arrays)
+    y = np.asarray(labels, dtype=np.int64)
+    return classification_dataset(root.name, x, y, len(classes), test_fraction, seed)
+
+
+def stack_images(arrays: list[np.ndarray]) -> np.ndarray:
+    """[N, C, S, S] float32; C is 3 when any image is in colour."""
     if any(a.shape[0] == 3 for a in arrays):
         # Grey -> RGB by repeating the channel is exactly what Pillow's convert("RGB") does.
         arrays = [np.repeat(a, 3, axis=0) if a.shape[0] == 1 else a for a in arrays]
-    x = np.stack(arrays).astype(np.float32)
-    y = np.asarray(labels, dtype=np.int64)
-    return classification_dataset(root.name, x, y, len(classes), test_fraction, seed)
+    return np.stack(arrays).astype(np.float32)
 
 
 def _class_folders(root: Path) -> list[Path]:
@@ -78,12 +87,12 @@ def _load_image(path: Path, size: int) -> np.ndarray:
     try:
         with Image.open(path) as img:
             img.load()  # decode now: a truncated file only fails here
-            return _to_array(img, size)
+            return to_array(img, size)
     except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as exc:
         raise DatasetError(f"{path}: unreadable or corrupt image: {exc}") from None
 
 
-def _to_array(img: Image.Image, size: int) -> np.ndarray:
+def to_array(img: Image.Image, size: int) -> np.ndarray:
     resample = Image.Resampling.BILINEAR
     if img.mode in _WIDE_MODES:
         # 16-bit and float images: convert("L") would clip everything above 255 to white.
