@@ -20,6 +20,13 @@ from django.db import transaction
 
 from marketplace.accounts.models import User
 from marketplace.jobs import files
+from marketplace.jobs.dataset_files import (
+    SUFFIXES,
+    load_uploaded_dataset,
+    receive_tokenizer,
+    stored_name,
+    tokenizer_name,
+)
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.model_files import checkpoint_name, receive_model_files
@@ -30,25 +37,18 @@ from marketplace.nodes.models import Node
 from marketplace.rounds import resharding
 from marketplace.rounds.lifecycle import quorum_units, schema_misfit
 from trainer.aggregation import build_strategy, round_size_problems
-from trainer.datasets import Dataset, DatasetError, load_dataset
+from trainer.datasets import Dataset, load_dataset
 from trainer.fit import Footprint, estimate_memory, measure_footprint
 from trainer.models import ModelSpecError, meta_weights
 from trainer.nesting import TooDeep, check_depth, loads_json, loads_yaml
 from trainer.sharding import ShardingError
 from trainer.spec import JobSpec, SpecError, parse_spec
 
-UPLOAD_KINDS = {"csv": ".csv", "npz": ".npz", "parquet": ".parquet"}
+UPLOAD_KINDS = frozenset(SUFFIXES)
 BUILTIN_KINDS = {"digits"}
-SHARDING_METHODS = {"random", "stratified", "capability"}
-# What the trainer accepts but the marketplace cannot run yet, and why (docs/job-spec.md).
-REFUSED_KINDS = {
-    "image_folder": "an image folder cannot be uploaded yet; the marketplace takes one csv, "
-    "npz or parquet file (pack the images into an npz)",
-    "text": "a text corpus cannot be uploaded yet; the marketplace takes one csv, npz or "
-    "parquet file",
-}
+SHARDING_METHODS = {"random", "stratified", "capability", "length"}
+# What the trainer accepts but the marketplace cannot run, and why (docs/job-spec.md).
 REFUSED_SHARDING = {
-    "length": "it needs sequence data (dataset kind 'text'), which the marketplace cannot take yet",
     "prepartitioned": "it is for federated jobs, whose nodes hold their own data (name it "
     "in federated_dataset)",
 }
@@ -94,10 +94,9 @@ def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
     """Fields the trainer accepts but the marketplace cannot run, each with the reason."""
     problems = []
     kind = spec.dataset.kind
-    if kind not in BUILTIN_KINDS | set(UPLOAD_KINDS):
-        reason = REFUSED_KINDS.get(kind, "the marketplace cannot load it yet")
-        problems.append(("dataset.kind", f"{kind!r} is not supported by the marketplace: {reason}"))
     method = spec.sharding.method
+    if kind not in BUILTIN_KINDS | UPLOAD_KINDS:
+        problems.append(("dataset.kind", f"{kind!r} is not supported by the marketplace"))
     if federated:
         # silos hold their own data: the server cannot cut it, nor count it for epochs
         if method != "prepartitioned":
@@ -113,10 +112,14 @@ def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
         problems.append(
             ("sharding.method", f"{method!r} is not supported by the marketplace: {reason}")
         )
+    elif method == "length" and kind != "text":
+        problems.append(("sharding.method", "'length' cuts sequence data (dataset kind 'text')"))
     return problems
 
 
-def _load(spec: JobSpec, upload: UploadedFile | None, tmp: Path) -> tuple[Dataset, Path | None]:
+def _load(
+    spec: JobSpec, upload: UploadedFile | None, tokenizer: Path | None, tmp: Path
+) -> tuple[Dataset, Path | None]:
     kind = spec.dataset.kind
     if kind in BUILTIN_KINDS:
         if upload is not None:
@@ -129,18 +132,12 @@ def _load(spec: JobSpec, upload: UploadedFile | None, tmp: Path) -> tuple[Datase
     limit = settings.GPUFLEX["MAX_DATASET_BYTES"]
     if upload.size is not None and upload.size > limit:
         raise TooLarge(f"The dataset upload is {upload.size} bytes; the limit is {limit} bytes.")
-    path = tmp / f"dataset{UPLOAD_KINDS[kind]}"
+    shown = Path(upload.name or "dataset").name
+    path = tmp / stored_name(kind, shown)
     with path.open("wb") as out:
         for chunk in upload.chunks():
             out.write(chunk)
-    local = spec.dataset.model_copy(update={"path": str(path)})
-    try:
-        dataset = load_dataset(local, seed=spec.seed)
-    except DatasetError as exc:
-        # messages name our temp path; the buyer knows the file by its own name
-        message = str(exc).replace(str(path), upload.name or path.name)
-        raise InvalidDataset(f"The dataset cannot be used: {message}") from None
-    return dataset, path
+    return load_uploaded_dataset(spec, path, shown, tokenizer), path
 
 
 def submit_job(
@@ -154,11 +151,13 @@ def submit_job(
     federated_dataset: str = "",
     model_config: UploadedFile | None = None,
     model_checkpoint: UploadedFile | None = None,
+    dataset_tokenizer: UploadedFile | None = None,
 ) -> Job:
     """Validate and store a job, holding its budget in escrow. With `federated_dataset`,
     nodes holding that named local dataset train on it; the job's own dataset is then only
     used for evaluation. `model_config` / `model_checkpoint`: an hf_* model's config.json
-    and initial weights (jobs/model_files.py)."""
+    and initial weights (jobs/model_files.py). `dataset_tokenizer`: a text dataset's
+    tokenizer.json (jobs/dataset_files.py)."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
     check_credit(buyer, budget)
     cap = model_cap(tier, budget)
@@ -167,7 +166,8 @@ def submit_job(
             spec, model_config, model_checkpoint, Path(tmp), cap.checkpoint_bytes
         )
         spec = received.spec
-        dataset, local_path = _load(spec, dataset_upload, Path(tmp))
+        tokenizer = receive_tokenizer(spec, dataset_tokenizer, Path(tmp))
+        dataset, local_path = _load(spec, dataset_upload, tokenizer, Path(tmp))
         try:
             # measured and tried on the meta device, the checkpoint checked by its header:
             # the weights are built by a worker (jobs/preparation.py), never in this request
@@ -186,7 +186,6 @@ def submit_job(
         if federated_dataset:
             _check_silos(federated_dataset, list(dataset.input_shape), dataset.num_classes)
         plans = [] if federated_dataset else _plan(spec, dataset)
-        dataset_bytes = local_path.read_bytes() if local_path else None
         stored_spec = spec
         if dataset_upload is not None:
             shown = Path(dataset_upload.name or "dataset").name
@@ -195,7 +194,8 @@ def submit_job(
             buyer=buyer,
             spec=stored_spec,
             dataset=dataset,
-            dataset_bytes=dataset_bytes,
+            dataset_path=local_path,
+            tokenizer=tokenizer,
             plans=plans,
             checkpoint=received.checkpoint,
             footprint=footprint,
@@ -270,7 +270,8 @@ def _store(
     buyer: User,
     spec: JobSpec,
     dataset: Dataset,
-    dataset_bytes: bytes | None,
+    dataset_path: Path | None,
+    tokenizer: Path | None,
     plans: list,
     checkpoint: Path | None,
     footprint: Footprint,
@@ -285,11 +286,11 @@ def _store(
     written: list[str] = []
     try:
         dataset_file = ""
-        if dataset_bytes is not None:
-            dataset_file = files.put(
-                f"{base}/dataset{UPLOAD_KINDS[spec.dataset.kind]}", dataset_bytes
-            )
+        if dataset_path is not None:  # named dataset<suffix>: the suffix says its format
+            dataset_file = files.put(f"{base}/{dataset_path.name}", dataset_path.read_bytes())
             written.append(dataset_file)
+        if tokenizer is not None:  # jobs/datasets.py re-loads the text with it
+            written.append(files.put(tokenizer_name(job_id), tokenizer.read_bytes()))
         if checkpoint is not None:  # jobs/preparation.py builds round 1's model from it
             written.append(files.put(checkpoint_name(job_id), checkpoint.read_bytes()))
         shard_rows = resharding.write(job_id, 0, dataset, plans, written)

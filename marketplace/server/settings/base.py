@@ -180,6 +180,16 @@ GPUFLEX = {
     "MAX_CLAIM_WAIT_S": 30.0,
     "DEFAULT_SHARDS": int(os.environ.get("GPUFLEX_DEFAULT_SHARDS", "4")),
     "MAX_DATASET_BYTES": int(os.environ.get("GPUFLEX_MAX_DATASET_BYTES", str(64 * 2**20))),
+    # what one uploaded image archive may hold (trainer.datasets.ArchiveLimits): members,
+    # bytes decompressed, a member's decompressed / packed ratio, pixels per image, and the
+    # float32 tensor its images become on the server
+    "IMAGE_ARCHIVE": {
+        "max_members": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_MEMBERS", "100000")),
+        "max_total_bytes": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_BYTES", str(1 << 30))),
+        "max_ratio": float(os.environ.get("GPUFLEX_ARCHIVE_MAX_RATIO", "100")),
+        "max_pixels": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_PIXELS", str(4096 * 4096))),
+        "max_decoded_bytes": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_DECODED", str(2 << 30))),
+    },
     "MAX_UPDATE_BYTES": int(os.environ.get("GPUFLEX_MAX_UPDATE_BYTES", str(256 * 2**20))),
     # model size per job (marketplace/jobs/limits.py): the tier's ceiling, scaled down for
     # small budgets at this many parameters per credit, never below the floor
