@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from bench import (
+    examples_bench,
     load_bench,
     network_bench,
     pause_bench,
@@ -158,6 +159,8 @@ def render(results: dict[str, Any]) -> str:
         parts += render_live(results["live"])
     if "scaling" in results:
         parts += scaling_bench.render(results["scaling"])
+    if "examples" in results:
+        parts += examples_bench.render(results["examples"])
     if "pause" in results:
         parts += pause_bench.render(results["pause"])
     return "\n".join(parts)
@@ -266,7 +269,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
-    "load", "pause",
+    "load", "pause", "examples",
 )  # fmt: skip
 
 
@@ -505,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "load":
             print("load: 1,000 Locust agents against gpuflex serve on PostgreSQL and Redis")
             results["load"] = load_section()
+        elif section == "examples":
+            results["examples"] = examples_bench.run()
         elif section == "slow_clients":
             print("slow clients: gunicorn alone, then behind nginx")
             results["slow_clients"] = slow_clients_bench.run()

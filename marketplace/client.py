@@ -9,6 +9,7 @@ client.download(job["id"], "out/")
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -95,12 +96,15 @@ class Client:
         tier: str = "hybrid",
         max_price_per_gpu_hour: str = "1.00",
         federated: str = "",
+        uploads: dict[str, str | Path] | None = None,
     ) -> dict[str, Any]:
         """Submit a job, holding `budget` credits of your balance in escrow; `spec` is a
         mapping or a YAML/JSON file (sent as text, parsed by the server, so errors come back
         with the spec's field paths). `federated`: the name of the local dataset its nodes
         train on, which never leaves them (docs/federated.md); the spec's own dataset is then
-        only evaluated on."""
+        only evaluated on. A spec file's own files (its dataset, tokenizer, model config and
+        checkpoint, named relative to it) are uploaded with it when they exist; `dataset` and
+        `uploads` ({form field: path}) name others."""
         text = json.dumps(spec) if isinstance(spec, dict) else Path(spec).read_text("utf-8")
         form = {
             "spec": text,
@@ -110,11 +114,16 @@ class Client:
         }
         if federated:
             form["federated_dataset"] = federated
-        if dataset is None:
+        named = {} if isinstance(spec, dict) else spec_files(Path(spec), federated=bool(federated))
+        named |= {k: Path(v) for k, v in (uploads or {}).items()}
+        if dataset is not None:
+            named["dataset"] = Path(dataset)
+        if not named:
             return self._json("POST", "jobs/", data=form)
-        path = Path(dataset)
-        with path.open("rb") as fh:
-            return self._json("POST", "jobs/", data=form, files={"dataset": (path.name, fh)})
+        with contextlib.ExitStack() as stack:
+            sent = {field: (path.name, stack.enter_context(path.open("rb")))
+                    for field, path in named.items()}  # fmt: skip
+            return self._json("POST", "jobs/", data=form, files=sent)
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._pages("jobs/"))
@@ -222,3 +231,28 @@ def _unzip_flat(data: bytes, folder: Path) -> None:
             if info.is_dir() or not name:
                 continue
             (folder / name).write_bytes(zf.read(info))
+
+
+def spec_files(spec_path: Path, federated: bool = False) -> dict[str, Path]:
+    """{upload field: path} for the files a spec file names that exist beside it: its
+    dataset (unless built in, or federated: the nodes hold that), tokenizer.json, and an
+    hf_* model's config.json and checkpoint. A spec that does not parse names none here;
+    the server reports its problems."""
+    from trainer.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path)
+    except SpecError:
+        return {}
+    named = {
+        "dataset": None if federated or spec.dataset.kind == "digits" else spec.dataset.path,
+        "dataset_tokenizer": spec.dataset.tokenizer,
+        "model_config": spec.model.config if isinstance(spec.model.config, str) else None,
+        "model_checkpoint": spec.model.checkpoint,
+    }
+    found = {}
+    for field, name in named.items():
+        path = (spec_path.parent / name).expanduser() if name else None
+        if path is not None and path.is_file():
+            found[field] = path
+    return found
