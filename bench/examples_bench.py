@@ -28,16 +28,12 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SPECS = ("stdlib-lm.yaml", "lora-finetune.yaml")
 
 
-def loss_curve(
-    spec_file: str, folder: Path, nodes: int = 4, rounds: int = 8
-) -> dict[str, Any]:
+def loss_curve(spec_file: str, folder: Path, nodes: int = 4, rounds: int = 8) -> dict[str, Any]:
     shutil.copy(EXAMPLES / spec_file, folder / spec_file)
     spec = load_spec(folder / spec_file)
     setup = prepare(spec, nodes, "lan", spec.seed, folder)
     before = evaluate(setup.model, setup.dataset)
-    result, _ = run_federated(
-        setup, RunOptions(max_rounds=rounds, stop_at_target=False)
-    )
+    result, _ = run_federated(setup, RunOptions(max_rounds=rounds, stop_at_target=False))
     losses = [before.loss, *(r.loss for r in result.log)]
     return {
         "spec": spec_file,

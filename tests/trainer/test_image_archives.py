@@ -86,7 +86,7 @@ def test_a_zip_symlink_is_refused(tmp_path: Path) -> None:
     path = write_zip(tmp_path / "a.zip", class_members(4))
     with zipfile.ZipFile(path, "a") as zf:
         info = zipfile.ZipInfo("dark/link.png")
-        info.external_attr = (0o120777 << 16)  # a symbolic link, as Info-ZIP stores one
+        info.external_attr = 0o120777 << 16  # a symbolic link, as Info-ZIP stores one
         zf.writestr(info, "/etc/passwd")
     _refused(path, "symbolic link")
 

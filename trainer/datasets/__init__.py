@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.datasets.base import IGNORE_INDEX, Dataset, DatasetError
 from trainer.datasets.archives import ArchiveLimits, ArchiveTooLarge, load_image_archive
+from trainer.datasets.base import IGNORE_INDEX, Dataset, DatasetError
 from trainer.datasets.digits import load_digits_dataset
 from trainer.datasets.images import load_image_folder
 from trainer.datasets.tabular import load_csv_dataset, load_npz_dataset, load_parquet_dataset

@@ -29,6 +29,7 @@ from PIL import Image, UnidentifiedImageError
 
 from trainer.datasets.base import Dataset, DatasetError
 from trainer.datasets.classification import classification_dataset
+from trainer.datasets.pixels import IMAGE_SUFFIXES, stack_images, to_array
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 
@@ -72,8 +73,6 @@ def load_image_archive(
 ) -> Dataset:
     """The archive's images as load_image_folder gives the same folder unpacked: float32
     [C, image_size, image_size] in [0, 1], classes sorted by name, images sorted within."""
-    from trainer.datasets.images import IMAGE_SUFFIXES, stack_images, to_array
-
     path = Path(path)
     limits = limits or ArchiveLimits()
     members = _list_members(path, limits)
@@ -89,7 +88,7 @@ def load_image_archive(
     wanted = {m.name: (label, m) for label, c in enumerate(classes) for m in files[c]}
     arrays: dict[str, np.ndarray] = {}
     for name, data in _read_members(path, wanted):
-        arrays[name] = _decode(path, name, data, image_size, limits.max_pixels, to_array)
+        arrays[name] = _decode(path, name, data, image_size, limits.max_pixels)
     ordered = [m.name for c in classes for m in files[c]]
     x = stack_images([arrays[name] for name in ordered])
     y = np.asarray([wanted[name][0] for name in ordered], dtype=np.int64)
@@ -98,8 +97,6 @@ def load_image_archive(
 
 def check_image_archive(path: str | Path, limits: ArchiveLimits | None = None) -> int:
     """List and check an archive without decoding an image; the number of classes."""
-    from trainer.datasets.images import IMAGE_SUFFIXES
-
     path = Path(path)
     limits = limits or ArchiveLimits()
     return len(_class_files(path, _list_members(path, limits), IMAGE_SUFFIXES))
@@ -198,9 +195,7 @@ def _tar_members(path: Path, limits: ArchiveLimits) -> list[_Member]:
 
 def _check_count(path: Path, count: int, limits: ArchiveLimits) -> None:
     if count > limits.max_members:
-        raise ArchiveTooLarge(
-            f"{path.name}: more than {limits.max_members} members (the limit)"
-        )
+        raise ArchiveTooLarge(f"{path.name}: more than {limits.max_members} members (the limit)")
 
 
 def _safe_parts(path: Path, name: str) -> tuple[str, ...] | None:
@@ -233,9 +228,7 @@ def _class_files(path: Path, members: list[_Member], suffixes: frozenset[str]) -
         seen.add(m.name)
         parts = m.parts[strip:]
         if len(parts) != 2:
-            raise DatasetError(
-                f"{path.name}: member {m.name!r} is not <class folder>/<image file>"
-            )
+            raise DatasetError(f"{path.name}: member {m.name!r} is not <class folder>/<image file>")
         if PurePosixPath(parts[1]).suffix.lower() not in suffixes:
             raise DatasetError(
                 f"{path.name}: member {m.name!r} is not an image ({', '.join(sorted(suffixes))})"
@@ -274,7 +267,7 @@ def _read_members(path: Path, wanted: dict[str, object]) -> Iterator[tuple[str, 
         raise DatasetError(f"{path.name}: not a readable tar archive: {exc}") from None
 
 
-def _decode(path: Path, name: str, data: bytes, size: int, max_pixels: int, to_array) -> np.ndarray:
+def _decode(path: Path, name: str, data: bytes, size: int, max_pixels: int) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(data)) as img:
             width, height = img.size  # from the header: nothing decoded yet

@@ -134,7 +134,9 @@ def _chunks(doc: np.ndarray, seq_len: int) -> list[np.ndarray]:
     ]
 
 
-def _pack(chunks: list[np.ndarray], seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _pack(
+    chunks: list[np.ndarray], seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n = len(chunks)
     x = np.zeros((n, seq_len), dtype=np.int64)
     y = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int64)
