@@ -161,6 +161,13 @@ def test_members_that_are_not_class_images_are_named(
     _refused(write_zip(tmp_path / "a.zip", class_members(4) | extra), match)
 
 
+def test_only_the_taken_image_formats_are_decoded(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    Image.new("L", (8, 8)).save(buf, format="TIFF")  # a real image, in a format not taken
+    members = class_members(4) | {"dark/tiff.png": buf.getvalue()}
+    _refused(write_zip(tmp_path / "a.zip", members), r"'dark/tiff.png' is not a readable image")
+
+
 def test_fewer_than_two_classes_is_refused(tmp_path: Path) -> None:
     one = {k: v for k, v in class_members(4).items() if k.startswith("dark/")}
     _refused(write_zip(tmp_path / "a.zip", one), "only the class 'dark'")

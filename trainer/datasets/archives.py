@@ -32,6 +32,7 @@ from trainer.datasets.classification import classification_dataset
 from trainer.datasets.pixels import IMAGE_SUFFIXES, stack_images, to_array
 
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
+_FORMATS = ("PNG", "JPEG", "BMP", "GIF")  # IMAGE_SUFFIXES' formats
 
 
 class ArchiveTooLarge(DatasetError):
@@ -269,7 +270,8 @@ def _read_members(path: Path, wanted: dict[str, object]) -> Iterator[tuple[str, 
 
 def _decode(path: Path, name: str, data: bytes, size: int, max_pixels: int) -> np.ndarray:
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        # only the decoders of the suffixes taken: never EPS (Ghostscript) or other plugins
+        with Image.open(io.BytesIO(data), formats=_FORMATS) as img:
             width, height = img.size  # from the header: nothing decoded yet
             if width * height > max_pixels:
                 raise ArchiveTooLarge(
