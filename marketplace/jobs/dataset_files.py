@@ -15,6 +15,7 @@ their shards as safetensors of the decoded images, like every other kind (rounds
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from django.conf import settings
@@ -65,18 +66,26 @@ def stored_name(kind: str, upload_name: str) -> str:
 def load_uploaded_dataset(
     spec: JobSpec, path: Path, shown: str, tokenizer: Path | None = None
 ) -> Dataset:
-    """The dataset in the file at `path` (named `shown` by the buyer, stored under a name
-    from stored_name), checked whole; `tokenizer`: the uploaded tokenizer.json of a text
-    job that names one."""
-    local = spec.dataset.model_copy(
-        update={"path": str(path), "tokenizer": str(tokenizer) if tokenizer else None}
-    )
-    try:
-        return load_dataset(local, seed=spec.seed, archive_limits=archive_limits())
-    except ArchiveTooLarge as exc:
-        raise TooLarge(f"The dataset is refused: {_named(exc, path, shown)}") from None
-    except DatasetError as exc:
-        raise InvalidDataset(f"The dataset cannot be used: {_named(exc, path, shown)}") from None
+    """The dataset in the file at `path`, which the buyer named `shown` (its suffix says the
+    format: stored_name), checked whole; `tokenizer`: the uploaded tokenizer.json of a text
+    job that names one. Any file name will do for `path` (a chunked upload's assembled part
+    file): the reader sees it under stored_name, through a link."""
+    wanted = stored_name(spec.dataset.kind, shown) if spec.dataset.kind in SUFFIXES else path.name
+    with tempfile.TemporaryDirectory(prefix="gpuflex-dataset-") as tmp:
+        if path.name != wanted:
+            link = Path(tmp) / wanted
+            link.symlink_to(path.resolve())
+            path = link
+        local = spec.dataset.model_copy(
+            update={"path": str(path), "tokenizer": str(tokenizer) if tokenizer else None}
+        )
+        try:
+            return load_dataset(local, seed=spec.seed, archive_limits=archive_limits())
+        except ArchiveTooLarge as exc:
+            raise TooLarge(f"The dataset is refused: {_named(exc, path, shown)}") from None
+        except DatasetError as exc:
+            message = _named(exc, path, shown)
+            raise InvalidDataset(f"The dataset cannot be used: {message}") from None
 
 
 def _named(exc: Exception, path: Path, shown: str) -> str:

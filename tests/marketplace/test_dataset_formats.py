@@ -145,6 +145,21 @@ def test_one_class_and_a_non_archive_are_refused(buyer) -> None:
     refused(response, 400, "invalid_dataset", "'images.rar'", ".zip, .tar, .tar.gz, .tgz")
 
 
+def test_an_assembled_file_of_any_name_is_checked_by_the_buyers_name(tmp_path) -> None:
+    """What a chunked upload calls once its parts are joined, under a name of its own."""
+    from marketplace.jobs.dataset_files import load_uploaded_dataset
+    from marketplace.jobs.errors import InvalidDataset
+    from trainer.spec import parse_spec
+
+    part = tmp_path / "upload-7f3a.part"
+    part.write_bytes(zip_bytes(class_members(4)))
+    dataset = load_uploaded_dataset(parse_spec(IMAGE_SPEC), part, "photos.zip")
+    assert dataset.num_classes == 2
+    part.write_bytes(zip_bytes(class_members(4) | {"../x.png": png(1)}))
+    with pytest.raises(InvalidDataset, match=r"photos.zip: member '../x.png' climbs out"):
+        load_uploaded_dataset(parse_spec(IMAGE_SPEC), part, "photos.zip")
+
+
 # -- text -------------------------------------------------------------------------------------
 
 
