@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from bench import (
+    examples_bench,
     load_bench,
     network_bench,
     pause_bench,
@@ -161,6 +162,8 @@ def render(results: dict[str, Any]) -> str:
         parts += scaling_bench.render(results["scaling"])
     if "upload" in results:
         parts += upload_bench.render(results["upload"])
+    if "examples" in results:
+        parts += examples_bench.render(results["examples"])
     if "pause" in results:
         parts += pause_bench.render(results["pause"])
     return "\n".join(parts)
@@ -269,7 +272,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
-    "load", "pause", "upload",
+    "load", "pause", "upload", "examples",
 )  # fmt: skip
 
 
@@ -511,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "upload":
             print("upload: a 500 MB dataset in chunks through gpuflex serve, beside a file copy")
             results["upload"] = upload_bench.run()
+        elif section == "examples":
+            results["examples"] = examples_bench.run()
         elif section == "slow_clients":
             print("slow clients: gunicorn alone, then behind nginx")
             results["slow_clients"] = slow_clients_bench.run()

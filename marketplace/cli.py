@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -185,6 +186,14 @@ def cmd_upload(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_examples_write(args: argparse.Namespace) -> int:
+    from trainer.example_files import write_examples
+
+    for path in write_examples(Path(args.folder), int(args.corpus_bytes)):
+        print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from marketplace.demo.run import main as demo
 
@@ -296,8 +305,9 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument("spec")
     j.add_argument(
         "--dataset",
-        help="CSV, NPZ or Parquet file for the spec's dataset; a large one goes as a "
-        "chunked upload with a progress bar, and a rerun after an interruption resumes it",
+        help="the spec's dataset file (CSV, NPZ, Parquet, an image archive, text or JSONL); by "
+        "default the files the spec names beside it are uploaded with it; a large dataset goes "
+        "as a chunked upload with a progress bar, and a rerun after an interruption resumes it",
     )
     j.add_argument("--tier", choices=["volunteer", "hybrid", "platform"], default="hybrid")
     j.add_argument(
@@ -333,6 +343,17 @@ def parser() -> argparse.ArgumentParser:
         "runs/JOB); wandb: folder for the offline run (default .)",
     )
     x.set_defaults(func=cmd_jobs_export)
+
+    ex = sub.add_parser("examples", help="write the files the examples/ specs train on")
+    ex_sub = ex.add_subparsers(dest="examples_command", required=True)
+    w = ex_sub.add_parser(
+        "write",
+        help="the stdlib corpus (stdlib.jsonl) and a tiny GPT-2 (config and generated weights) "
+        "for examples/stdlib-lm.yaml and examples/lora-finetune.yaml",
+    )
+    w.add_argument("folder", help="where to write them (the examples/ folder)")
+    w.add_argument("--corpus-bytes", default=str(2 * 2**20), help="source bytes of the corpus")
+    w.set_defaults(func=cmd_examples_write)
 
     e = sub.add_parser("demo", help="run the marketplace, five agents and a job on this machine")
     e.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")

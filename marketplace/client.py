@@ -9,6 +9,7 @@ client.download(job["id"], "out/")
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -98,14 +99,17 @@ class Client:
         federated: str = "",
         progress: Progress | None = None,
         chunked_above: int | None = None,
+        uploads: dict[str, str | Path] | None = None,
     ) -> dict[str, Any]:
         """Submit a job, holding `budget` credits of your balance in escrow; `spec` is a
         mapping or a YAML/JSON file (sent as text, parsed by the server, so errors come back
         with the spec's field paths). `federated`: the name of the local dataset its nodes
         train on, which never leaves them (docs/federated.md); the spec's own dataset is then
-        only evaluated on. A dataset larger than `chunked_above` bytes (CHUNKED_ABOVE), or
-        one the server finds too large to take inline, goes as a chunked upload first
-        (`upload`, reporting to `progress`)."""
+        only evaluated on. A spec file's own files (its dataset, tokenizer, model config and
+        checkpoint, named relative to it) are uploaded with it when they exist; `dataset` and
+        `uploads` ({form field: path}) name others. A dataset larger than `chunked_above`
+        bytes (CHUNKED_ABOVE), or one the server finds too large to take inline, goes as a
+        chunked upload first (`upload`, reporting to `progress`)."""
         text = json.dumps(spec) if isinstance(spec, dict) else Path(spec).read_text("utf-8")
         form = {
             "spec": text,
@@ -115,20 +119,32 @@ class Client:
         }
         if federated:
             form["federated_dataset"] = federated
-        if dataset is None:
+        named = {} if isinstance(spec, dict) else spec_files(Path(spec), federated=bool(federated))
+        named |= {k: Path(v) for k, v in (uploads or {}).items()}
+        if dataset is not None:
+            named["dataset"] = Path(dataset)
+        if not named:
             return self._json("POST", "jobs/", data=form)
-        path = Path(dataset)
+        data = named.get("dataset")
         limit = CHUNKED_ABOVE if chunked_above is None else chunked_above
-        if path.stat().st_size <= limit:
-            try:
-                with path.open("rb") as fh:
-                    files = {"dataset": (path.name, fh)}
-                    return self._json("POST", "jobs/", data=form, files=files)
-            except GPUFlexError as exc:
-                if exc.status != 413 or exc.code != "too_large":
-                    raise  # else: over the server's inline limit, so chunked after all
-        upload = self.upload(path, progress=progress)
-        return self._json("POST", "jobs/", data=form | {"dataset_upload": upload["id"]})
+        if data is not None and data.stat().st_size > limit:
+            upload = self.upload(data, progress=progress)
+            return self._post_job(form | {"dataset_upload": upload["id"]}, named, "dataset")
+        try:
+            return self._post_job(form, named)
+        except GPUFlexError as exc:
+            if data is None or exc.status != 413 or exc.code != "too_large":
+                raise  # else: over the server's inline limit, so chunked after all
+        upload = self.upload(data, progress=progress)
+        return self._post_job(form | {"dataset_upload": upload["id"]}, named, "dataset")
+
+    def _post_job(
+        self, form: dict[str, str], named: dict[str, Path], *leave_out: str
+    ) -> dict[str, Any]:
+        with contextlib.ExitStack() as stack:
+            sent = {field: (path.name, stack.enter_context(path.open("rb")))
+                    for field, path in named.items() if field not in leave_out}  # fmt: skip
+            return self._json("POST", "jobs/", data=form, files=sent or None)
 
     # -- chunked uploads (docs/uploads.md) -------------------------------------------------
 
@@ -381,3 +397,28 @@ def sse_messages(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
             event = value
         elif name == "data":
             data.append(value)
+
+
+def spec_files(spec_path: Path, federated: bool = False) -> dict[str, Path]:
+    """{upload field: path} for the files a spec file names that exist beside it: its
+    dataset (unless built in, or federated: the nodes hold that), tokenizer.json, and an
+    hf_* model's config.json and checkpoint. A spec that does not parse names none here;
+    the server reports its problems."""
+    from trainer.spec import SpecError, load_spec
+
+    try:
+        spec = load_spec(spec_path)
+    except SpecError:
+        return {}
+    named = {
+        "dataset": None if federated or spec.dataset.kind == "digits" else spec.dataset.path,
+        "dataset_tokenizer": spec.dataset.tokenizer,
+        "model_config": spec.model.config if isinstance(spec.model.config, str) else None,
+        "model_checkpoint": spec.model.checkpoint,
+    }
+    found = {}
+    for field, name in named.items():
+        path = (spec_path.parent / name).expanduser() if name else None
+        if path is not None and path.is_file():
+            found[field] = path
+    return found

@@ -49,11 +49,16 @@ class DatasetSpec(_Strict):
     test_fraction: Annotated[float, Field(gt=0.0, lt=0.9)] = 0.2
     image_size: Annotated[int, Field(ge=4, le=512)] = 28
     seq_len: Annotated[int, Field(ge=2, le=4096)] = 64
+    # text: a Hugging Face tokenizer.json (relative to the spec file; the marketplace takes
+    # it as an upload). None: byte-level tokens, a vocabulary of the 256 byte values.
+    tokenizer: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
 
     @model_validator(mode="after")
     def _path_for_user_data(self) -> DatasetSpec:
         if self.kind != "digits" and not self.path:
             raise ValueError(f"dataset kind '{self.kind}' needs a 'path'")
+        if self.tokenizer is not None and self.kind != "text":
+            raise ValueError(f"'tokenizer' is for dataset kind 'text', not '{self.kind}'")
         return self
 
 

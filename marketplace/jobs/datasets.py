@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from pathlib import Path
 
 from marketplace.jobs import files
+from marketplace.jobs.dataset_files import archive_limits, tokenizer_name
 from marketplace.jobs.models import Job
 from trainer.datasets import Dataset, load_dataset
 from trainer.spec import JobSpec
@@ -20,16 +22,20 @@ def job_dataset(job: Job) -> Dataset:
     """Same (seed, test_fraction) as at submission, hence the same held-out split."""
     key = (str(job.id), job.dataset_file)
     if key not in _loaded:
-        _loaded[key] = _load(job.dataset_file, job.parsed_spec)
+        _loaded[key] = _load(job.id, job.dataset_file, job.parsed_spec)
         while len(_loaded) > _KEEP:
             _loaded.popitem(last=False)
     _loaded.move_to_end(key)
     return _loaded[key]
 
 
-def _load(dataset_file: str, spec: JobSpec) -> Dataset:
+def _load(job_id: object, dataset_file: str, spec: JobSpec) -> Dataset:
     if not dataset_file:
         return load_dataset(spec.dataset, seed=spec.seed)
-    with files.local_copy(dataset_file, Path(dataset_file).suffix) as path:
-        local = spec.dataset.model_copy(update={"path": str(path)})
-        return load_dataset(local, seed=spec.seed)
+    with contextlib.ExitStack() as stack:
+        path = stack.enter_context(files.local_copy(dataset_file, Path(dataset_file).suffix))
+        tokenizer = None
+        if spec.dataset.tokenizer:  # a text job's tokenizer.json, stored beside its dataset
+            tokenizer = str(stack.enter_context(files.local_copy(tokenizer_name(job_id))))
+        local = spec.dataset.model_copy(update={"path": str(path), "tokenizer": tokenizer})
+        return load_dataset(local, seed=spec.seed, archive_limits=archive_limits())

@@ -21,6 +21,13 @@ from django.db import transaction
 
 from marketplace.accounts.models import User
 from marketplace.jobs import files
+from marketplace.jobs.dataset_files import (
+    SUFFIXES,
+    load_uploaded_dataset,
+    receive_tokenizer,
+    stored_name,
+    tokenizer_name,
+)
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.model_files import checkpoint_name, receive_model_files
@@ -34,25 +41,18 @@ from marketplace.rounds.lifecycle import quorum_units, schema_misfit
 from marketplace.uploads import services as uploads
 from marketplace.uploads.models import Upload
 from trainer.aggregation import build_strategy, round_size_problems
-from trainer.datasets import Dataset, DatasetError, load_dataset
+from trainer.datasets import Dataset, load_dataset
 from trainer.fit import Footprint, estimate_memory, measure_footprint
 from trainer.models import ModelSpecError, meta_weights
 from trainer.nesting import TooDeep, check_depth, loads_json, loads_yaml
 from trainer.sharding import ShardingError
 from trainer.spec import JobSpec, SpecError, parse_spec
 
-UPLOAD_KINDS = {"csv": ".csv", "npz": ".npz", "parquet": ".parquet"}
+UPLOAD_KINDS = frozenset(SUFFIXES)
 BUILTIN_KINDS = {"digits"}
-SHARDING_METHODS = {"random", "stratified", "capability"}
-# What the trainer accepts but the marketplace cannot run yet, and why (docs/job-spec.md).
-REFUSED_KINDS = {
-    "image_folder": "an image folder cannot be uploaded yet; the marketplace takes one csv, "
-    "npz or parquet file (pack the images into an npz)",
-    "text": "a text corpus cannot be uploaded yet; the marketplace takes one csv, npz or "
-    "parquet file",
-}
+SHARDING_METHODS = {"random", "stratified", "capability", "length"}
+# What the trainer accepts but the marketplace cannot run, and why (docs/job-spec.md).
 REFUSED_SHARDING = {
-    "length": "it needs sequence data (dataset kind 'text'), which the marketplace cannot take yet",
     "prepartitioned": "it is for federated jobs, whose nodes hold their own data (name it "
     "in federated_dataset)",
 }
@@ -98,10 +98,9 @@ def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
     """Fields the trainer accepts but the marketplace cannot run, each with the reason."""
     problems = []
     kind = spec.dataset.kind
-    if kind not in BUILTIN_KINDS | set(UPLOAD_KINDS):
-        reason = REFUSED_KINDS.get(kind, "the marketplace cannot load it yet")
-        problems.append(("dataset.kind", f"{kind!r} is not supported by the marketplace: {reason}"))
     method = spec.sharding.method
+    if kind not in BUILTIN_KINDS | UPLOAD_KINDS:
+        problems.append(("dataset.kind", f"{kind!r} is not supported by the marketplace"))
     if federated:
         # silos hold their own data: the server cannot cut it, nor count it for epochs
         if method != "prepartitioned":
@@ -117,21 +116,30 @@ def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
         problems.append(
             ("sharding.method", f"{method!r} is not supported by the marketplace: {reason}")
         )
+    elif method == "length" and kind != "text":
+        problems.append(("sharding.method", "'length' cuts sequence data (dataset kind 'text')"))
     return problems
 
 
 def _load(
-    spec: JobSpec, upload: UploadedFile | None, tmp: Path, assembled: Path | None = None
+    spec: JobSpec,
+    upload: UploadedFile | None,
+    tokenizer: Path | None,
+    tmp: Path,
+    assembled: Path | None = None,
+    assembled_name: str = "",
 ) -> tuple[Dataset, Path | None]:
-    """The dataset, checked by its format's loader: built in, an uploaded file (written to
-    `tmp` first), or `assembled`, a finished chunked upload's file (uploads/), read in place."""
+    """The dataset, checked by its format's loader (jobs/dataset_files.py): built in, an
+    uploaded file (written to `tmp` first), or `assembled`, a finished chunked upload's file
+    (uploads/) read in place, `assembled_name` being the buyer's name for it."""
     kind = spec.dataset.kind
     if kind in BUILTIN_KINDS:
         if upload is not None or assembled is not None:
             raise InvalidDataset(f"Dataset kind {kind!r} is built in; do not upload a file.")
         return load_dataset(spec.dataset, seed=spec.seed), None
     if assembled is not None:
-        return _load_file(spec, assembled, assembled.name), assembled
+        shown = assembled_name or assembled.name
+        return load_uploaded_dataset(spec, assembled, shown, tokenizer), assembled
     if upload is None:
         raise InvalidDataset(
             f"Dataset kind {kind!r} needs an uploaded file in the 'dataset' field, or a "
@@ -143,21 +151,12 @@ def _load(
             f"The dataset upload is {upload.size} bytes; the limit is {limit} bytes. Send "
             "larger files as a chunked upload (docs/uploads.md) and name it in 'dataset_upload'."
         )
-    path = tmp / f"dataset{UPLOAD_KINDS[kind]}"
+    shown = Path(upload.name or "dataset").name
+    path = tmp / stored_name(kind, shown)
     with path.open("wb") as out:
         for chunk in upload.chunks():
             out.write(chunk)
-    return _load_file(spec, path, upload.name or path.name), path
-
-
-def _load_file(spec: JobSpec, path: Path, shown: str) -> Dataset:
-    local = spec.dataset.model_copy(update={"path": str(path)})
-    try:
-        return load_dataset(local, seed=spec.seed)
-    except DatasetError as exc:
-        # messages name our temp path; the buyer knows the file by its own name
-        message = str(exc).replace(str(path), shown)
-        raise InvalidDataset(f"The dataset cannot be used: {message}") from None
+    return load_uploaded_dataset(spec, path, shown, tokenizer), path
 
 
 def submit_job(
@@ -172,13 +171,15 @@ def submit_job(
     model_config: UploadedFile | None = None,
     model_checkpoint: UploadedFile | None = None,
     dataset_upload_id: object = None,
+    dataset_tokenizer: UploadedFile | None = None,
 ) -> Job:
     """Validate and store a job, holding its budget in escrow. With `federated_dataset`,
     nodes holding that named local dataset train on it; the job's own dataset is then only
     used for evaluation. `model_config` / `model_checkpoint`: an hf_* model's config.json
     and initial weights (jobs/model_files.py). `dataset_upload_id`: a finished chunked
     upload (marketplace/uploads) as the dataset instead of `dataset_upload` inline; its file
-    is checked like an inline one, the job keeps its own copy, and the upload is used up."""
+    is checked like an inline one, the job keeps its own copy, and the upload is used up.
+    `dataset_tokenizer`: a text dataset's tokenizer.json (jobs/dataset_files.py)."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
     check_credit(buyer, budget)
     cap = model_cap(tier, budget)
@@ -195,7 +196,11 @@ def submit_job(
             spec, model_config, model_checkpoint, Path(tmp), cap.checkpoint_bytes
         )
         spec = received.spec
-        dataset, local_path = _load(spec, dataset_upload, Path(tmp), assembled)
+        tokenizer = receive_tokenizer(spec, dataset_tokenizer, Path(tmp))
+        dataset, local_path = _load(
+            spec, dataset_upload, tokenizer, Path(tmp), assembled,
+            chunked.filename if chunked else "",
+        )  # fmt: skip
         try:
             # measured and tried on the meta device, the checkpoint checked by its header:
             # the weights are built by a worker (jobs/preparation.py), never in this request
@@ -231,6 +236,7 @@ def submit_job(
             spec=stored_spec,
             dataset=dataset,
             dataset_path=local_path,
+            tokenizer=tokenizer,
             plans=plans,
             checkpoint=received.checkpoint,
             footprint=footprint,
@@ -307,6 +313,7 @@ def _store(
     spec: JobSpec,
     dataset: Dataset,
     dataset_path: Path | None,
+    tokenizer: Path | None,
     plans: list,
     checkpoint: Path | None,
     footprint: Footprint,
@@ -323,10 +330,14 @@ def _store(
     try:
         dataset_file = ""
         if dataset_path is not None:  # streamed: a chunked upload runs to gigabytes
+            # named dataset<suffix>, the suffix its format is read by (jobs/dataset_files.py)
+            shown = spec.dataset.path or dataset_path.name
             dataset_file = files.put_file(
-                f"{base}/dataset{UPLOAD_KINDS[spec.dataset.kind]}", dataset_path
+                f"{base}/{stored_name(spec.dataset.kind, shown)}", dataset_path
             )
             written.append(dataset_file)
+        if tokenizer is not None:  # jobs/datasets.py re-loads the text with it
+            written.append(files.put(tokenizer_name(job_id), tokenizer.read_bytes()))
         if checkpoint is not None:  # jobs/preparation.py builds round 1's model from it
             written.append(files.put(checkpoint_name(job_id), checkpoint.read_bytes()))
         shard_rows = resharding.write(job_id, 0, dataset, plans, written)

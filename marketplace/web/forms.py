@@ -16,7 +16,7 @@ EXAMPLE_SPEC = """\
 name: digits-mlp
 seed: 0
 dataset:
-  kind: digits          # built in; or csv / npz / parquet with a file below
+  kind: digits          # built in; or csv / npz / parquet / image_folder / text with a file
   test_fraction: 0.2
 model:
   arch: mlp
@@ -90,7 +90,8 @@ class JobForm(forms.Form):
         help_text="YAML or JSON, as in examples/.",
     )
     dataset = forms.FileField(
-        required=False, help_text="CSV, NPZ or Parquet; leave empty for a built-in dataset."
+        required=False,
+        help_text="CSV, NPZ, Parquet, an image archive or text; empty for a built-in dataset.",
     )
     # set by the page's script once a large file's chunked upload is finished (upload.js)
     dataset_upload = forms.UUIDField(required=False, widget=forms.HiddenInput)

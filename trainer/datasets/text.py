@@ -1,4 +1,6 @@
-"""A plain-text corpus for byte-level language modelling (vocabulary: the 256 byte values)."""
+"""A text corpus for language modelling: plain UTF-8 text (one document per non-empty line) or
+JSONL (one JSON object per line, its "text" field the document), as byte-level tokens
+(vocabulary: the 256 byte values) or the ids of a Hugging Face tokenizer.json."""
 
 from __future__ import annotations
 
@@ -9,27 +11,42 @@ import numpy as np
 import torch
 
 from trainer.datasets.base import IGNORE_INDEX, Dataset, DatasetError
+from trainer.datasets.tokenizer import load_tokenizer
+from trainer.nesting import TooDeep, loads_json
 
 VOCAB_SIZE = 256
 
 
 def load_text_dataset(
-    path: str | Path, seq_len: int = 64, test_fraction: float = 0.2, seed: int = 0
+    path: str | Path,
+    seq_len: int = 64,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    tokenizer: str | Path | None = None,
 ) -> Dataset:
-    """Each non-empty line is a document, cut into samples of up to seq_len + 1 bytes.
+    """Each document is cut into samples of up to seq_len + 1 tokens.
 
-    x = bytes[:-1] and y = bytes[1:], padded to seq_len (x with 0, y with IGNORE_INDEX);
-    lengths_* hold the number of real positions.
+    x = tokens[:-1] and y = tokens[1:], padded to seq_len (x with 0, y with IGNORE_INDEX);
+    lengths_* hold the number of real positions. A `.jsonl` path is read as JSONL.
     """
     path = Path(path)
     if seq_len < 1:
         raise DatasetError(f"seq_len must be >= 1, got {seq_len}")
     data = _read_corpus(path)
-    chunks = [c for line in _documents(data) for c in _chunks(line, seq_len)]
+    docs = _jsonl_documents(path, data) if is_jsonl(path) else _documents(data)
+    if tokenizer is None:
+        vocab = VOCAB_SIZE
+        tokens = [np.frombuffer(doc, dtype=np.uint8) for doc in docs]
+    else:
+        tok = load_tokenizer(tokenizer)
+        vocab = tok.get_vocab_size()
+        encoded = tok.encode_batch([doc.decode("utf-8") for doc in docs], add_special_tokens=False)
+        tokens = [np.asarray(e.ids, dtype=np.int64) for e in encoded]
+    chunks = [c for doc in tokens for c in _chunks(doc, seq_len)]
     if len(chunks) < 2:
         raise DatasetError(
             f"{path}: the corpus yields {len(chunks)} sample(s) but at least 2 are needed "
-            f"(each non-empty line of 2+ bytes gives one sample per {seq_len} bytes)"
+            f"(each document of 2+ tokens gives one sample per {seq_len} tokens)"
         )
     x, y, lengths = _pack(chunks, seq_len)
     train, test = _split(len(chunks), test_fraction, seed)
@@ -40,11 +57,19 @@ def load_text_dataset(
         y_train=y[train],
         x_test=x[test],
         y_test=y[test],
-        num_classes=VOCAB_SIZE,
+        num_classes=vocab,
         input_shape=(seq_len,),
         lengths_train=lengths[train],
         lengths_test=lengths[test],
     )
+
+
+def is_jsonl(path: str | Path) -> bool:
+    return Path(path).suffix.lower() == ".jsonl"
+
+
+def _line_of(data: bytes, offset: int) -> int:
+    return data.count(b"\n", 0, offset) + 1
 
 
 def _read_corpus(path: Path) -> bytes:
@@ -59,14 +84,18 @@ def _read_corpus(path: Path) -> bytes:
         raise DatasetError(f"{path}: empty file")
     nul = data.find(b"\0")
     if nul >= 0:
-        raise DatasetError(f"{path}: NUL byte at offset {nul}; this looks like a binary file")
+        raise DatasetError(
+            f"{path}: line {_line_of(data, nul)}: NUL byte at offset {nul}; this looks like a "
+            "binary file"
+        )
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DatasetError(
-            f"{path}: not valid UTF-8 at byte offset {exc.start} ({exc.reason})"
+            f"{path}: line {_line_of(data, exc.start)}: not valid UTF-8 at byte offset "
+            f"{exc.start} ({exc.reason}); save the text as UTF-8"
         ) from None
-    return data
+    return data.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not text
 
 
 def _documents(data: bytes) -> list[bytes]:
@@ -74,10 +103,30 @@ def _documents(data: bytes) -> list[bytes]:
     return [line for line in lines if line]
 
 
-def _chunks(doc: bytes, seq_len: int) -> list[bytes]:
-    # Consecutive windows of seq_len + 1 bytes that share one byte with the next window
-    # (stride seq_len): every byte after the first is a target exactly once, so no
-    # transition across a window boundary is lost. A 1-byte remainder has no target.
+def _jsonl_documents(path: Path, data: bytes) -> list[bytes]:
+    """Each non-blank line's "text" string, UTF-8 encoded; errors name the line."""
+    docs = []
+    for number, line in enumerate(data.decode("utf-8").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = loads_json(line)
+        except (ValueError, TooDeep) as exc:
+            raise DatasetError(f"{path}: line {number}: not valid JSON: {exc}") from None
+        text = record.get("text") if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise DatasetError(
+                f'{path}: line {number}: each line is a JSON object with a "text" string'
+            )
+        if text:
+            docs.append(text.encode("utf-8"))
+    return docs
+
+
+def _chunks(doc: np.ndarray, seq_len: int) -> list[np.ndarray]:
+    # Consecutive windows of seq_len + 1 tokens that share one token with the next window
+    # (stride seq_len): every token after the first is a target exactly once, so no
+    # transition across a window boundary is lost. A 1-token remainder has no target.
     return [
         chunk
         for start in range(0, len(doc), seq_len)
@@ -85,13 +134,15 @@ def _chunks(doc: bytes, seq_len: int) -> list[bytes]:
     ]
 
 
-def _pack(chunks: list[bytes], seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _pack(
+    chunks: list[np.ndarray], seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     n = len(chunks)
     x = np.zeros((n, seq_len), dtype=np.int64)
     y = np.full((n, seq_len), IGNORE_INDEX, dtype=np.int64)
     lengths = np.empty(n, dtype=np.int64)
     for i, chunk in enumerate(chunks):
-        tokens = np.frombuffer(chunk, dtype=np.uint8)
+        tokens = chunk.astype(np.int64)
         k = tokens.size - 1
         x[i, :k] = tokens[:-1]
         y[i, :k] = tokens[1:]

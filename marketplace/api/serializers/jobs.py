@@ -41,6 +41,11 @@ class JobSubmitSerializer(serializers.Serializer):
         allow_null=True,
         help_text="initial weights as safetensors (model.checkpoint); never a pickle",
     )
+    dataset_tokenizer = serializers.FileField(
+        required=False,
+        allow_null=True,
+        help_text="a text dataset's Hugging Face tokenizer.json (dataset.tokenizer); JSON only",
+    )
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.HYBRID)
     budget = serializers.DecimalField(
         max_digits=12,

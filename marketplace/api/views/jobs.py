@@ -73,6 +73,7 @@ class JobListView(generics.ListAPIView):
             federated_dataset=data["federated_dataset"],
             model_config=data.get("model_config"),
             model_checkpoint=data.get("model_checkpoint"),
+            dataset_tokenizer=data.get("dataset_tokenizer"),
         )
         job = jobs_of(request.user).get(pk=job.pk)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)

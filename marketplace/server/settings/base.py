@@ -186,6 +186,16 @@ GPUFLEX = {
     "EVENT_STREAM_MAX_S": float(os.environ.get("GPUFLEX_EVENT_STREAM_MAX_S", "300")),
     "DEFAULT_SHARDS": int(os.environ.get("GPUFLEX_DEFAULT_SHARDS", "4")),
     "MAX_DATASET_BYTES": int(os.environ.get("GPUFLEX_MAX_DATASET_BYTES", str(64 * 2**20))),
+    # what one uploaded image archive may hold (trainer.datasets.ArchiveLimits): members,
+    # bytes decompressed, a member's decompressed / packed ratio, pixels per image, and the
+    # float32 tensor its images become on the server
+    "IMAGE_ARCHIVE": {
+        "max_members": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_MEMBERS", "100000")),
+        "max_total_bytes": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_BYTES", str(1 << 30))),
+        "max_ratio": float(os.environ.get("GPUFLEX_ARCHIVE_MAX_RATIO", "100")),
+        "max_pixels": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_PIXELS", str(4096 * 4096))),
+        "max_decoded_bytes": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_DECODED", str(2 << 30))),
+    },
     "MAX_UPDATE_BYTES": int(os.environ.get("GPUFLEX_MAX_UPDATE_BYTES", str(256 * 2**20))),
     # -- chunked dataset uploads (docs/uploads.md) --
     # open sessions' partial files: on the media folder's filesystem, so that a finished
