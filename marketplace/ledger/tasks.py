@@ -7,17 +7,30 @@ from celery import shared_task
 
 @shared_task(acks_late=True, name="marketplace.ledger.tasks.settle_chain")
 def settle_chain() -> dict[str, object]:
-    """Credit new deposits, then settle requested payouts in one batch."""
-    from marketplace.ledger.chain import chain_client, settle_payouts, sync_deposits
+    """Credit new deposits, send stored anchors, and close a settlement batch when one is due
+    (CHAIN BATCH_MAX contributions waiting, or the oldest waiting DEADLINE_S)."""
+    from marketplace.ledger.anchoring import send_pending
+    from marketplace.ledger.chain import chain_client, settle, sync_deposits
 
     client = chain_client()
     if client is None:
         return {"enabled": False}
     credited = sync_deposits(client)
-    record = settle_payouts(client)
+    anchored = send_pending()
+    record = settle(client)
     return {
         "enabled": True,
         "deposits": credited,
+        "anchors": anchored,
         "batch": record.batch_id if record else None,
         "failed": record.failed if record else "",
     }
+
+
+@shared_task(acks_late=True, name="marketplace.ledger.tasks.anchor_provenance")
+def anchor_provenance(anchor_id: int) -> bool:
+    """Send one stored provenance anchor (ledger/anchoring.py)."""
+    from marketplace.ledger.anchoring import send_anchor
+
+    anchor = send_anchor(anchor_id)
+    return bool(anchor and anchor.anchored)

@@ -19,9 +19,11 @@ from django.utils import timezone
 
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.preparation import enqueue_preparation
+from marketplace.ledger.anchoring import request_anchor, wants_anchor
 from marketplace.ledger.reservations import unaffordable
 from marketplace.ledger.services import release_escrow
 from marketplace.nodes.services import mark_offline
+from marketplace.rounds.aggregation import round_record_hash
 from marketplace.rounds.lifecycle import (
     open_round,
     reserve_silos,
@@ -150,6 +152,8 @@ def resume_orphaned_jobs() -> int:
                 job.status = JobStatus.COMPLETED
                 job.finished_at = timezone.now()
                 job.save(update_fields=["status", "finished_at", "updated_at"])
+                if ckpt is not None and wants_anchor(job, head=True):
+                    request_anchor(job, ckpt.round, round_record_hash(job, ckpt.round), head=True)
                 release_escrow(job)
                 continue
             open_round(job, number, state)
