@@ -347,6 +347,18 @@ class ChainClient:
     def register_node(self, capability_hash: Bytes32Like, sender: str) -> TxReceipt:
         return self.transact(self.nodes.functions.register(to_bytes32(capability_hash)), sender)
 
+    def register_node_for(
+        self, node: str, capability_hash: Bytes32Like, nonce: int | None = None
+    ) -> TxReceipt:
+        """The operator registers ``node`` (a provider's wallet) with its capability hash."""
+        return self.transact(
+            self.nodes.functions.registerFor(
+                to_checksum_address(node), to_bytes32(capability_hash)
+            ),
+            self.operator,
+            nonce=nonce,
+        )
+
     def deactivate_node(self, node: str) -> TxReceipt:
         return self.transact(
             self.nodes.functions.deactivate(to_checksum_address(node)), self.operator

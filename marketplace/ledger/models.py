@@ -301,3 +301,25 @@ class Reservation(models.Model):
                 fields=["job"], condition=models.Q(state="open"), name="reservation_open_job"
             )
         ]
+
+
+class NodeRegistration(models.Model):
+    """A provider's wallet and the capability hash of its nodes, registered in the NodeRegistry
+    (by the operator: `registerFor`) when the provider links the wallet; sent once like every
+    operator transaction (chain_once). A changed hash is a new row (NodeUpdated on chain)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="node_registrations"
+    )
+    address = models.CharField(max_length=42)
+    capability_hash = models.CharField(max_length=66)
+    nonce = models.PositiveBigIntegerField(null=True, blank=True)
+    registered = models.BooleanField(default=False)
+    tx_hash = models.CharField(max_length=66, blank=True)
+    failed = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["address", "capability_hash"], name="registration_once")
+        ]

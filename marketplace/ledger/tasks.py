@@ -9,6 +9,7 @@ from celery import shared_task
 def settle_chain() -> dict[str, object]:
     """Credit new deposits, send stored anchors, and close a settlement batch when one is due
     (CHAIN BATCH_MAX contributions waiting, or the oldest waiting DEADLINE_S)."""
+    from marketplace.ledger import registry
     from marketplace.ledger.anchoring import send_pending
     from marketplace.ledger.chain import chain_client, settle, sync_deposits
 
@@ -17,11 +18,13 @@ def settle_chain() -> dict[str, object]:
         return {"enabled": False}
     credited = sync_deposits(client)
     anchored = send_pending()
+    registered = registry.send_pending()
     record = settle(client)
     return {
         "enabled": True,
         "deposits": credited,
         "anchors": anchored,
+        "registrations": registered,
         "batch": record.batch_id if record else None,
         "failed": record.failed if record else "",
     }
@@ -34,3 +37,12 @@ def anchor_provenance(anchor_id: int) -> bool:
 
     anchor = send_anchor(anchor_id)
     return bool(anchor and anchor.anchored)
+
+
+@shared_task(acks_late=True, name="marketplace.ledger.tasks.register_node")
+def register_node(registration_id: int) -> bool:
+    """Send one stored NodeRegistry registration (ledger/registry.py)."""
+    from marketplace.ledger.registry import send_registration
+
+    reg = send_registration(registration_id)
+    return bool(reg and reg.registered)

@@ -32,6 +32,7 @@ from marketplace.ledger import accounts, selectors, services
 from marketplace.ledger.models import Payout, PayoutKind, SettlementRecord, WalletAddress
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
+from marketplace.ledger.registry import request_registration
 from marketplace.nodes.selectors import nodes_of
 
 
@@ -144,6 +145,8 @@ class WalletView(APIView):
             if taken.exists():
                 raise Conflict(f"{address} is already registered to another account.")
             WalletAddress.objects.update_or_create(user=request.user, defaults={"address": address})
+            # a provider's wallet goes into the NodeRegistry with its nodes' capability hash
+            request_registration(request.user, address)
         return self.get(request)
 
 

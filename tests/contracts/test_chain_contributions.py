@@ -131,3 +131,17 @@ def test_a_buyer_contract_that_refuses_native_currency_withdraws_by_claim_to(env
             env.buyer,
         )
     assert c.batch_state("withdraw-batch").claimed == 3 * ETH  # type: ignore[union-attr]
+
+
+def test_the_operator_registers_a_node_for_it_under_the_same_rules(env: Env) -> None:
+    c, node = env.client, env.providers[2]
+    cap = keccak(text="2x RTX 4090")
+    with pytest.raises(ChainError, match="AccessControlUnauthorizedAccount"):
+        c.transact(c.nodes.functions.registerFor(node, cap), env.outsider)
+    c.register_node_for(node, cap)
+    assert c.node(node).capability_hash == cap and c.node(node).active
+    c.deactivate_node(node)
+    with pytest.raises(ChainError, match="NodeInactive"):
+        c.register_node_for(node, keccak(text="other"))
+    with pytest.raises(ChainError, match="ZeroCapability"):
+        c.register_node_for(env.providers[3], b"\0" * 32)

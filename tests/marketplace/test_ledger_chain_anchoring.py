@@ -373,3 +373,38 @@ def test_a_buyer_contract_that_refuses_native_currency_still_withdraws(
     assert receipt["status"] == 1 and w3.eth.get_balance(funder) - before == 5 * UPC
     assert chain.is_claimed(proof) and chain.job(funding).settled == 5 * UPC
     assert reconcile().ok, reconcile().problems
+
+
+# -- node registry -------------------------------------------------------------------------
+
+
+def test_linking_a_wallet_registers_the_provider_and_its_capabilities_once(
+    chain, make_agent, provider
+) -> None:
+    from marketplace.ledger import registry
+    from marketplace.ledger.models import NodeRegistration
+
+    address = chain.w3.eth.accounts[6]
+    make_agent(kind="platform")
+    register_wallet(provider, address)
+    reg = NodeRegistration.objects.get()
+    assert reg.registered and reg.address == address and reg.tx_hash
+    info = chain.node(address)
+    assert info.active and "0x" + info.capability_hash.hex() == reg.capability_hash
+    assert reg.capability_hash == registry.capability_hash(reg.user)
+
+    before = chain.next_nonce()
+    register_wallet(provider, address)  # linked again, nothing changed: nothing sent
+    assert NodeRegistration.objects.count() == 1 and chain.next_nonce() == before
+
+    make_agent(kind="platform")  # another node: a new hash, an update on chain
+    register_wallet(provider, address)
+    assert NodeRegistration.objects.filter(registered=True).count() == 2
+    assert "0x" + chain.node(address).capability_hash.hex() == registry.capability_hash(reg.user)
+
+    chain.deactivate_node(address)  # the operator deactivated it: linking cannot revive it
+    make_agent(kind="platform")
+    register_wallet(provider, address)
+    refused = NodeRegistration.objects.latest("pk")
+    assert not refused.registered and "NodeInactive" in refused.failed
+    assert not chain.node(address).active
