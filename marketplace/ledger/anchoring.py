@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from marketplace.jobs.models import Job
@@ -32,9 +31,9 @@ def wants_anchor(job: Job, *, head: bool) -> bool:
     return chain_enabled() and (head or job.parsed_spec.rounds.anchor_rounds)
 
 
-def request_anchor(job: Job, number: int, record_hash: str, *, head: bool) -> None:
+def request_anchor(job: Job, number: int, record_hash: str, *, head: bool) -> ProvenanceAnchor:
     """Inside the transaction that closes round `number` (when `wants_anchor`): store its
-    anchor and send it once that commits."""
+    anchor; the caller sends it once that commits (ledger.tasks.enqueue_anchor)."""
     if len(record_hash) != 64:
         raise ValueError(f"a record hash is 64 hex digits, not {record_hash!r}")
     anchor, created = ProvenanceAnchor.objects.get_or_create(
@@ -46,17 +45,7 @@ def request_anchor(job: Job, number: int, record_hash: str, *, head: bool) -> No
     if head and not anchor.head:
         anchor.head = True
         anchor.save(update_fields=["head"])
-    pk = anchor.pk
-    transaction.on_commit(lambda: _enqueue(pk))
-
-
-def _enqueue(pk: int) -> None:
-    from marketplace.ledger.tasks import anchor_provenance
-
-    try:
-        anchor_provenance.delay(pk)
-    except Exception:  # the broker is down: the periodic sweep sends it
-        log.exception("could not enqueue provenance anchor %s", pk)
+    return anchor
 
 
 def send_anchor(pk: int) -> ProvenanceAnchor | None:

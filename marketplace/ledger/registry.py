@@ -10,8 +10,6 @@ import hashlib
 import json
 import logging
 
-from django.db import transaction
-
 from marketplace.accounts.models import User
 from marketplace.ledger.anchoring import chain_enabled
 from marketplace.ledger.models import NodeRegistration
@@ -40,27 +38,15 @@ def capability_hash(user: User) -> str | None:
 
 
 def request_registration(user: User, address: str) -> NodeRegistration | None:
-    """Inside the transaction that links `address` to `user`: store the registration and send
-    it once that commits."""
+    """Inside the transaction that links `address` to `user`: store the registration; the
+    caller sends it once that commits (ledger.tasks.enqueue_registration)."""
     digest = capability_hash(user) if chain_enabled() else None
     if digest is None:
         return None
     registration, _ = NodeRegistration.objects.get_or_create(
         address=address, capability_hash=digest, defaults={"user": user}
     )
-    if not registration.registered:
-        pk = registration.pk
-        transaction.on_commit(lambda: _enqueue(pk))
     return registration
-
-
-def _enqueue(pk: int) -> None:
-    from marketplace.ledger.tasks import register_node
-
-    try:
-        register_node.delay(pk)
-    except Exception:  # the broker is down: the periodic sweep sends it
-        log.exception("could not enqueue node registration %s", pk)
 
 
 def send_registration(pk: int) -> NodeRegistration | None:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+from django.db import transaction
+
+from marketplace.ledger.models import NodeRegistration, ProvenanceAnchor
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(acks_late=True, name="marketplace.ledger.tasks.settle_chain")
@@ -46,3 +53,25 @@ def register_node(registration_id: int) -> bool:
 
     reg = send_registration(registration_id)
     return bool(reg and reg.registered)
+
+
+def enqueue_anchor(anchor: ProvenanceAnchor | None) -> None:
+    """Send a stored provenance anchor once the surrounding transaction commits; if the broker
+    cannot take it, the settle_chain sweep sends it (nothing is lost, nothing sent twice)."""
+    if anchor is not None and not anchor.anchored:
+        pk = anchor.pk
+        transaction.on_commit(lambda: _delay(anchor_provenance, pk))
+
+
+def enqueue_registration(registration: NodeRegistration | None) -> None:
+    """As enqueue_anchor, for a NodeRegistry registration."""
+    if registration is not None and not registration.registered:
+        pk = registration.pk
+        transaction.on_commit(lambda: _delay(register_node, pk))
+
+
+def _delay(task: object, pk: int) -> None:
+    try:
+        task.delay(pk)  # type: ignore[attr-defined]
+    except Exception:  # the broker is down: the periodic sweep sends it
+        log.exception("could not enqueue %s(%s); the settle_chain sweep will", task, pk)

@@ -34,6 +34,7 @@ from marketplace.ledger.services import (
     release_escrow,
     release_unpaid,
 )
+from marketplace.ledger.tasks import enqueue_anchor
 from marketplace.nodes.services import record_verification
 from marketplace.rounds.lifecycle import open_round, unit_states
 from marketplace.rounds.models import Round, RoundStatus, TaskResult
@@ -271,7 +272,9 @@ def run_aggregation(round_id: int) -> None:
         job.save(update_fields=fields)
         head = job.status == JobStatus.COMPLETED
         if wants_anchor(job, head=head):  # sent on commit, exactly once (ledger/anchoring.py)
-            request_anchor(job, rnd.number, round_record_hash(job, rnd.number), head=head)
+            enqueue_anchor(
+                request_anchor(job, rnd.number, round_record_hash(job, rnd.number), head=head)
+            )
         if job.is_active:
             open_round(job, rnd.number + 1, outcome.state,
                        delta=(outcome.delta_file, rnd.input_model_hash))  # fmt: skip

@@ -22,6 +22,7 @@ from marketplace.jobs.preparation import enqueue_preparation
 from marketplace.ledger.anchoring import request_anchor, wants_anchor
 from marketplace.ledger.reservations import unaffordable
 from marketplace.ledger.services import release_escrow
+from marketplace.ledger.tasks import enqueue_anchor
 from marketplace.nodes.services import mark_offline
 from marketplace.rounds.aggregation import round_record_hash
 from marketplace.rounds.lifecycle import (
@@ -153,7 +154,8 @@ def resume_orphaned_jobs() -> int:
                 job.finished_at = timezone.now()
                 job.save(update_fields=["status", "finished_at", "updated_at"])
                 if ckpt is not None and wants_anchor(job, head=True):
-                    request_anchor(job, ckpt.round, round_record_hash(job, ckpt.round), head=True)
+                    digest = round_record_hash(job, ckpt.round)
+                    enqueue_anchor(request_anchor(job, ckpt.round, digest, head=True))
                 release_escrow(job)
                 continue
             open_round(job, number, state)

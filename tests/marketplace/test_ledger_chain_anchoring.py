@@ -408,3 +408,46 @@ def test_linking_a_wallet_registers_the_provider_and_its_capabilities_once(
     refused = NodeRegistration.objects.latest("pk")
     assert not refused.registered and "NodeInactive" in refused.failed
     assert not chain.node(address).active
+
+
+# -- latency -------------------------------------------------------------------------------
+
+
+def test_settlement_latency_from_a_rounds_close_to_a_claimable_proof(
+    chain, make_user, make_agent, provider, settings, capsys
+) -> None:
+    """The round closes (its work is charged), the provider asks for its earnings at once, the
+    beat's next look after the deadline closes the batch, and the payout proof and the
+    contribution proof are then servable and check out on chain. The clock of the deadline is
+    the test's (no sleeping); what the chain takes is measured and printed, never asserted."""
+    import time
+
+    settings.CHAIN = settings.CHAIN | {"DEADLINE_S": 30.0}
+    _paid_job(chain, make_user, make_agent, provider)
+    closed = Transaction.objects.filter(kind="charge").latest("created_at").created_at
+    earned = provider.get("/api/v1/ledger/earnings").json()["balance"]
+    request = {"amount": earned, "wallet_address": chain.w3.eth.accounts[3], "idempotency_key": "l"}
+    payout = provider.post("/api/v1/payouts/", request, format="json").json()
+    oldest = Transaction.objects.filter(kind="charge").earliest("created_at").created_at
+    assert ledger_chain.settle(chain, now=oldest + timedelta(seconds=29)) is None
+
+    started = time.perf_counter()
+    record = ledger_chain.settle(chain, now=oldest + timedelta(seconds=30))
+    proof = _claim_proof(provider.get(f"/api/v1/payouts/{payout['id']}/proof").json())
+    node = Transaction.objects.filter(settlement=record).first().node_id
+    leaf = provider.get(f"/api/v1/nodes/{node}/contributions").json()["batches"][0]
+    send_s = time.perf_counter() - started
+    assert record.posted and record.anchored and record.closed_reason == "deadline"
+    assert chain.verify_contribution(ContributionProof.from_dict(leaf))
+    assert chain.claim(proof, sender=chain.w3.eth.accounts[3]).amount == proof.amount
+
+    wait_s = (oldest + timedelta(seconds=30) - closed).total_seconds()
+    beat = settings.CELERY_BEAT_SCHEDULE.get("gpuflex-settle-chain", {}).get("schedule", 5)
+    with capsys.disabled():
+        print(
+            f"\nsettlement latency ({settings.CHAIN['URL'][:9]}): round close -> batch due "
+            f"{wait_s:.1f} s (deadline 30 s from the oldest contribution), + at most one "
+            f"beat period ({beat} s), "
+            f"+ close, post, anchor and serve both proofs {send_s:.2f} s; "
+            f"post gas {record.gas_used}"
+        )

@@ -33,6 +33,7 @@ from marketplace.ledger.models import Payout, PayoutKind, SettlementRecord, Wall
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
 from marketplace.ledger.registry import request_registration
+from marketplace.ledger.tasks import enqueue_registration
 from marketplace.nodes.selectors import nodes_of
 
 
@@ -146,7 +147,7 @@ class WalletView(APIView):
                 raise Conflict(f"{address} is already registered to another account.")
             WalletAddress.objects.update_or_create(user=request.user, defaults={"address": address})
             # a provider's wallet goes into the NodeRegistry with its nodes' capability hash
-            request_registration(request.user, address)
+            enqueue_registration(request_registration(request.user, address))
         return self.get(request)
 
 
