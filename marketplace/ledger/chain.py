@@ -40,6 +40,7 @@ from marketplace.ledger.models import (
     Payout,
     PayoutKind,
     PayoutStatus,
+    ProvenanceAnchor,
     SettlementRecord,
     Transaction,
     TxKind,
@@ -489,6 +490,32 @@ def client_deployment(name: str) -> str:
 # -- reconciliation ---------------------------------------------------------------------------
 
 
+def _anchor_problems(client: ChainClient) -> list[str]:
+    """Every anchored contribution root and provenance record is on chain as recorded, and
+    the buyers' withdrawals never exceed their deposits."""
+    problems = []
+    for record in SettlementRecord.objects.filter(anchored=True).exclude(contributions_json=""):
+        tree = ContributionTree.from_json(record.contributions_json)
+        onchain = client.contributions_of(tree.batch_id)
+        if onchain is None or onchain.root != tree.root:
+            problems.append(
+                f"Batch {record.batch_id}'s contribution root is not on chain as stored."
+            )
+    for anchor in ProvenanceAnchor.objects.filter(anchored=True):
+        if not client.verify_anchor(anchor.job_id, anchor.round, bytes.fromhex(anchor.record_hash)):
+            problems.append(f"Job {anchor.job_id} round {anchor.round}'s anchor is not on chain.")
+    failed = ProvenanceAnchor.objects.exclude(failed="").values_list("job_id", "round", "failed")
+    problems += [f"Job {j} round {r} could not be anchored: {why}" for j, r, why in failed]
+    # work debits never exceed deposits less withdrawals (_debitable_units), so withdrawals
+    # can never exceed the deposits (charges may later exceed them, paid from granted credit)
+    for fid, deposited, _, withdrawn in _funding():
+        if withdrawn > deposited:
+            problems.append(
+                f"Funding {fid}: withdrawals of {withdrawn} exceed the deposits of {deposited}."
+            )
+    return problems
+
+
 def reconcile_chain(client: ChainClient) -> list[str]:
     problems = []
     deposited: dict[str, int] = {}
@@ -519,6 +546,7 @@ def reconcile_chain(client: ChainClient) -> list[str]:
                 f"Funding {fid}: the chain debited {escrow.settled}, "
                 f"the ledger {debited.get(fid, 0)}."
             )
+    problems += _anchor_problems(client)
     pending = _money_records().filter(posted=False).values_list("batch_id", flat=True)
     problems += [f"Batch {b} is stored but not on chain yet: run settle_payouts." for b in pending]
     credited = exact_sum(ChainDeposit.objects.filter(transaction__isnull=False))
