@@ -105,7 +105,10 @@ def _check_anchor(
     if job_key != to_bytes32(_job_uuid(chain.job)):
         result.fail("anchor", f"the anchor's job key is not job {chain.job}'s")
         return
-    digest = bytes.fromhex(head.record_hash)
+    # the hash of the record as it reads, not its own record_hash field: a rewritten record
+    # keeps the field, and must not pass for the anchored one
+    computed = head.compute_hash()
+    digest = bytes.fromhex(computed)
     on_chain = bool(registry.functions.verify(job_key, head.round, digest).call())
     tx_hash = mine[0]["tx_hash"]
     receipt = w3.eth.get_transaction_receipt(tx_hash)
@@ -122,7 +125,7 @@ def _check_anchor(
     result.checks["anchor"] = on_chain and in_tx
     if not on_chain:
         result.problems.append(
-            f"the registry does not hold {head.record_hash} for round {head.round}"
+            f"the registry does not hold {computed} (the head record's hash) for round {head.round}"
         )
     if not in_tx:
         result.problems.append(f"transaction {tx_hash} did not anchor that record")
