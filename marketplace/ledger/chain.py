@@ -187,15 +187,16 @@ def _funding() -> list[tuple[str, int, int, int]]:
     return out
 
 
-def _debitable_units() -> list[tuple[str, int]]:
+def _debitable_units(withdrawing: dict[str, int] | None = None) -> list[tuple[str, int]]:
     """Per funding id, deposited money the ledger has charged for work and not yet debited:
     a buyer's deposits are taken to be spent before any granted credit, and what the buyer
-    withdrew is no longer theirs to spend. Work debits never exceed deposits less withdrawals,
-    so work and withdrawals together never exceed the deposits."""
+    withdrew, or is withdrawing in the batch being built (`withdrawing`), is no longer theirs
+    to spend. Work debits never exceed deposits less withdrawals, so work and withdrawals
+    together never exceed the deposits."""
     debited = _debited_units()
     out = []
     for fid, deposited, charged, withdrawn in _funding():
-        spendable = min(deposited - withdrawn, charged)
+        spendable = min(deposited - withdrawn - (withdrawing or {}).get(fid, 0), charged)
         left = spendable - (debited.get(fid, 0) - withdrawn)
         if left > 0:
             out.append((fid, left))
@@ -283,23 +284,23 @@ def close_batch(now: datetime | None = None, force: bool = False) -> SettlementR
             .filter(pk__in=charge_ids, settlement__isnull=True)
             .values_list("pk", flat=True)
         )
-        available = _debitable_units()
-        budget = sum(units for _, units in available)
-        chosen: list[Payout] = []
-        withdrawals: dict[str, int] = {}  # funding id -> units its buyer withdraws
-        for payout in (
+        requested = list(
             Payout.objects.select_for_update()
             .filter(status=PayoutStatus.REQUESTED)
             .order_by("created_at", "pk")
-        ):
+        )
+        # withdrawals come from the buyer's own funding id, out of money nothing has been
+        # charged for (checked when requested); the work pool is what is left beside them
+        chosen = [p for p in requested if p.kind == PayoutKind.WITHDRAWAL]
+        withdrawals: dict[str, int] = {}  # funding id -> units its buyer withdraws
+        for payout in chosen:
+            key = funding_id(payout.user_id)
+            withdrawals[key] = withdrawals.get(key, 0) + to_units(payout.amount, upc)
+        available = _debitable_units(withdrawals)
+        budget = sum(units for _, units in available)
+        for payout in requested:
             units = to_units(payout.amount, upc)
-            if payout.kind == PayoutKind.WITHDRAWAL:
-                # from the buyer's own funding id, out of money nothing has been charged for
-                withdrawals[funding_id(payout.user_id)] = (
-                    withdrawals.get(funding_id(payout.user_id), 0) + units
-                )
-                chosen.append(payout)
-            elif units <= budget:
+            if payout.kind != PayoutKind.WITHDRAWAL and units <= budget:
                 chosen.append(payout)
                 budget -= units
         if not chosen and not charge_ids:
@@ -373,6 +374,10 @@ def send_record(client: ChainClient, record: SettlementRecord) -> None:
     if not record.posted and not record.failed:
         _post(client, record)
     if record.posted and not record.anchored and not record.failed:
+        if not record.contributions_json:  # a batch stored before contribution roots existed
+            record.anchored = True
+            record.save(update_fields=["anchored"])
+            return
         _anchor_contributions(client, record)
 
 
