@@ -337,7 +337,7 @@ def test_buyer_and_operator_withdraw_on_chain_and_the_ledger_reconciles(
 
 
 def test_a_buyer_contract_that_refuses_native_currency_still_withdraws(
-    chain, make_user, make_agent, provider
+    chain, make_user, monkeypatch
 ) -> None:
     w3 = chain.w3
     funder = w3.eth.accounts[4]
@@ -349,12 +349,15 @@ def test_a_buyer_contract_that_refuses_native_currency_still_withdraws(
     assert ledger_chain.sync_deposits(chain) == 1
     assert Decimal(buyer.get("/api/v1/ledger/withdrawals").json()["withdrawable"]) == 5
 
-    w = buyer.post("/api/v1/ledger/withdrawals", {"amount": "5", "idempotency_key": "all"},
-                   format="json")  # fmt: skip
-    assert w.status_code == 201, w.content
+    # through the command line and the SDK, as a buyer would
+    monkeypatch.setattr(cli, "build_client", lambda args: _sdk(buyer_key))
+    assert cli.main(["withdraw", "5", "--key", "all"]) == 0
+    (w,) = _sdk(buyer_key).withdrawals()["withdrawals"]
+    assert (w["kind"], w["amount"], w["status"]) == ("withdrawal", "5.000000", "requested")
     record = ledger_chain.settle_payouts(chain)
     assert record is not None and record.posted
-    proof = _claim_proof(buyer.get(f"/api/v1/payouts/{w.json()['id']}/proof").json())
+    assert cli.main(["proof", str(w["id"])]) == 0
+    proof = _claim_proof(_sdk(buyer_key).payout_proof(w["id"]))
     assert proof.provider == rejecting.address
 
     # Its own claim fails (it refuses the coin); nothing else is blocked and the leaf waits.
