@@ -4,6 +4,7 @@ disabled, do not import this package at all. Start from ``ChainClient``; docs/co
 walks through it."""
 
 from contracts.client import ChainClient
+from contracts.contributions import ContributionProof, ContributionTree, NodeContribution
 from contracts.deploy import Deployment, deploy
 from contracts.errors import ChainError
 from contracts.ids import to_bytes32
@@ -29,11 +30,14 @@ __all__ = [
     "ChainError",
     "ClaimProof",
     "ClaimRecord",
+    "ContributionProof",
+    "ContributionTree",
     "Deployment",
     "DepositRecord",
     "EventRef",
     "JobDebit",
     "JobEscrow",
+    "NodeContribution",
     "NodeInfo",
     "Payout",
     "PostedBatch",

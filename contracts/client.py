@@ -21,6 +21,7 @@ from web3.types import Nonce, TxParams, TxReceipt, Wei
 
 from contracts.artifacts import ESCROW, NODE_REGISTRY, PROVENANCE, load_artifact
 from contracts.connection import add_signer, embedded_web3, rpc_web3
+from contracts.contributions import ContributionProof
 from contracts.deploy import Deployment, deploy, deploy_contract
 from contracts.errors import REVERTS, ChainError, from_web3_error
 from contracts.ids import Bytes32Like, to_bytes32
@@ -29,6 +30,7 @@ from contracts.records import (
     AnchorRecord,
     BatchState,
     ClaimRecord,
+    ContributionAnchor,
     DepositRecord,
     EventRef,
     JobEscrow,
@@ -318,6 +320,17 @@ class ChainClient:
         (event,) = self.escrow.events.Claimed().process_receipt(receipt, errors=DISCARD)
         return _claim_record(event)
 
+    def claim_to(self, proof: ClaimProof, to: str) -> ClaimRecord:
+        """The provider itself claims its leaf to another address (``claimTo``)."""
+        receipt = self.transact(
+            self.escrow.functions.claimTo(
+                proof.batch_id, proof.amount, list(proof.proof), to_checksum_address(to)
+            ),
+            proof.provider,
+        )
+        (event,) = self.escrow.events.Claimed().process_receipt(receipt, errors=DISCARD)
+        return _claim_record(event)
+
     def is_claimed(self, proof: ClaimProof) -> bool:
         return bool(
             self.call(self.escrow.functions.isClaimed(proof.batch_id, proof.provider, proof.amount))
@@ -333,6 +346,18 @@ class ChainClient:
 
     def register_node(self, capability_hash: Bytes32Like, sender: str) -> TxReceipt:
         return self.transact(self.nodes.functions.register(to_bytes32(capability_hash)), sender)
+
+    def register_node_for(
+        self, node: str, capability_hash: Bytes32Like, nonce: int | None = None
+    ) -> TxReceipt:
+        """The operator registers ``node`` (a provider's wallet) with its capability hash."""
+        return self.transact(
+            self.nodes.functions.registerFor(
+                to_checksum_address(node), to_bytes32(capability_hash)
+            ),
+            self.operator,
+            nonce=nonce,
+        )
 
     def deactivate_node(self, node: str) -> TxReceipt:
         return self.transact(
@@ -351,14 +376,57 @@ class ChainClient:
 
     # ------------------------------------------------------------ provenance
 
-    def anchor(self, job_id: Bytes32Like, round_: int, record_hash: Bytes32Like) -> AnchorRecord:
+    def anchor(
+        self,
+        job_id: Bytes32Like,
+        round_: int,
+        record_hash: Bytes32Like,
+        nonce: int | None = None,
+    ) -> AnchorRecord:
         """Anchor a round's provenance record hash; a second anchor for the same (job, round)
         reverts with ``AlreadyAnchored``, whatever the hash."""
         job, digest = to_bytes32(job_id), to_bytes32(record_hash)
-        self.transact(self.provenance.functions.anchor(job, round_, digest), self.operator)
+        self.transact(
+            self.provenance.functions.anchor(job, round_, digest), self.operator, nonce=nonce
+        )
         anchored = self.anchored(job, round_)
         assert anchored is not None
         return anchored
+
+    def anchor_transaction(self, job_id: Bytes32Like, round_: int) -> bytes | None:
+        """The hash of the transaction that anchored (job, round), found by its event."""
+        events = self._scan(
+            self.provenance.events.ProvenanceAnchored(),
+            self.deployment.from_block,
+            None,
+            lambda e: e,
+            argument_filters={"jobId": to_bytes32(job_id), "round": round_},
+        )
+        return bytes(events[0]["transactionHash"]) if events else None
+
+    def anchor_contributions(
+        self, batch_id: Bytes32Like, root: Bytes32Like, leaves: int, nonce: int | None = None
+    ) -> TxReceipt:
+        """Anchor a settlement batch's contribution root; a second anchor for the same batch
+        reverts with ``ContributionsAlreadyAnchored``, whatever the root."""
+        return self.transact(
+            self.provenance.functions.anchorContributions(
+                to_bytes32(batch_id), to_bytes32(root), leaves
+            ),
+            self.operator,
+            nonce=nonce,
+        )
+
+    def contributions_of(self, batch_id: Bytes32Like) -> ContributionAnchor | None:
+        key = to_bytes32(batch_id)
+        c = self.call(self.provenance.functions.contributionsOf(key))
+        if bytes(c[0]) == b"\x00" * 32:
+            return None
+        return ContributionAnchor(key, bytes(c[0]), int(c[1]), int(c[2]), int(c[3]))
+
+    def verify_contribution(self, proof: ContributionProof) -> bool:
+        """Read-only, for anyone: is this node's leaf in the batch's anchored root?"""
+        return bool(self.call(self.provenance.functions.verifyContribution(*proof.call_args())))
 
     def anchored(self, job_id: Bytes32Like, round_: int) -> AnchorRecord | None:
         job = to_bytes32(job_id)

@@ -1,10 +1,12 @@
 """Gas per settled contribution and per claim, measured on the in-process EVM.
 
-``python -m contracts.gas_report [--out gas.json] [--batch 1000] [--claims 25] [--check]``
-prints a table and writes JSON. A contribution is one leaf of a batch (one provider's
-payment); posting a batch is one transaction whose cost does not grow with its leaves, so its
-gas divided by the batch size is what each contribution costs the operator. Claims are paid by
-whoever submits them.
+``python -m contracts.gas_report [--out gas.json] [--batch 1000] [--claims 25] [--check]
+[--sizes 10,24,1000]`` prints a table and writes JSON. A contribution is one verified task
+result; a settlement batch of N of them costs the operator two transactions whose cost does
+not grow with N: posting the payouts' Merkle root (one leaf per provider paid) and anchoring
+the contribution root (one leaf per node). Their gas divided by N is what each contribution
+costs. ``--sizes`` reports that at the batch sizes a deadline produces (the 30 s deadline
+closes batches of whatever arrived in 30 s). Claims are paid by whoever submits them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from eth_utils import keccak, to_checksum_address
 from web3.contract import Contract
 
 from contracts.client import ChainClient
+from contracts.contributions import ContributionTree, NodeContribution
 from contracts.records import NATIVE
 from contracts.settlement import JobDebit, Payout, SettlementBatch
 
@@ -31,7 +34,8 @@ class GasReport:
     batch_size: int  # leaves (contributions) in the batch
     jobs: int  # job escrows the batch debits
     post_batch_gas: int
-    gas_per_contribution: float
+    anchor_gas: int  # the batch's contribution root, anchored in the ProvenanceRegistry
+    gas_per_contribution: float  # (post_batch_gas + anchor_gas) / batch_size
     claims_measured: int
     claim_gas_min: int
     claim_gas_mean: float
@@ -84,6 +88,10 @@ def measure(
         token=token,
     )
     posted = client.post_batch(batch)
+    tree = ContributionTree.build(
+        "gas-batch", [NodeContribution(i + 1, 1, 32, amount) for i in range(batch_size)]
+    )
+    anchor_gas = int(client.anchor_contributions("gas-batch", tree.root, batch_size)["gasUsed"])
 
     count = batch_size if claims <= 0 else min(claims, batch_size)
     step = batch_size / count
@@ -108,7 +116,8 @@ def measure(
         batch_size=batch_size,
         jobs=jobs,
         post_batch_gas=posted.gas_used,
-        gas_per_contribution=posted.gas_used / batch_size,
+        anchor_gas=anchor_gas,
+        gas_per_contribution=(posted.gas_used + anchor_gas) / batch_size,
         claims_measured=len(used),
         claim_gas_min=min(used),
         claim_gas_mean=statistics.fmean(used),
@@ -131,13 +140,13 @@ def full_report(batch_size: int = 1_000, claims: int = 25) -> list[GasReport]:
 
 def format_report(reports: list[GasReport]) -> str:
     lines = [
-        f"{'currency':8} {'leaves':>6} {'jobs':>4} {'post gas':>9} {'gas/contrib':>11} "
-        f"{'claim min/mean/max':>24} {'proof':>5}  providers"
+        f"{'currency':8} {'leaves':>6} {'jobs':>4} {'post gas':>9} {'anchor':>7} "
+        f"{'gas/contrib':>11} {'claim min/mean/max':>24} {'proof':>5}  providers"
     ]
     for r in reports:
         claim = f"{r.claim_gas_min}/{r.claim_gas_mean:.0f}/{r.claim_gas_max}"
         lines.append(
-            f"{r.currency:8} {r.batch_size:>6} {r.jobs:>4} {r.post_batch_gas:>9} "
+            f"{r.currency:8} {r.batch_size:>6} {r.jobs:>4} {r.post_batch_gas:>9} {r.anchor_gas:>7} "
             f"{r.gas_per_contribution:>11.1f} {claim:>24} {r.proof_length:>5}  "
             f"{'fresh' if r.fresh_providers else 'paid before'}"
         )
@@ -152,8 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="exit 1 when gas per contribution is over the goal"
     )
+    parser.add_argument(
+        "--sizes",
+        default="",
+        help="comma-separated batch sizes: report gas per contribution at each (native, 1 job)",
+    )
     args = parser.parse_args(argv)
-    reports = full_report(args.batch, args.claims)
+    if args.sizes:
+        reports = [measure(int(n), min(args.claims, int(n)) or 1) for n in args.sizes.split(",")]
+    else:
+        reports = full_report(args.batch, args.claims)
     print(format_report(reports))
     payload = {
         "goal_gas_per_contribution": GOAL_GAS_PER_CONTRIBUTION,

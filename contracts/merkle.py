@@ -27,6 +27,22 @@ def leaf_hash(provider: str, token: str, amount: int) -> bytes:
     return keccak(inner)
 
 
+def contribution_leaf_hash(node: bytes, contributions: int, samples: int, earnings: int) -> bytes:
+    """``ProvenanceRegistry.contributionLeaf``: the same double hash over
+    ``abi.encode(bytes32 node, uint256 contributions, uint256 samples, uint256 earnings)``."""
+    for value in (contributions, samples, earnings):
+        if value < 0 or value >= 2**256:
+            raise ValueError(f"value out of uint256 range: {value}")
+    if len(node) != 32:
+        raise ValueError("a node id is 32 bytes")
+    inner = keccak(
+        encode(
+            ["bytes32", "uint256", "uint256", "uint256"], [node, contributions, samples, earnings]
+        )
+    )
+    return keccak(inner)
+
+
 def hash_pair(a: bytes, b: bytes) -> bytes:
     return keccak(a + b) if a < b else keccak(b + a)
 

@@ -111,3 +111,14 @@ class AnchorRecord:
     record_hash: bytes
     block_number: int
     timestamp: int
+
+
+@dataclass(frozen=True)
+class ContributionAnchor:
+    """A settlement batch's contribution root as the ProvenanceRegistry holds it."""
+
+    batch_id: bytes
+    root: bytes
+    leaves: int
+    block_number: int
+    timestamp: int

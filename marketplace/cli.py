@@ -7,10 +7,12 @@ the server commands, inside their functions.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -231,6 +233,59 @@ def cmd_download(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chain_url(args: argparse.Namespace) -> str:
+    url = args.chain_url or os.environ.get("GPUFLEX_CHAIN_URL", "")
+    if not url.startswith(("http://", "https://")):
+        raise SystemExit("gpuflex: give a JSON-RPC URL to check against (--chain-url)")
+    return url
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from marketplace.verify import dumps, format_verification
+
+    with build_client(args) as client:
+        result = client.verify(args.job, _chain_url(args), args.output)
+    print(dumps(result) if args.json else format_verification(result))
+    return 0 if result.ok else 1
+
+
+def cmd_withdraw(args: argparse.Namespace) -> int:
+    with build_client(args) as client:
+        if args.amount is None:
+            print(json.dumps(client.withdrawals(), indent=1))
+            return 0
+        payout = client.withdraw(args.amount, args.key or f"cli-{uuid.uuid4()}")
+    print(json.dumps(payout, indent=1))
+    return 0
+
+
+def cmd_withdraw_fees(args: argparse.Namespace) -> int:
+    with build_client(args) as client:
+        payout = client.withdraw_fees(args.amount, args.to, args.key or f"cli-{uuid.uuid4()}")
+    print(json.dumps(payout, indent=1))
+    return 0
+
+
+def cmd_proof(args: argparse.Namespace) -> int:
+    with build_client(args) as client:
+        print(json.dumps(client.payout_proof(args.payout), indent=1))
+    return 0
+
+
+def cmd_contributions(args: argparse.Namespace) -> int:
+    from marketplace.verify import check_contribution
+
+    with build_client(args) as client:
+        found = client.contributions(args.node, args.batch)
+    ok = True
+    for proof in found["batches"]:
+        if args.check:
+            proof["check"] = check_contribution(proof, args.chain_url or None)
+            ok = ok and proof["check"]["ok"]
+    print(json.dumps(found, indent=1))
+    return 0 if ok else 1
+
+
 def cmd_jobs_export(args: argparse.Namespace) -> int:
     with build_client(args) as client:
         where = client.export(args.job, args.to, args.target)
@@ -375,6 +430,39 @@ def parser() -> argparse.ArgumentParser:
         help="hf: a Hugging Face folder (transformer models only)",
     )
     d.set_defaults(func=cmd_download)
+
+    v = sub.add_parser(
+        "verify", help="check a job's model against the chain (model, provenance, anchor)"
+    )
+    v.add_argument("job")
+    v.add_argument("--chain-url", default="", help="JSON-RPC URL (env GPUFLEX_CHAIN_URL)")
+    v.add_argument("-o", "--output", default=".", help="where the download goes")
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=cmd_verify)
+
+    wd = sub.add_parser(
+        "withdraw", help="withdraw unspent on-chain deposits (no AMOUNT: list withdrawals)"
+    )
+    wd.add_argument("amount", nargs="?", default=None)
+    wd.add_argument("--key", default="", help="idempotency key (default: a fresh one)")
+    wd.set_defaults(func=cmd_withdraw)
+
+    wf = sub.add_parser("withdraw-fees", help="operators: withdraw platform fees on chain")
+    wf.add_argument("amount")
+    wf.add_argument("--to", required=True, help="the wallet address")
+    wf.add_argument("--key", default="", help="idempotency key (default: a fresh one)")
+    wf.set_defaults(func=cmd_withdraw_fees)
+
+    pr = sub.add_parser("proof", help="the Merkle proof to claim a payout or withdrawal")
+    pr.add_argument("payout", type=int)
+    pr.set_defaults(func=cmd_proof)
+
+    c = sub.add_parser("contributions", help="a node's contribution proofs, per batch")
+    c.add_argument("node", type=int)
+    c.add_argument("--batch", default=None)
+    c.add_argument("--check", action="store_true", help="verify each proof (on chain too)")
+    c.add_argument("--chain-url", default="", help="JSON-RPC URL for --check on chain")
+    c.set_defaults(func=cmd_contributions)
     return p
 
 

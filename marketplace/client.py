@@ -285,6 +285,46 @@ class Client:
     def provenance(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"jobs/{job_id}/provenance")
 
+    def anchors(self, job_id: str) -> dict[str, Any]:
+        """Where the job's provenance is anchored on chain (registry, job key, transactions)."""
+        return self._json("GET", f"jobs/{job_id}/anchors")
+
+    def verify(self, job_id: str, chain_url: str, directory: str | Path = ".") -> Any:
+        """Download the model and provenance record and check them against the chain at
+        `chain_url` (a JSON-RPC URL of your choosing): model hash, provenance chain, anchor
+        transaction. Returns a marketplace.verify.Verification (`.ok`, `.problems`)."""
+        from marketplace.verify import verify_download
+
+        model, record = self.download(job_id, directory)
+        return verify_download(model, record, self.anchors(job_id), chain_url)
+
+    def withdrawals(self) -> dict[str, Any]:
+        """Your withdrawals of unspent on-chain deposits, and how much you can withdraw."""
+        return self._json("GET", "ledger/withdrawals")
+
+    def withdraw(self, amount: str, idempotency_key: str) -> dict[str, Any]:
+        """Withdraw unspent on-chain deposits to your registered wallet; pull it from the
+        escrow with `payout_proof(id)` once its batch is posted."""
+        body = {"amount": str(amount), "idempotency_key": idempotency_key}
+        return self._json("POST", "ledger/withdrawals", json=body)
+
+    def withdraw_fees(
+        self, amount: str, wallet_address: str, idempotency_key: str
+    ) -> dict[str, Any]:
+        """Operators: withdraw platform fees to `wallet_address`, on chain."""
+        body = {"amount": str(amount), "wallet_address": wallet_address,
+                "idempotency_key": idempotency_key}  # fmt: skip
+        return self._json("POST", "operator/fees", json=body)
+
+    def payout_proof(self, payout_id: int) -> dict[str, Any]:
+        """The Merkle proof for the escrow's claim() of a payout, withdrawal or fee payout."""
+        return self._json("GET", f"payouts/{payout_id}/proof")
+
+    def contributions(self, node_id: int, batch: str | None = None) -> dict[str, Any]:
+        """What each settlement batch credited the node with, each with its Merkle proof."""
+        params = {"batch": batch} if batch else None
+        return self._json("GET", f"nodes/{node_id}/contributions", params=params)
+
     def tracking(self, job_id: str) -> dict[str, Any]:
         """Params and per-round metrics, as the experiment trackers log them."""
         return self._json("GET", f"jobs/{job_id}/tracking")

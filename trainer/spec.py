@@ -189,6 +189,10 @@ class RoundsSpec(_Strict):
     deadline_s: Annotated[float, Field(gt=0.0)] | None = None
     quorum: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     late_updates: Literal["drop", "stale"] = "drop"
+    # Anchor every round's provenance record on chain as the round closes (with the chain
+    # enabled); without it only the completed job's head is anchored, which covers the whole
+    # chain through its prev_hash links but proves nothing about a job that never completes.
+    anchor_rounds: bool = False
 
 
 # Strategies that average the updates weighted by their num_samples. The robust ones

@@ -71,6 +71,7 @@ contract GPUFlexEscrow is AccessControl, ReentrancyGuardTransient {
     error InvalidProof();
     error BatchOverdrawn(bytes32 batchId);
     error NativeTransferFailed(address to, uint256 amount);
+    error ZeroRecipient();
 
     constructor(address admin, address operator) {
         _grantRole(DEFAULT_ADMIN_ROLE, admin);
@@ -175,6 +176,23 @@ contract GPUFlexEscrow is AccessControl, ReentrancyGuardTransient {
         external
         nonReentrant
     {
+        _claim(batchId, provider, amount, proof, provider);
+    }
+
+    /// @notice The provider itself claims its leaf to another address: a contract that cannot
+    /// take native currency (or a lost key's replacement) still gets its money, and nobody else
+    /// can redirect it.
+    function claimTo(bytes32 batchId, uint256 amount, bytes32[] calldata proof, address to)
+        external
+        nonReentrant
+    {
+        if (to == address(0)) revert ZeroRecipient();
+        _claim(batchId, msg.sender, amount, proof, to);
+    }
+
+    function _claim(bytes32 batchId, address provider, uint256 amount, bytes32[] calldata proof, address to)
+        private
+    {
         Batch storage batch = _batches[batchId];
         if (batch.root == bytes32(0)) revert UnknownBatch(batchId);
         bytes32 leaf = leafHash(provider, batch.token, amount);
@@ -186,7 +204,7 @@ contract GPUFlexEscrow is AccessControl, ReentrancyGuardTransient {
         batch.claimed = uint128(claimed); // fits: it is at most total
         _claimed[batchId][leaf] = true;
         emit Claimed(batchId, provider, batch.token, amount);
-        _pay(batch.token, provider, amount);
+        _pay(batch.token, to, amount);
     }
 
     // ---------------------------------------------------------------- views

@@ -5,8 +5,9 @@ import {AccessControl} from "@openzeppelin/contracts/access/AccessControl.sol";
 
 /// @title GPUFlex node registry
 /// @notice A node registers its own address with a hash of its capabilities (GPU, memory,
-/// benchmark). The operator can deactivate a misbehaving node; only the operator can bring it
-/// back, so a deactivated node cannot simply re-register.
+/// benchmark), or the operator registers it for a provider linking its wallet. The operator
+/// can deactivate a misbehaving node; only the operator can bring it back, so a deactivated
+/// node cannot simply re-register.
 contract NodeRegistry is AccessControl {
     bytes32 public constant OPERATOR_ROLE = keccak256("OPERATOR_ROLE");
 
@@ -34,17 +35,29 @@ contract NodeRegistry is AccessControl {
 
     /// @notice Register the calling address, or update its capability hash.
     function register(bytes32 capabilityHash) external {
+        _register(msg.sender, capabilityHash);
+    }
+
+    /// @notice The operator registers a provider's address for it, as the provider links that
+    /// wallet on the marketplace (which holds no provider key). The same rules as `register`:
+    /// a deactivated node stays deactivated.
+    function registerFor(address nodeAddress, bytes32 capabilityHash) external onlyRole(OPERATOR_ROLE) {
+        if (nodeAddress == address(0)) revert UnknownNode(nodeAddress);
+        _register(nodeAddress, capabilityHash);
+    }
+
+    function _register(address nodeAddress, bytes32 capabilityHash) private {
         if (capabilityHash == bytes32(0)) revert ZeroCapability();
-        Node storage node = _nodes[msg.sender];
+        Node storage node = _nodes[nodeAddress];
         if (node.registeredAt == 0) {
             node.registeredAt = uint64(block.number);
             node.active = true;
             node.capabilityHash = capabilityHash;
-            emit NodeRegistered(msg.sender, capabilityHash);
+            emit NodeRegistered(nodeAddress, capabilityHash);
         } else {
-            if (!node.active) revert NodeInactive(msg.sender);
+            if (!node.active) revert NodeInactive(nodeAddress);
             node.capabilityHash = capabilityHash;
-            emit NodeUpdated(msg.sender, capabilityHash);
+            emit NodeUpdated(nodeAddress, capabilityHash);
         }
     }
 

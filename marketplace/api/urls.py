@@ -32,6 +32,7 @@ urlpatterns = [
     path("jobs/<uuid:pk>/tracking", jobs.JobTrackingView.as_view(), name="job-tracking"),
     path("jobs/<uuid:pk>/provenance", jobs.JobProvenanceView.as_view(), name="job-provenance"),
     path("jobs/<uuid:pk>/events", jobs.JobEventsView.as_view(), name="job-events"),
+    path("jobs/<uuid:pk>/anchors", jobs.JobAnchorsView.as_view(), name="job-anchors"),
     *[
         path(
             f"jobs/<uuid:pk>/{action}",
@@ -47,7 +48,14 @@ urlpatterns = [
     path("ledger/wallet", ledger.WalletView.as_view(), name="ledger-wallet"),
     path("payouts/", ledger.PayoutListView.as_view(), name="payouts"),
     path("payouts/<int:pk>/proof", ledger.PayoutProofView.as_view(), name="payout-proof"),
+    path("ledger/withdrawals", ledger.WithdrawalListView.as_view(), name="ledger-withdrawals"),
+    path(
+        "nodes/<int:pk>/contributions",
+        ledger.NodeContributionsView.as_view(),
+        name="node-contributions",
+    ),
     path("operator/credits", ledger.GrantView.as_view(), name="operator-credits"),
+    path("operator/fees", ledger.FeeWithdrawalView.as_view(), name="operator-fees"),
     path("operator/reconcile", ledger.ReconcileView.as_view(), name="operator-reconcile"),
     path("operator/payouts/<int:pk>/paid", ledger.PayoutPaidView.as_view(), name="payout-paid"),
     # market and operators

@@ -96,6 +96,15 @@ class Transaction(models.Model):
         related_name="ledger_actions",
     )
     details = models.JSONField(default=dict, blank=True)
+    # a charge (a verified contribution): the settlement batch whose contribution root covers
+    # it, None while it waits for the next batch to close (ledger/chain.py)
+    settlement = models.ForeignKey(
+        "ledger.SettlementRecord",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="contributions",
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     def __str__(self) -> str:
@@ -120,7 +129,17 @@ class PayoutStatus(models.TextChoices):
     REVERSED = "reversed"  # failed; the money went back to the provider's earnings
 
 
+class PayoutKind(models.TextChoices):
+    EARNINGS = "earnings"  # a provider's earnings
+    WITHDRAWAL = "withdrawal"  # a buyer's unspent on-chain deposit, back to its wallet
+    FEES = "fees"  # platform fees, to the operator's wallet
+
+
 class Payout(models.Model):
+    """Money leaving the ledger to a wallet: paid off-chain, or a leaf of a settlement batch
+    that its owner pulls from the escrow with a proof (never pushed)."""
+
+    kind = models.CharField(max_length=12, choices=PayoutKind.choices, default=PayoutKind.EARNINGS)
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="payouts"
     )
@@ -170,10 +189,15 @@ class ChainDeposit(models.Model):
 
 
 class SettlementRecord(models.Model):
-    """An on-chain settlement batch: stored before posting, so proofs can be served later."""
+    """An on-chain settlement batch: stored before posting, so proofs can be served later.
+
+    Two parts, each sent exactly once: the payouts (a Merkle root of claims, posted to the
+    escrow; empty when the batch paid nobody, then `posted` from the start) and the
+    contributions it covers (a root of one leaf per node, anchored in the ProvenanceRegistry;
+    empty when no work was verified since the last batch, then `anchored` from the start)."""
 
     batch_id = models.CharField(max_length=66, unique=True)
-    batch_json = models.TextField()
+    batch_json = models.TextField(blank=True)
     total_units = models.DecimalField(max_digits=78, decimal_places=0)
     posted = models.BooleanField(default=False)
     # a revert: the batch's payouts went back to pending and this record is history
@@ -183,7 +207,40 @@ class SettlementRecord(models.Model):
     # answer it tells whether that transaction was mined, is pending or never arrived
     nonce = models.PositiveBigIntegerField(null=True, blank=True)
     tx_hash = models.CharField(max_length=66, blank=True)  # of the transaction that posted it
+    contributions_json = models.TextField(blank=True)
+    anchored = models.BooleanField(default=False)
+    anchor_nonce = models.PositiveBigIntegerField(null=True, blank=True)  # as `nonce`
+    anchor_tx_hash = models.CharField(max_length=66, blank=True)
+    # why it closed: "count" (SETTLEMENT_BATCH_MAX contributions waited), "deadline" (the
+    # oldest waited SETTLEMENT_DEADLINE_S) or "manual" (gpuflex manage settle_chain)
+    closed_reason = models.CharField(max_length=12, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    posted_at = models.DateTimeField(null=True, blank=True)
+    anchored_at = models.DateTimeField(null=True, blank=True)
+
+
+class ProvenanceAnchor(models.Model):
+    """A round's provenance record hash, anchored in the ProvenanceRegistry exactly once: the
+    head (last record) of every completed job, and every round's record when the job's spec
+    asks (provenance.anchor_rounds). Stored before it is sent, with the operator nonce, so a
+    restart finishes it and never sends it twice."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.PROTECT, related_name="anchors")
+    round = models.PositiveIntegerField()
+    record_hash = models.CharField(max_length=64)
+    head = models.BooleanField(default=False, help_text="the completed job's last record")
+    nonce = models.PositiveBigIntegerField(null=True, blank=True)
+    anchored = models.BooleanField(default=False)
+    tx_hash = models.CharField(max_length=66, blank=True)
+    block_number = models.PositiveBigIntegerField(null=True, blank=True)
+    failed = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    anchored_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "round"], name="anchor_one_per_round")
+        ]
 
 
 class WalletAddress(models.Model):
@@ -243,4 +300,26 @@ class Reservation(models.Model):
             models.Index(
                 fields=["job"], condition=models.Q(state="open"), name="reservation_open_job"
             )
+        ]
+
+
+class NodeRegistration(models.Model):
+    """A provider's wallet and the capability hash of its nodes, registered in the NodeRegistry
+    (by the operator: `registerFor`) when the provider links the wallet; sent once like every
+    operator transaction (chain_once). A changed hash is a new row (NodeUpdated on chain)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="node_registrations"
+    )
+    address = models.CharField(max_length=42)
+    capability_hash = models.CharField(max_length=66)
+    nonce = models.PositiveBigIntegerField(null=True, blank=True)
+    registered = models.BooleanField(default=False)
+    tx_hash = models.CharField(max_length=66, blank=True)
+    failed = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["address", "capability_hash"], name="registration_once")
         ]

@@ -26,11 +26,14 @@ from marketplace.ledger.errors import (
 )
 from marketplace.ledger.metering import Rules, cap, meter
 from marketplace.ledger.models import (
+    Account,
     Payout,
+    PayoutKind,
     PayoutStatus,
     ReservationState,
     Transaction,
     TxKind,
+    WalletAddress,
 )
 from marketplace.ledger.money import ZERO, parse_amount, q
 from marketplace.ledger.observed_speed import observe_speed
@@ -226,9 +229,17 @@ def budget_stop_reason(job: Job, candidates: QuerySet[Node]) -> str:
 
 
 def request_payout(
-    *, user: User, amount: Decimal | str, wallet_address: str, idempotency_key: str
+    *,
+    user: User,
+    amount: Decimal | str,
+    wallet_address: str,
+    idempotency_key: str,
+    kind: str = PayoutKind.EARNINGS,
 ) -> Payout:
-    """Move earnings to payouts-pending; a retry with the same key returns the first payout."""
+    """Move money to payouts-pending from where `kind` keeps it (a provider's earnings, a
+    buyer's credit, the platform's fees); a retry with the same key returns the first payout.
+    A withdrawal goes to the buyer's registered wallet and covers only unspent on-chain
+    deposits; fees and withdrawals leave only through the chain (pulled with a proof)."""
     if not idempotency_key or len(idempotency_key) > 100:
         raise InvalidPayout("A payout needs an idempotency key of 1 to 100 characters.")
     amount = _amount(amount)
@@ -239,32 +250,92 @@ def request_payout(
     with transaction.atomic():
         existing = Payout.objects.filter(user=user, request_key=idempotency_key).first()
         if existing is not None:
-            if existing.amount != amount or existing.wallet_address != wallet_address:
+            if (
+                existing.amount != amount
+                or existing.wallet_address != wallet_address
+                or existing.kind != kind
+            ):
                 raise IdempotencyConflict(
                     f"Idempotency key {idempotency_key!r} was used for another payout "
-                    f"({existing.amount} to {existing.wallet_address})."
+                    f"({existing.kind}, {existing.amount} to {existing.wallet_address})."
                 )
             return existing
-        minimum = Decimal(str(settings.GPUFLEX["MIN_PAYOUT"]))
-        if amount < minimum:
-            raise InvalidPayout(f"The minimum payout is {minimum}; {amount} was requested.")
+        if kind == PayoutKind.EARNINGS:
+            minimum = Decimal(str(settings.GPUFLEX["MIN_PAYOUT"]))
+            if amount < minimum:
+                raise InvalidPayout(f"The minimum payout is {minimum}; {amount} was requested.")
+        elif not settings.CHAIN["URL"]:
+            raise InvalidPayout(f"A {kind} payout goes through the chain, which is disabled.")
+        if kind == PayoutKind.WITHDRAWAL:
+            from marketplace.ledger.chain import withdrawable  # web3: only with the chain
+
+            # one buyer's withdrawals at a time: the figure below must not be read twice
+            Account.objects.select_for_update().filter(pk=accounts.buyer_credit(user).pk).get()
+            most = withdrawable(user)
+            if amount > most:
+                raise InvalidPayout(
+                    f"You can withdraw {most} (unspent on-chain deposits); {amount} was requested."
+                )
         payout = Payout.objects.create(
-            user=user, amount=amount, wallet_address=wallet_address, request_key=idempotency_key
+            user=user,
+            amount=amount,
+            wallet_address=wallet_address,
+            request_key=idempotency_key,
+            kind=kind,
         )
         try:
             post(
                 f"payout:{payout.pk}",
                 TxKind.PAYOUT_REQUEST,
-                [(accounts.provider_earnings(user), -amount), (accounts.payouts_pending(), amount)],
-                memo=f"payout to {wallet_address}",
+                [(_payout_source(payout), -amount), (accounts.payouts_pending(), amount)],
+                memo=f"{kind} payout to {wallet_address}",
                 actor=user,
-                details={"payout": payout.pk},
+                details={"payout": payout.pk, "kind": kind},
             )
         except InsufficientFunds as exc:
+            what = {"earnings": "earnings", "withdrawal": "credit", "fees": "platform fees"}
             raise InvalidPayout(
-                f"You have {exc.extra['balance']} of earnings available; {amount} was requested."
+                f"You have {exc.extra['balance']} of {what[kind]} available; "
+                f"{amount} was requested."
             ) from None
     return payout
+
+
+def request_withdrawal(*, user: User, amount: Decimal | str, idempotency_key: str) -> Payout:
+    """A buyer takes unspent on-chain deposits back to its registered wallet (pulled from the
+    escrow with a proof once the next settlement batch is posted)."""
+    wallet = WalletAddress.objects.filter(user=user).first()
+    if wallet is None:
+        raise InvalidPayout("Register the wallet you deposited from first (PUT ledger/wallet).")
+    return request_payout(
+        user=user,
+        amount=amount,
+        wallet_address=wallet.address,
+        idempotency_key=idempotency_key,
+        kind=PayoutKind.WITHDRAWAL,
+    )
+
+
+def request_fee_withdrawal(
+    *, operator: User, amount: Decimal | str, wallet_address: str, idempotency_key: str
+) -> Payout:
+    """The operator takes platform fees to `wallet_address`, on chain, as the payouts are."""
+    return request_payout(
+        user=operator,
+        amount=amount,
+        wallet_address=wallet_address,
+        idempotency_key=idempotency_key,
+        kind=PayoutKind.FEES,
+    )
+
+
+def _payout_source(payout: Payout) -> Account:
+    """Where a payout's money came from, and goes back to when it is reversed."""
+    if payout.kind == PayoutKind.WITHDRAWAL:
+        return accounts.buyer_credit(payout.user_id)
+    if payout.kind == PayoutKind.FEES:
+        return accounts.platform_fees()
+    return accounts.provider_earnings(payout.user_id)
 
 
 @transaction.atomic
@@ -306,7 +377,7 @@ def reverse_payout(payout: Payout, *, reason: str, operator: User | None) -> Pay
         TxKind.PAYOUT_REVERSED,
         [
             (accounts.payouts_pending(), -payout.amount),
-            (accounts.provider_earnings(payout.user_id), payout.amount),
+            (_payout_source(payout), payout.amount),
         ],
         memo=f"reversed: {reason}"[:300],
         actor=operator,

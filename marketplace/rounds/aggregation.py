@@ -29,12 +29,14 @@ from marketplace.jobs.models_io import State, load_model_file, new_model, store_
 from marketplace.jobs.privacy import privacy_stop_reason, spent_after
 from marketplace.jobs.services import cancel_outstanding, fail_job
 from marketplace.jobs.tasks import enqueue_tracking
+from marketplace.ledger.anchoring import request_anchor, wants_anchor
 from marketplace.ledger.services import (
     budget_stop_reason,
     charge_result,
     release_escrow,
     release_unpaid,
 )
+from marketplace.ledger.tasks import enqueue_anchor
 from marketplace.nodes.services import record_verification
 from marketplace.rounds.lifecycle import open_round, unit_states
 from marketplace.rounds.models import Round, RoundStatus, TaskResult
@@ -214,6 +216,15 @@ def _compute(job: Job, rnd: Round) -> Outcome:
                    cosines, delta_file)  # fmt: skip
 
 
+def round_record_hash(job: Job, number: int) -> str:
+    """Round `number`'s provenance record hash, from the record this aggregation wrote."""
+    chain = ProvenanceChain.from_json(files.get(provenance_name(job)).decode())
+    for record in chain.records:
+        if record.round == number:
+            return record.record_hash
+    raise ValueError(f"job {job.pk} has no provenance record for round {number}")
+
+
 def run_aggregation(round_id: int) -> None:
     rnd = Round.objects.select_related("job").filter(pk=round_id).first()
     if rnd is None or rnd.status != RoundStatus.AGGREGATING:
@@ -263,6 +274,11 @@ def run_aggregation(round_id: int) -> None:
             job.status, job.error, job.finished_at = JobStatus.STOPPED, stop, timezone.now()
             fields += ["status", "error", "finished_at"]
         job.save(update_fields=fields)
+        head = job.status == JobStatus.COMPLETED
+        if wants_anchor(job, head=head):  # sent on commit, exactly once (ledger/anchoring.py)
+            enqueue_anchor(
+                request_anchor(job, rnd.number, round_record_hash(job, rnd.number), head=head)
+            )
         if job.is_active:
             open_round(job, rnd.number + 1, outcome.state,
                        delta=(outcome.delta_file, rnd.input_model_hash))  # fmt: skip

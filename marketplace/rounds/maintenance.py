@@ -20,9 +20,12 @@ from django.utils import timezone
 from marketplace.events.services import job_changed
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.preparation import enqueue_preparation
+from marketplace.ledger.anchoring import request_anchor, wants_anchor
 from marketplace.ledger.reservations import unaffordable
 from marketplace.ledger.services import release_escrow
+from marketplace.ledger.tasks import enqueue_anchor
 from marketplace.nodes.services import mark_offline
+from marketplace.rounds.aggregation import round_record_hash
 from marketplace.rounds.lifecycle import (
     open_round,
     reserve_silos,
@@ -153,6 +156,9 @@ def resume_orphaned_jobs() -> int:
                 job.finished_at = timezone.now()
                 job.save(update_fields=["status", "finished_at", "updated_at"])
                 job_changed(job.pk)
+                if ckpt is not None and wants_anchor(job, head=True):
+                    digest = round_record_hash(job, ckpt.round)
+                    enqueue_anchor(request_anchor(job, ckpt.round, digest, head=True))
                 release_escrow(job)
                 continue
             open_round(job, number, state)

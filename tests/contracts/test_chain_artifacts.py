@@ -11,7 +11,14 @@ import pytest
 
 from contracts.artifacts import BUILD_DIR, PACKAGE_DIR, artifact_names, load_artifact, stale_sources
 
-EXPECTED = {"GPUFlexEscrow", "NodeRegistry", "ProvenanceRegistry", "MockERC20", "ReentrantReceiver"}
+EXPECTED = {
+    "GPUFlexEscrow",
+    "NodeRegistry",
+    "ProvenanceRegistry",
+    "MockERC20",
+    "ReentrantReceiver",
+    "RejectingBuyer",
+}
 
 
 def test_every_contract_has_an_artifact() -> None:

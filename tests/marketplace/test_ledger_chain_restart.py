@@ -14,7 +14,7 @@ pytest.importorskip("web3")
 
 from contracts import ChainClient, ChainError, ClaimProof
 from marketplace.ledger import chain as ledger_chain
-from marketplace.ledger.models import Payout, SettlementRecord
+from marketplace.ledger.models import Payout, ProvenanceAnchor, SettlementRecord
 from marketplace.ledger.reconcile import reconcile
 from tests.marketplace.chain_payouts import (
     configure_rpc,
@@ -33,8 +33,10 @@ class Link:
     proxy: CuttableRpcProxy  # what the marketplace talks to (GPUFLEX_CHAIN_URL)
     node: ChainClient  # the test's own view of the chain, never cut
 
+    base: int = 0  # transactions sent before the settlement under test (the job's anchor)
+
     def sends(self) -> int:
-        return self.proxy.forwarded.count(SEND)
+        return self.proxy.forwarded.count(SEND) - self.base
 
     def mine(self) -> None:
         self.node.w3.provider.make_request("evm_mine", [])  # type: ignore[arg-type]
@@ -85,6 +87,9 @@ def test_a_dropped_connection_mid_settlement_pays_each_payout_once(
     units = link.node.job(funding).deposited  # 30 credits deposited, none settled yet
     assert link.node.job(funding).settled == 0
 
+    # the one-round job completed: its provenance head was anchored through the same link
+    assert link.sends() == 1 and ProvenanceAnchor.objects.get().anchored
+    link.base = link.sends()
     if case == "pending":
         link.set_automine(False)
     link.proxy.cut_at(SEND, forward=case != "never-arrived")
@@ -110,8 +115,14 @@ def test_a_dropped_connection_mid_settlement_pays_each_payout_once(
     assert ledger_chain.settle_payouts(restart()) is None  # finishes the batch, nothing new
     record.refresh_from_db()
     assert record.posted and not record.failed and record.gas_used and record.tx_hash
-    assert link.sends() == 1  # one transaction in all: resent only when it never arrived
+    # two transactions in all, the batch and then its contribution root: the batch resent
+    # only when it never arrived
+    assert link.sends() == 2 and record.anchored
     assert SettlementRecord.objects.count() == 1
+    anchored = link.node.provenance.events.ContributionsAnchored().get_logs(
+        from_block=link.node.deployment.from_block
+    )
+    assert [bytes(e["args"]["batchId"]).hex() for e in anchored] == [record.batch_id[2:]]
     posted = link.node.escrow.events.BatchPosted().get_logs(
         from_block=link.node.deployment.from_block
     )

@@ -42,6 +42,15 @@ class PayoutRequestSerializer(serializers.Serializer):
     )
 
 
+class WithdrawalRequestSerializer(serializers.Serializer):
+    amount = AmountField()
+    idempotency_key = serializers.CharField(
+        max_length=100,
+        required=False,
+        help_text="or the Idempotency-Key header; a retry with the same key never pays twice",
+    )
+
+
 class PayoutSerializer(serializers.ModelSerializer):
     batch_id = serializers.CharField(
         source="batch.batch_id", default=None, read_only=True, allow_null=True
@@ -51,6 +60,7 @@ class PayoutSerializer(serializers.ModelSerializer):
         model = Payout
         fields = [
             "id",
+            "kind",
             "amount",
             "wallet_address",
             "status",

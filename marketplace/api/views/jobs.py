@@ -155,6 +155,44 @@ class JobTrackingView(BuyerView):
                          "rounds": rounds})  # fmt: skip
 
 
+class JobAnchorsView(BuyerView):
+    """Where the job's provenance is anchored on chain: the registry, the job's bytes32 key,
+    and each anchored round's record hash and transaction (`gpuflex verify` checks them)."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(409)})
+    def get(self, request: Request, pk: str) -> Response:
+        job = self.job(request, pk)
+        from django.conf import settings
+
+        if not settings.CHAIN["URL"]:
+            raise Conflict("The chain is disabled on this marketplace (GPUFLEX_CHAIN_URL).")
+        from marketplace.ledger.chain import chain_client
+
+        client = chain_client()
+        anchors = [
+            {
+                "round": a.round,
+                "record_hash": a.record_hash,
+                "head": a.head,
+                "anchored": a.anchored,
+                "tx_hash": a.tx_hash,
+                "block_number": a.block_number,
+                "failed": a.failed,
+            }
+            for a in job.anchors.order_by("round")
+        ]
+        return Response(
+            {
+                "job": str(job.pk),
+                "job_key": "0x" + job.pk.int.to_bytes(32, "big").hex(),
+                "chain_id": int(client.w3.eth.chain_id) if client else None,
+                "provenance_registry": client.deployment.provenance if client else "",
+                "model_hash": job.model_hash,
+                "anchors": anchors,
+            }
+        )
+
+
 class JobProvenanceView(BuyerView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def get(self, request: Request, pk: str) -> HttpResponse:

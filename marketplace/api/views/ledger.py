@@ -24,12 +24,17 @@ from marketplace.api.serializers.ledger import (
     PayoutSerializer,
     ReferenceSerializer,
     WalletSerializer,
+    WithdrawalRequestSerializer,
 )
 from marketplace.api.serializers.queries import EarningsQuerySerializer
 from marketplace.jobs.errors import Conflict, NotFound
-from marketplace.ledger import selectors, services
-from marketplace.ledger.models import Payout, WalletAddress
+from marketplace.ledger import accounts, selectors, services
+from marketplace.ledger.models import Payout, PayoutKind, SettlementRecord, WalletAddress
+from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
+from marketplace.ledger.registry import request_registration
+from marketplace.ledger.tasks import enqueue_registration
+from marketplace.nodes.selectors import nodes_of
 
 
 def _idempotency_key(request: Request, body: dict) -> str:
@@ -101,9 +106,10 @@ class PayoutListView(generics.ListAPIView):
 
 
 class PayoutProofView(APIView):
-    """The Merkle proof a provider submits to the escrow contract's claim()."""
+    """The Merkle proof the payee submits to the escrow contract's claim(): a provider's
+    payout, a buyer's withdrawal, the operator's fees (each only to its own requester)."""
 
-    permission_classes = [IsProvider]
+    permission_classes = [IsUser]
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def get(self, request: Request, pk: int) -> Response:
@@ -140,6 +146,8 @@ class WalletView(APIView):
             if taken.exists():
                 raise Conflict(f"{address} is already registered to another account.")
             WalletAddress.objects.update_or_create(user=request.user, defaults={"address": address})
+            # a provider's wallet goes into the NodeRegistry with its nodes' capability hash
+            enqueue_registration(request_registration(request.user, address))
         return self.get(request)
 
 
@@ -190,3 +198,112 @@ class PayoutPaidView(APIView):
             payout, reference=body.validated_data["reference"], operator=request.user
         )
         return Response(PayoutSerializer(payout).data)
+
+
+def _chain_required() -> None:
+    from django.conf import settings
+
+    if not settings.CHAIN["URL"]:
+        raise Conflict("The chain is disabled on this marketplace (GPUFLEX_CHAIN_URL).")
+
+
+class WithdrawalListView(APIView):
+    """A buyer's withdrawals of unspent on-chain deposits: listed, and requested. Each goes
+    into the next settlement batch; the buyer then pulls it from the escrow with the proof
+    from payouts/<id>/proof (claim, or claimTo for a wallet that cannot take the coin)."""
+
+    permission_classes = [IsUser]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        _chain_required()
+        from marketplace.ledger.chain import withdrawable
+
+        rows = selectors.payouts_for(request.user).filter(kind=PayoutKind.WITHDRAWAL)
+        return Response(
+            {
+                "withdrawable": str(withdrawable(request.user)),
+                "withdrawals": PayoutSerializer(rows.select_related("batch"), many=True).data,
+            }
+        )
+
+    @extend_schema(
+        request=WithdrawalRequestSerializer,
+        responses={201: PayoutSerializer, 200: PayoutSerializer, **errors(402, 409)},
+    )
+    def post(self, request: Request) -> Response:
+        _chain_required()
+        body = WithdrawalRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        key = _idempotency_key(request, body.validated_data)
+        existed = Payout.objects.filter(user=request.user, request_key=key).exists()
+        payout = services.request_withdrawal(
+            user=request.user, amount=body.validated_data["amount"], idempotency_key=key
+        )
+        code = status.HTTP_200_OK if existed else status.HTTP_201_CREATED
+        return Response(PayoutSerializer(payout).data, status=code)
+
+
+class FeeWithdrawalView(APIView):
+    """The operator withdraws platform fees on chain, pulled like every other payout."""
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        rows = Payout.objects.filter(kind=PayoutKind.FEES).order_by("-created_at")
+        return Response(
+            {
+                "fees": str(balance(accounts.platform_fees())),
+                "withdrawals": PayoutSerializer(rows.select_related("batch"), many=True).data,
+            }
+        )
+
+    @extend_schema(
+        request=PayoutRequestSerializer,
+        responses={201: PayoutSerializer, 200: PayoutSerializer, **errors(402, 409)},
+    )
+    def post(self, request: Request) -> Response:
+        _chain_required()
+        body = PayoutRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        key = _idempotency_key(request, body.validated_data)
+        existed = Payout.objects.filter(user=request.user, request_key=key).exists()
+        payout = services.request_fee_withdrawal(
+            operator=request.user,
+            amount=body.validated_data["amount"],
+            wallet_address=body.validated_data["wallet_address"],
+            idempotency_key=key,
+        )
+        code = status.HTTP_200_OK if existed else status.HTTP_201_CREATED
+        return Response(PayoutSerializer(payout).data, status=code)
+
+
+class NodeContributionsView(APIView):
+    """What each settlement batch credited one of the provider's nodes with, with the Merkle
+    proof of its leaf in the batch's anchored contribution root (ProvenanceRegistry
+    verifyContribution checks it on chain; so does `gpuflex contributions --check`)."""
+
+    permission_classes = [IsProvider]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request, pk: int) -> Response:
+        _chain_required()
+        from marketplace.ledger.chain import contribution_proof
+
+        node = get_object_or_404(nodes_of(request.user), pk=pk)
+        records = (
+            SettlementRecord.objects.filter(contributions__node=node)
+            .exclude(contributions_json="")
+            .distinct()
+            .order_by("-created_at")
+        )
+        batch = request.query_params.get("batch")
+        if batch:
+            records = records.filter(batch_id=batch)
+        proofs = [
+            contribution_proof(r, node.pk) | {"closed_reason": r.closed_reason} for r in records
+        ]
+        if batch and not proofs:
+            raise NotFound(f"Batch {batch} covers no contribution of node {node.pk}.")
+        return Response({"node": node.pk, "batches": proofs})

@@ -275,6 +275,10 @@ CHAIN = {
     # token base units per credit: 10**6 for a 6-decimal stablecoin; native: wei per credit
     "UNITS_PER_CREDIT": int(os.environ.get("GPUFLEX_CHAIN_UNITS_PER_CREDIT", str(10**12))),
     "TOKEN": os.environ.get("GPUFLEX_CHAIN_TOKEN", "0x0000000000000000000000000000000000000000"),
+    # a settlement batch closes when this many verified contributions wait, or when the oldest
+    # waiting contribution or payout has waited DEADLINE_S, whichever comes first
+    "BATCH_MAX": int(os.environ.get("GPUFLEX_SETTLEMENT_BATCH_MAX", "1000")),
+    "DEADLINE_S": float(os.environ.get("GPUFLEX_SETTLEMENT_DEADLINE_S", "30")),
 }
 
 # Updates arrive as raw request bodies; the view checks the size and answers 413 itself.
@@ -324,7 +328,9 @@ CELERY_BEAT_SCHEDULE = {
 if CHAIN["URL"]:
     CELERY_BEAT_SCHEDULE["gpuflex-settle-chain"] = {
         "task": "marketplace.ledger.tasks.settle_chain",
-        "schedule": float(os.environ.get("GPUFLEX_SETTLE_S", "300")),
+        # how often the deadline is checked: a batch closes at most this long after it is due
+        "schedule": float(os.environ.get("GPUFLEX_SETTLE_S", "5")),
+        "options": {"expires": float(os.environ.get("GPUFLEX_SETTLE_S", "5"))},
     }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from marketplace.ledger.anchoring import send_pending
 from marketplace.ledger.chain import chain_client, settle_payouts, sync_deposits
 
 
@@ -17,10 +18,14 @@ class Command(BaseCommand):
         if client is None:
             raise CommandError("the chain is disabled (set GPUFLEX_CHAIN_URL)")
         self.stdout.write(f"deposits credited: {sync_deposits(client)}")
+        self.stdout.write(f"provenance anchors sent: {send_pending()}")
         record = settle_payouts(client)
         if record is None:
-            self.stdout.write("no payouts to settle")
+            self.stdout.write("nothing to settle")
         elif record.failed:
             raise CommandError(f"batch {record.batch_id} was refused: {record.failed}")
         else:
-            self.stdout.write(f"batch {record.batch_id} posted, gas {record.gas_used}")
+            self.stdout.write(
+                f"batch {record.batch_id}: payouts posted {record.posted} (gas "
+                f"{record.gas_used}), contributions anchored {record.anchored}"
+            )
