@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ROUNDS = 20
+ROUNDS = 10
 NODES = 8
 CLIP = 1.0
 SPEC: dict[str, Any] = {
@@ -22,7 +22,7 @@ SPEC: dict[str, Any] = {
     "dataset": {"kind": "digits", "test_fraction": 0.2},
     "model": {"arch": "mlp", "hidden": [128]},
     "optimizer": {"name": "sgd", "lr": 0.2},
-    "local": {"steps": 20, "batch_size": 32},
+    "local": {"steps": 10, "batch_size": 32},
     "rounds": {"max_rounds": ROUNDS},
     "aggregation": {"strategy": "fedavg"},
     "sharding": {"method": "stratified"},

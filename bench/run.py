@@ -19,6 +19,7 @@ from bench import (
     load_bench,
     network_bench,
     pause_bench,
+    privacy_bench,
     scaling_bench,
     slow_clients_bench,
     trainer_bench,
@@ -166,6 +167,8 @@ def render(results: dict[str, Any]) -> str:
         parts += examples_bench.render(results["examples"])
     if "pause" in results:
         parts += pause_bench.render(results["pause"])
+    if "privacy" in results:
+        parts += privacy_bench.render(results["privacy"])
     return "\n".join(parts)
 
 
@@ -272,7 +275,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
-    "load", "pause", "upload", "examples",
+    "load", "pause", "upload", "examples", "privacy",
 )  # fmt: skip
 
 
@@ -508,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "pause":
             print("pause: a game starting mid-task, the real agent and sandbox")
             results["pause"] = pause_bench.run()
+        elif section == "privacy":
+            print("privacy: digits accuracy without privacy, with DP at ε = 8 and ε = 2")
+            results["privacy"] = privacy_bench.run()
         elif section == "load":
             print("load: 1,000 Locust agents against gpuflex serve on PostgreSQL and Redis")
             results["load"] = load_section()
