@@ -2,8 +2,10 @@
 
 It lives in the shared cache (Redis in production). The embedded setup's cache is each
 process's own memory, and the worker that opens a round is not the web process whose long
-polls wait for it: there the counter is a file's modification time in the data folder, so a
-new round wakes waiting claims at once instead of at their next fallback poll.
+polls wait for it: there the counter is a file in the data folder that each bump appends a
+byte to, so a new round wakes waiting claims at once instead of at their next fallback poll.
+Its size counts, with its modification time: the kernel stamps times at a few milliseconds'
+grain, and two bumps that close would otherwise look like one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from django.conf import settings
 from django.core.cache import cache
 
 KEY = "gpuflex:work-generation"
+MAX_SIGNAL_BYTES = 1 << 20
 
 
 def _signal_file() -> Path | None:
@@ -26,8 +29,10 @@ def _signal_file() -> Path | None:
 def bump_work_generation() -> None:
     path = _signal_file()
     if path is not None:
-        with contextlib.suppress(OSError):
-            path.touch()  # a new modification time: what waiting claims compare
+        with contextlib.suppress(OSError), path.open("ab") as signal:
+            signal.write(b"\n")  # O_APPEND: bumps from several processes all count
+            if signal.tell() > MAX_SIGNAL_BYTES:
+                signal.truncate(0)  # its time changes all the same
         return
     try:
         cache.incr(KEY)
@@ -39,7 +44,8 @@ def work_generation() -> int:
     path = _signal_file()
     if path is not None:
         try:
-            return path.stat().st_mtime_ns
+            st = path.stat()
         except OSError:
             return 0
+        return st.st_size * 10**20 + st.st_mtime_ns  # any bump changes it
     return int(cache.get(KEY, 0))
