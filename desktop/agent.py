@@ -171,13 +171,16 @@ class LaneStatus:
             completed=int(d.get("completed", 0)), failed=int(d.get("failed", 0)),
         )  # fmt: skip
 
-    def line(self) -> str:
-        """`GPU 1 (RTX 3080): waiting: another program uses the GPU (game)`, for the tray
-        and `gpuflex-node status`."""
+    def doing(self) -> str:
+        """`waiting: another program uses the GPU (game)`, `working, task t-1 training 40%`."""
         what = self.state.value + (f": {self.reason}" if self.reason else "")
         if self.task is not None:
             what += f", task {self.task.id} {self.task.phase} {100 * self.task.progress:.0f}%"
-        return f"GPU {self.gpu} ({self.gpu_name}): {what}"
+        return what
+
+    def line(self) -> str:
+        """`GPU 1 (RTX 3080): waiting: ...`, for the tray and the status window."""
+        return f"GPU {self.gpu} ({self.gpu_name}): {self.doing()}"
 
 
 @dataclass(frozen=True)
