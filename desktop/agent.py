@@ -1144,7 +1144,8 @@ class Agent:
         for stale in ("update.safetensors", "result.json", PAUSE):
             (folder / stale).unlink(missing_ok=True)
         rec = self.journal.record(rec.id, "ready", attempts=rec.attempts + 1)
-        self._set(state=State.WORKING, task=self._task_status(rec, "training"))
+        # working again: whatever held it back (a game, the heat) is no longer the reason
+        self._set(state=State.WORKING, reason="", task=self._task_status(rec, "training"))
         self._info(f"training task {rec.id} (attempt {rec.attempts})")
         drop_at = None
         if self.simnet is not None:
