@@ -141,7 +141,10 @@ def _local_status() -> dict[str, Any]:
         pass
     try:
         local = json.loads((paths.data / "status.json").read_text(encoding="utf-8"))
-        return {**local, "state": "stopped", "reason": "", "task": None, "pid": None}
+        lanes = [{**lane, "state": "stopped", "reason": "", "task": None}
+                 for lane in local.get("lanes") or []]  # fmt: skip
+        return {**local, "state": "stopped", "reason": "", "task": None, "pid": None,
+                "lanes": lanes}  # fmt: skip
     except (OSError, ValueError):
         return {"state": "stopped", "note": "no agent has run here yet", "pid": None}
 
