@@ -594,7 +594,7 @@ class Agent:
             lane = Agent(
                 self._settings, paths, credentials=self.credentials,
                 hardware=lane_hardware(self._hardware, gpu.index), bench=bench,
-                transport=self._transport, backoff=self._backoff,
+                transport=self._transport, backoff=self._backoff, observe_fn=self._observe,
                 claim_wait_s=self.claim_wait_s, idle_sleep_s=self.idle_sleep_s,
                 policy_check_s=self.policy_check_s, lane=gpu, host=self,
             )  # fmt: skip
