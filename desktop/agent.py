@@ -34,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,10 @@ from desktop.client import (
     simulated_link,
 )
 from desktop.config import Credentials, Paths, Settings, load_settings, save_settings, sign_in
-from desktop.hardware import HardwareReport, gpu_metrics
+from desktop.hardware import GpuInfo, HardwareReport, gpu_metrics
 from desktop.input_cache import InputCache
 from desktop.journal import Journal, TaskRecord
+from desktop.lanes import lane_env, lane_hardware, lane_name, lane_paths, lane_scope, plan_lanes
 from desktop.local_datasets import DatasetRefused, LocalDataset
 from desktop.netprobe import NetProbe, NetworkFigures
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
@@ -143,6 +145,45 @@ class LogEntry:
 
 
 @dataclass(frozen=True)
+class LaneStatus:
+    """One GPU's lane of a multi-GPU agent (desktop.lanes): its node and what it does."""
+
+    gpu: int
+    gpu_name: str
+    state: State = State.STOPPED
+    reason: str = ""
+    task: TaskStatus | None = None
+    node_id: str = ""
+    completed: int = 0
+    failed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "state": self.state.value,
+                "task": None if self.task is None else self.task.__dict__}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LaneStatus:
+        task = d.get("task")
+        return cls(
+            gpu=int(d["gpu"]), gpu_name=str(d.get("gpu_name", "")),
+            state=State(d.get("state", "stopped")), reason=str(d.get("reason", "")),
+            task=None if not task else TaskStatus(**task), node_id=str(d.get("node_id", "")),
+            completed=int(d.get("completed", 0)), failed=int(d.get("failed", 0)),
+        )  # fmt: skip
+
+    def doing(self) -> str:
+        """`waiting: another program uses the GPU (game)`, `working, task t-1 training 40%`."""
+        what = self.state.value + (f": {self.reason}" if self.reason else "")
+        if self.task is not None:
+            what += f", task {self.task.id} {self.task.phase} {100 * self.task.progress:.0f}%"
+        return what
+
+    def line(self) -> str:
+        """`GPU 1 (RTX 3080): waiting: ...`, for the tray and the status window."""
+        return f"GPU {self.gpu} ({self.gpu_name}): {self.doing()}"
+
+
+@dataclass(frozen=True)
 class AgentStatus:
     state: State = State.STOPPED
     reason: str = ""  # why waiting, paused or in error, in words
@@ -159,6 +200,7 @@ class AgentStatus:
     benchmark: BenchmarkResult | None = None
     network: dict[str, float | None] = field(default_factory=dict)
     last_error: str = ""
+    lanes: tuple[LaneStatus, ...] = ()  # one per GPU on a multi-GPU machine, else none
 
     @property
     def paused(self) -> bool:
@@ -174,6 +216,7 @@ class AgentStatus:
             "network": self.network, "last_error": self.last_error, "updated": time.time(),
             "hardware": None if self.hardware is None else self.hardware.to_dict(),
             "benchmark": None if self.benchmark is None else self.benchmark.to_dict(),
+            "lanes": [lane.to_dict() for lane in self.lanes],
         }  # fmt: skip
 
     @classmethod
@@ -193,6 +236,7 @@ class AgentStatus:
             hardware=None if not hw else HardwareReport.from_dict(hw),
             benchmark=None if not bench else BenchmarkResult.from_dict(bench),
             network=dict(d.get("network") or {}), last_error=str(d.get("last_error", "")),
+            lanes=tuple(LaneStatus.from_dict(lane) for lane in d.get("lanes") or ()),
         )  # fmt: skip
 
 
@@ -242,12 +286,21 @@ class Agent:
         claim_wait_s: int = 20,
         idle_sleep_s: float = 1.0,
         policy_check_s: float = POLICY_CHECK_S,
+        lane: GpuInfo | None = None,
+        host: Agent | None = None,
     ) -> None:
+        """`lane`, `host`: this agent drives one GPU of a multi-GPU host's agent (the host
+        makes them, see _run_lanes); otherwise it is the machine's one agent."""
         self.paths = paths or Paths.default()
         self._settings = settings or load_settings(self.paths)
         self.credentials = credentials or Credentials(self.paths)
         self._hardware = hardware
         self._bench = bench
+        self._bench_given = bench is not None
+        self._lane = lane
+        self._host = host
+        self._gpu_index = lane.index if lane is not None else 0  # the GPU its policy watches
+        self._lanes: list[Agent] = []  # a host's lanes, one per GPU (empty: works itself)
         self._transport = transport
         self._observe = observe_fn
         self._sandbox = sandbox
@@ -310,18 +363,29 @@ class Agent:
     def pause(self, reason: str = "") -> None:
         """`reason`: the owner's words ("gaming"), shown in the tray and sent to buyers."""
         reason = " ".join(reason.split())[:120]
-        self._pause_reason = "paused by you" + (f": {reason}" if reason else "")
-        self._paused.set()
-        self._wake.set()
-        self._set(state=State.PAUSED, reason=self._pause_reason)
+        self._hold("paused by you" + (f": {reason}" if reason else ""))
         self._info(self._pause_reason.replace("paused by you", "paused", 1))
 
     def resume(self) -> None:
+        self._release()
+        self._info("resumed")
+
+    def _hold(self, reason: str) -> None:
+        """The owner's pause, for this agent and each of its lanes."""
+        self._pause_reason = reason
+        self._paused.set()
+        self._wake.set()
+        for lane in self._lanes:
+            lane._hold(reason)
+        self._set(state=State.PAUSED, reason=self._pause_reason)
+
+    def _release(self) -> None:
         self._paused.clear()
         self._wake.set()
+        for lane in self._lanes:
+            lane._release()
         if self.status().state is State.PAUSED:
             self._set(state=State.IDLE, reason="")
-        self._info("resumed")
 
     @property
     def running(self) -> bool:
@@ -343,7 +407,12 @@ class Agent:
     def update_settings(self, settings: Settings) -> None:
         """Saved at once; limits and policy apply from the next task, the server on restart."""
         with self._lock:
+            if settings.excluded_gpus != self._settings.excluded_gpus:
+                self._info("the GPUs to leave out apply when the agent starts again")
             self._settings = settings
+            for lane in self._lanes:
+                lane._settings = settings
+                lane._wake.set()
         save_settings(settings, self.paths)
         self._wake.set()
         self._info("settings saved")
@@ -352,6 +421,9 @@ class Agent:
         """The provider key, through the one login (desktop.config.sign_in)."""
         with self._lock:
             sign_in(provider_key, self._settings, self.paths, self.credentials)
+            for lane in self._lanes:  # each registers afresh with that account too
+                self.credentials.set_node_key(lane._key_scope(), None)
+                lane._wake.set()
         self._wake.set()
 
     # ---- local datasets (federated silos; desktop.local_datasets)
@@ -379,7 +451,10 @@ class Agent:
     def _datasets_changed(self, message: str) -> None:
         self._datasets_due.set()
         self._wake.set()
-        self._info(message)
+        for lane in self._lanes:  # they share this agent's settings: each node advertises them
+            lane._datasets_changed("")
+        if message:
+            self._info(message)
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         """Called from the agent's threads; GUIs must hop to their own thread."""
@@ -408,7 +483,12 @@ class Agent:
             old = self._status
             self._status = replace(old, **changes)
             new = self._status
-        if (old.state, old.reason, old.task) != (new.state, new.reason, new.task):
+        if (old.state, old.reason, old.task, old.lanes) != (
+            new.state,
+            new.reason,
+            new.task,
+            new.lanes,
+        ):
             self._emit(("state", new))
 
     def _emit(self, event: Event) -> None:
@@ -419,6 +499,9 @@ class Agent:
                 log.exception("event subscriber failed")
 
     def _add_log(self, level: str, message: str) -> None:
+        if self._host is not None and self._lane is not None:  # one log, each line its GPU's
+            self._host._add_log(level, f"GPU {self._lane.index}: {message}")
+            return
         with self._lock:
             self._log_seq += 1
             entry = LogEntry(time.time(), level, message, self._log_seq)
@@ -446,6 +529,8 @@ class Agent:
         self._set(last_error=message)
 
     def _write_status_file(self) -> None:
+        if self._host is not None:
+            return  # the host writes the machine's one status file, lanes included
         with contextlib.suppress(OSError):
             self.paths.data.mkdir(parents=True, exist_ok=True)
             tmp = self.paths.data / "status.tmp"
@@ -456,6 +541,12 @@ class Agent:
 
     def _main(self) -> None:
         try:
+            self._probe_machine()
+            assert self._hardware is not None
+            gpus = None if self._lane else plan_lanes(self._hardware, self._settings.excluded_gpus)
+            if gpus is not None:
+                self._run_lanes(gpus)
+                return
             self._setup()
             if not self._register():
                 return
@@ -479,7 +570,110 @@ class Agent:
                 self._sandbox.close()  # the warm task worker goes with the agent
             self._write_status_file()
 
-    def _setup(self) -> None:
+    # ----------------------------------------------------------------- internals: lanes
+
+    def _run_lanes(self, gpus: list[GpuInfo]) -> None:
+        """A multi-GPU host: one lane per GPU (desktop.lanes), each a node of its own with its
+        own claim loop, sandbox and work policy, run until the agent stops. This agent keeps
+        the one local API, settings, login, log and status, which lists each lane."""
+        assert self._hardware is not None
+        if not gpus:
+            why = "every GPU is left out (excluded_gpus in the settings)"
+            self._warn(f"nothing to do: {why}")
+            self._set(state=State.WAITING, reason=why)
+            self._stop.wait()
+            return
+        self._info(f"{len(gpus)} GPUs, each its own node: " + ", ".join(
+            f"GPU {g.index} ({g.name})" for g in gpus))  # fmt: skip
+        for gpu in gpus:
+            paths = lane_paths(self.paths, gpu.index)
+            bench = self._bench if self._bench_given else None
+            if bench is None:
+                self._info(f"GPU {gpu.index}: benchmarking it (cached after the first run)…")
+                bench = probe(paths.cache, quick=True, measure=True, gpu=gpu)[1]
+            lane = Agent(
+                self._settings, paths, credentials=self.credentials,
+                hardware=lane_hardware(self._hardware, gpu.index), bench=bench,
+                transport=self._transport, backoff=self._backoff, observe_fn=self._observe,
+                claim_wait_s=self.claim_wait_s, idle_sleep_s=self.idle_sleep_s,
+                policy_check_s=self.policy_check_s, lane=gpu, host=self,
+            )  # fmt: skip
+            lane.subscribe(self._lane_event)
+            if self._paused.is_set():
+                lane._hold(self._pause_reason)
+            self._lanes.append(lane)
+        self._set(hardware=self._hardware, benchmark=self._bench)
+        try:
+            for lane in self._lanes:
+                lane.start()
+            while not self._stop.wait(2.0):
+                self._write_status_file()
+        finally:
+            for lane in self._lanes:  # all at once: each may wait for its task to stop
+                lane._stop.set()
+                lane._wake.set()
+            for lane in self._lanes:
+                lane.stop()
+            self._lane_event(("state", None))
+
+    def _as_lane(self, st: AgentStatus) -> LaneStatus:
+        """This lane's line in its host's status."""
+        return LaneStatus(gpu=self._gpu_index, gpu_name=self._lane.name if self._lane else "",
+                          state=st.state, reason=st.reason, task=st.task, node_id=st.node_id,
+                          completed=st.completed, failed=st.failed)  # fmt: skip
+
+    def _lane_event(self, event: Event) -> None:
+        kind = event[0]
+        if kind == "state":
+            self._set(**self._from_lanes())
+        elif kind == "task_done":
+            self._emit(event)
+
+    def _from_lanes(self) -> dict[str, Any]:
+        """The host's status from its lanes': working while any works, paused or waiting
+        when all are; the reason names each GPU that is not working, and why."""
+        sts = [lane.status() for lane in self._lanes]
+        lanes = tuple(lane._as_lane(st) for lane, st in zip(self._lanes, sts, strict=True))
+        states = {lane.state for lane in lanes}
+        if State.WORKING in states:
+            state = State.WORKING
+        elif State.ERROR in states:
+            state = State.ERROR
+        elif states <= {State.PAUSED}:
+            state = State.PAUSED
+        elif states <= {State.PAUSED, State.WAITING}:
+            state = State.WAITING
+        elif State.STARTING in states:
+            state = State.STARTING
+        elif states <= {State.STOPPED}:
+            state = State.STOPPED
+        else:
+            state = State.IDLE
+        held = [lane for lane in lanes if lane.reason and lane.state is not State.WORKING]
+        reasons = {lane.reason for lane in held}
+        if len(reasons) == 1 and len(held) == len(lanes):
+            reason = held[0].reason  # the same for every GPU (paused by you, on battery)
+        else:
+            reason = "; ".join(f"GPU {lane.gpu} {lane.state.value}: {lane.reason}" for lane in held)
+        task = next((lane.task for lane in lanes if lane.task is not None), None)
+        money = [sum(Decimal(getattr(st, f"earnings_{k}") or "0") for st in sts)
+                 for k in ("today", "total")]  # fmt: skip
+        return {
+            "state": state, "reason": reason, "task": task, "lanes": lanes,
+            "node_id": ", ".join(lane.node_id for lane in lanes if lane.node_id),
+            "registered": all(st.registered for st in sts),
+            "isolated": all(st.isolated for st in sts),
+            "completed": sum(lane.completed for lane in lanes),
+            "failed": sum(lane.failed for lane in lanes),
+            "earnings_today": f"{money[0]:.2f}", "earnings_total": f"{money[1]:.2f}",
+            "network": sts[0].network if sts else {},
+            "last_error": next((st.last_error for st in sts if st.last_error), ""),
+        }  # fmt: skip
+
+    def _probe_machine(self) -> None:
+        """This machine's hardware and (unless given) benchmark, from a child process."""
+        if self._lane is not None:
+            return  # the host gave this lane its GPU's hardware and benchmark
         s = self._settings
         self._info(f"GPUFlex agent {__version__} starting; marketplace {s.server_url}")
         if self._hardware is None or self._bench is None:
@@ -491,9 +685,13 @@ class Agent:
             self._hardware, self._bench = self._hardware or hw, self._bench or bench
             if measure:
                 self._info("benchmark " + ("loaded from cache" if cached else "done"))
-        hw = self._hardware
-        for note in hw.notes:
+        for note in self._hardware.notes:
             self._info(note)
+
+    def _setup(self) -> None:
+        s = self._settings
+        hw = self._hardware
+        assert hw is not None and self._bench is not None
         if self.byzantine:
             self._warn(
                 f"FAULT INJECTION: this node is Byzantine ({self.byzantine}): every update it "
@@ -509,6 +707,8 @@ class Agent:
                 gpu=hw.accelerator != "cpu",
                 warn=self._warn,
             )
+        if self._lane is not None:  # its tasks see only this lane's GPU (desktop.lanes)
+            self._sandbox.env.update(lane_env(self._lane))
         self.paths.tasks.mkdir(parents=True, exist_ok=True)
         self._sandbox.prewarm(self.paths.tasks)  # torch imported before the first task comes
         for left in self.paths.tasks.glob(f"*{CONTINUED}"):  # a crash cut it short: dropped
@@ -523,12 +723,12 @@ class Agent:
             transport = self.simnet
             self._info(f"simulated network '{s.network_profile}': {self.simnet.node}")
         self.client = MarketplaceClient(
-            s.server_url, self.credentials.node_key(s.server_url), transport=transport,
+            s.server_url, self.credentials.node_key(self._key_scope()), transport=transport,
             backoff=self._backoff, stop=self._stop, on_retry=self._warn,
         )  # fmt: skip
         self._set(
             hardware=hw, benchmark=self._bench, isolated=self._sandbox.isolated,
-            node_id=self.credentials.node_id(s.server_url) or "",
+            node_id=self.credentials.node_id(self._key_scope()) or "",
         )  # fmt: skip
 
     def _register(self) -> bool:
@@ -547,8 +747,9 @@ class Agent:
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
+            name = s.node_name or self._hardware.cpu_name
             body = {
-                "name": s.node_name or self._hardware.cpu_name,
+                "name": lane_name(name, self._lane.index) if self._lane else name,
                 "kind": s.kind,
                 "hardware": registration_hardware(
                     self._hardware, s, self._sandbox is not None and self._sandbox.isolated
@@ -578,8 +779,8 @@ class Agent:
                 else:  # the same body would be refused again: wait for new settings or a while
                     self._sleep(60.0)
                 continue
-            self.credentials.set_node_key(s.server_url, str(answer["node_key"]))
-            self.credentials.set_node_id(s.server_url, str(answer["id"]))
+            self.credentials.set_node_key(self._key_scope(), str(answer["node_key"]))
+            self.credentials.set_node_id(self._key_scope(), str(answer["id"]))
             self.client.node_key = str(answer["node_key"])
             self._set(node_id=str(answer["id"]))
             self._info(f"registered as node {answer['id']}")
@@ -615,11 +816,16 @@ class Agent:
         self._info(f"link: {figures.down_mbps} Mbit/s down, {figures.up_mbps} Mbit/s up, "
                    f"{figures.rtt_ms} ms")  # fmt: skip
 
+    def _key_scope(self) -> str:
+        """What this node's key and id are kept under: the server's, or a lane's own."""
+        url = self._settings.server_url
+        return url if self._lane is None else lane_scope(url, self._lane.index)
+
     def _own_pids(self) -> set[int]:
         return self._sandbox.current_pids() if self._sandbox is not None else set()
 
     def _policy(self) -> Decision:
-        obs = self._observe() if self._observe else observe(self._own_pids())
+        obs = self._observe() if self._observe else observe(self._own_pids(), self._gpu_index)
         return decide(WorkPolicy.from_settings(self._settings), obs, self._policy_working)
 
     def _loop(self) -> None:
@@ -664,7 +870,7 @@ class Agent:
                 if exc.status == 401:
                     self._error("the marketplace rejected this node's key (revoked?)")
                     self._set(state=State.ERROR, reason="node key rejected: log in again")
-                    self.credentials.set_node_key(self._settings.server_url, None)
+                    self.credentials.set_node_key(self._key_scope(), None)
                     self.client.node_key = None
                     if not self._register():
                         return
@@ -713,7 +919,7 @@ class Agent:
         hw = self._hardware
         gpu = hw.primary_gpu if hw is not None and hw.accelerator != "cpu" else None
         if gpu is not None:
-            used = gpu_metrics(own_pids=self._own_pids()).memory_used_mb or 0
+            used = gpu_metrics(self._gpu_index, self._own_pids()).memory_used_mb or 0
             return max(gpu.memory_total_mb - used, 0) * 2**20, True
         import psutil
 
@@ -932,7 +1138,8 @@ class Agent:
         for stale in ("update.safetensors", "result.json", PAUSE):
             (folder / stale).unlink(missing_ok=True)
         rec = self.journal.record(rec.id, "ready", attempts=rec.attempts + 1)
-        self._set(state=State.WORKING, task=self._task_status(rec, "training"))
+        # working again: whatever held it back (a game, the heat) is no longer the reason
+        self._set(state=State.WORKING, reason="", task=self._task_status(rec, "training"))
         self._info(f"training task {rec.id} (attempt {rec.attempts})")
         drop_at = None
         if self.simnet is not None:
@@ -1309,7 +1516,7 @@ class Agent:
         if self.client is None or not self.client.node_key:
             return
         st = self.status()
-        m = gpu_metrics(0, self._own_pids())
+        m = gpu_metrics(self._gpu_index, self._own_pids())
         metrics = {
             "gpu_util": m.utilization_pct,
             "gpu_temp_c": m.temperature_c,

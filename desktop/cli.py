@@ -141,12 +141,16 @@ def _local_status() -> dict[str, Any]:
         pass
     try:
         local = json.loads((paths.data / "status.json").read_text(encoding="utf-8"))
-        return {**local, "state": "stopped", "reason": "", "task": None, "pid": None}
+        lanes = [{**lane, "state": "stopped", "reason": "", "task": None}
+                 for lane in local.get("lanes") or []]  # fmt: skip
+        return {**local, "state": "stopped", "reason": "", "task": None, "pid": None,
+                "lanes": lanes}  # fmt: skip
     except (OSError, ValueError):
         return {"state": "stopped", "note": "no agent has run here yet", "pid": None}
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from desktop.agent import LaneStatus
     from desktop.config import Credentials, Paths, load_settings
     from desktop.money import credits
 
@@ -174,11 +178,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     reason = f": {local['reason']}" if local.get("reason") else ""
     print(f"agent     {local.get('state')}{reason}{pid}")
     print(f"server    {settings.server_url}" + ("" if key else " (not registered)"))
-    if task:
+    if task and not local.get("lanes"):
         print(f"task      {task['id']} {task['phase']} {100 * task['progress']:.0f}%")
+    for lane in local.get("lanes") or []:  # a multi-GPU machine: each GPU, what it does
+        print(f"gpu {lane['gpu']}     {LaneStatus.from_dict(lane).doing()}"
+              + (f" (node {lane['node_id']})" if lane.get("node_id") else ""))  # fmt: skip
     print(f"done      {local.get('completed', 0)} ok, {local.get('failed', 0)} failed (this run)")
-    for gpu in (local.get("hardware") or {}).get("gpus", []):
-        print(f"gpu {gpu.get('index')}     {gpu.get('name')}")
+    if not local.get("lanes"):
+        for gpu in (local.get("hardware") or {}).get("gpus", []):
+            print(f"gpu {gpu.get('index')}     {gpu.get('name')}")
     e = (remote or {}).get("earnings") or local.get("earnings")  # the agent's last figures
     if e:
         print(f"earnings  today {credits(e.get('today'))}, total {credits(e.get('total'))}")

@@ -72,6 +72,9 @@ class Settings:
     schedule_end: str = ""
     work_on_battery: bool = False
     gpu_memory_fraction: float = 0.9
+    # GPUs (NVML / `gpuflex-node info` indices) this machine never lends; on a machine with
+    # several GPUs every other one works as its own node (desktop.lanes). Read at start
+    excluded_gpus: list[int] = field(default_factory=list)
     # at most this share of the time computing: steps are held back (fans, power, heat); not
     # billed, so the node is paid for the compute only (desktop.task_runner._duty_pace)
     max_gpu_busy_pct: int = 100
@@ -271,6 +274,8 @@ def _check(s: Settings) -> None:
         raise InvalidSettings("idle_minutes must be 0 or more, max_gpu_temp_c 1 to 120")
     if isinstance(s.max_gpu_busy_pct, bool) or s.max_gpu_busy_pct not in range(5, 101):
         raise InvalidSettings("max_gpu_busy_pct must be a whole number from 5 to 100")
+    if not all(type(i) is int and 0 <= i < 64 for i in s.excluded_gpus):
+        raise InvalidSettings("excluded_gpus must be a list of GPU indices (0 to 63)")
     for name in ("task_memory_mb", "task_cpu_s", "task_wall_s"):
         if getattr(s, name) <= 0:
             raise InvalidSettings(f"{name} must be positive")

@@ -377,7 +377,65 @@ def gpu_metrics(
     nv = nv or nvml()
     info = nv.gpu(index) if nv.count() > index else None
     if info is None:
-        return GpuMetrics(None, None, None, None)
+        return amd_metrics(index)
     procs = nv.processes(index)
     others = None if procs is None else foreign(procs, own_pids)
     return GpuMetrics(info.utilization_pct, info.temperature_c, info.memory_used_mb, others)
+
+
+class AmdGpus:
+    """Live figures of AMD GPUs through pyamdgpuinfo (the optional `amd` extra, Linux): load,
+    temperature and VRAM in use. It lists no processes, so `other_processes` stays None and
+    the work policy judges a busy GPU by its load instead (desktop.policy)."""
+
+    def __init__(self, module: Any = None) -> None:
+        self._module = module
+        self._tried = module is not None
+        self._gpus: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def _lib(self) -> Any:
+        if not self._tried:  # imported once: a failed import would search the path each time
+            self._tried = True
+            if platform.system() == "Linux":
+                try:
+                    import pyamdgpuinfo  # type: ignore[import-not-found]
+
+                    self._module = pyamdgpuinfo
+                except ImportError:
+                    pass
+        return self._module
+
+    def _gpu(self, index: int) -> Any:
+        lib = self._lib()
+        if lib is None:
+            return None
+        with self._lock:
+            if index not in self._gpus:
+                try:
+                    gpu = lib.get_gpu(index) if index < lib.detect_gpus() else None
+                except Exception:
+                    gpu = None
+                if gpu is not None:
+                    # its load is sampled by a polling thread of its own (pyamdgpuinfo 2)
+                    _try(getattr(gpu, "start_utilisation_polling", lambda: None), None)
+                self._gpus[index] = gpu
+            return self._gpus[index]
+
+    def metrics(self, index: int) -> GpuMetrics:
+        g = self._gpu(index)
+        if g is None:
+            return GpuMetrics(None, None, None, None)
+        return GpuMetrics(
+            utilization_pct=_try(lambda: 100.0 * float(g.query_load()), None),
+            temperature_c=_try(lambda: float(g.query_temperature()), None),
+            memory_used_mb=_try(lambda: int(g.query_vram_usage() // 2**20), None),
+            other_processes=None,
+        )
+
+
+_AMD = AmdGpus()
+
+
+def amd_metrics(index: int = 0) -> GpuMetrics:
+    return _AMD.metrics(index)

@@ -19,8 +19,12 @@ import psutil
 
 from desktop.config import Settings
 from desktop.hardware import gpu_metrics
+from desktop.mac_thermal import MacThermal, mac_thermal
 
 TEMP_HYSTERESIS_C = 5.0  # resume only this far below the limit, so work does not flap
+# where a GPU's processes cannot be listed (AMD through pyamdgpuinfo), a load this high while
+# no task of ours runs on it means another program uses it
+BUSY_LOAD_PCT = 30.0
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,9 @@ class Observations:
     idle_s: float | None = None  # seconds since the last keyboard/mouse input
     on_battery: bool | None = None
     gpu_temp_c: float | None = None
-    other_gpu_processes: list[tuple[int, int]] | None = None  # (pid, MB)
+    other_gpu_processes: list[tuple[int, int]] | None = None  # (pid, MB); None: cannot tell
+    gpu_load_pct: float | None = None  # the GPU's load, judged when processes are unknown
+    mac_thermal: MacThermal | None = None  # macOS's own word on heat (Apple GPUs)
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,16 @@ def decide(policy: WorkPolicy, obs: Observations, working: bool = False) -> Deci
         names = list(dict.fromkeys(_proc_name(pid) for pid, _ in obs.other_gpu_processes))
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
         reasons.append(f"another program uses the GPU ({', '.join(names[:3])}{more})")
+    elif (
+        policy.pause_on_gpu_processes
+        and obs.other_gpu_processes is None
+        and not working  # while a task runs the load is largely its own: it cannot tell
+        and obs.gpu_load_pct is not None
+        and obs.gpu_load_pct >= BUSY_LOAD_PCT
+    ):
+        reasons.append(f"another program keeps the GPU busy ({obs.gpu_load_pct:.0f}% load)")
+    if policy.max_gpu_temp_c is not None and obs.mac_thermal is not None and obs.mac_thermal.hot:
+        reasons.append(f"the Mac is hot ({obs.mac_thermal})")
     return Decision(not reasons, reasons)
 
 
@@ -181,4 +197,6 @@ def observe(own_pids: set[int] | None = None, gpu_index: int = 0) -> Observation
         on_battery=on_battery(),
         gpu_temp_c=m.temperature_c,
         other_gpu_processes=m.other_processes,
+        gpu_load_pct=m.utilization_pct,
+        mac_thermal=mac_thermal() if sys.platform == "darwin" else None,
     )

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from desktop.bench_result import BenchmarkResult
 from desktop.entry import entry_argv
-from desktop.hardware import HardwareReport
+from desktop.hardware import GpuInfo, HardwareReport
+from desktop.lanes import lane_env, lane_hardware
 
 
 class ProbeFailed(RuntimeError):
@@ -25,13 +27,18 @@ class ProbeFailed(RuntimeError):
 
 
 def probe(
-    cache_dir: Path, quick: bool = True, measure: bool = True
+    cache_dir: Path, quick: bool = True, measure: bool = True, gpu: GpuInfo | None = None
 ) -> tuple[HardwareReport, BenchmarkResult | None, bool]:
     """(hardware, benchmark, from_cache), as `detect()` and `benchmark()` give them; the
-    benchmark is None unless `measure`."""
+    benchmark is None unless `measure`. `gpu`: one lane's GPU (desktop.lanes), measured
+    alone, with the report narrowed to it."""
     args = [str(cache_dir), *(["--full"] * (not quick)), *(["--detect-only"] * (not measure))]
+    env = None
+    if gpu is not None:
+        args += ["--gpu", str(gpu.index)]
+        env = {**os.environ, **lane_env(gpu)}  # torch in the child sees that GPU only
     done = subprocess.run(entry_argv("desktop.probe", "_probe", *args), capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL)  # fmt: skip
+                          text=True, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
     if done.returncode:
         raise ProbeFailed(f"measuring this machine failed: {done.stderr.strip()[-2000:]}")
     data = json.loads(done.stdout.strip().splitlines()[-1])
@@ -49,11 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cache_dir")
     parser.add_argument("--full", action="store_true", help="the full benchmark, not quick")
     parser.add_argument("--detect-only", action="store_true")
+    parser.add_argument("--gpu", type=int, help="one lane's GPU (its index), measured alone")
     args = parser.parse_args(argv)
     from desktop.benchmark import benchmark
     from desktop.hardware import detect
 
     hw = detect()
+    if args.gpu is not None:
+        hw = lane_hardware(hw, args.gpu)
     result, cached = None, False
     if not args.detect_only:
         result, cached = benchmark(hw, Path(args.cache_dir), quick=not args.full)

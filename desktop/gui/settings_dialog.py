@@ -123,6 +123,18 @@ class SettingsDialog(QDialog):
         f.addRow("Time per task", self.wall)
         f.addRow(_hint("Tasks run in a sandbox without network access; a task over these "
                        "limits is stopped and reported."))  # fmt: skip
+        # several GPUs: each works as its own node (desktop.lanes); the owner may keep some
+        hw = bridge.status.hardware
+        gpus = hw.gpus if hw is not None and len(hw.gpus) > 1 else []
+        self.lend: dict[int, QCheckBox] = {}
+        for g in gpus:
+            box = QCheckBox(f"GPU {g.index}: {g.name}")
+            box.setChecked(g.index not in s.excluded_gpus)
+            f.addRow("Lend" if not self.lend else "", box)
+            self.lend[g.index] = box
+        if gpus:
+            f.addRow(_hint("Each GPU lent works as a node of its own; a change applies when "
+                           "the agent starts again."))  # fmt: skip
 
         self.datasets = DatasetsPage(bridge.client)
         tabs.addTab(self.datasets, "Datasets")
@@ -155,6 +167,10 @@ class SettingsDialog(QDialog):
             gpu_memory_fraction=self.gpu_mem.value() / 100,
             task_memory_mb=self.mem.value(),
             task_wall_s=self.wall.value(),
+            excluded_gpus=sorted(
+                {i for i in s.excluded_gpus if i not in self.lend}
+                | {i for i, box in self.lend.items() if not box.isChecked()}
+            ),
         )
         return self.policy.applied(edited)  # schedule, temperature, GPU use
 

@@ -118,6 +118,10 @@ class StatusWindow(QWidget):
         lay.addWidget(self.task_label)
         lay.addWidget(self.progress)
         lay.addWidget(self.task_detail)
+        self.lanes = _muted()  # each GPU's lane on a multi-GPU machine: what it does, or why not
+        self.lanes.setWordWrap(True)
+        self.lanes.setVisible(False)
+        lay.addWidget(self.lanes)
         root.addWidget(frame)
 
         # hardware and benchmark side by side
@@ -181,6 +185,8 @@ class StatusWindow(QWidget):
             self.task_label.setText(f"Task {t.id[:16]}  ·  job {t.job_id[:24]}, round {t.round}")
             self.task_detail.setText(f"{t.phase.capitalize()} · {100 * t.progress:.0f}%")
             self.progress.setValue(int(1000 * t.progress))
+        self.lanes.setText("\n".join(lane.line() for lane in st.lanes))
+        self.lanes.setVisible(bool(st.lanes))
         if st.hardware is not None:
             hw = st.hardware
             gpus = (

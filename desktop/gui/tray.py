@@ -51,6 +51,7 @@ class TrayController(QObject):
                 self.menu.addSeparator()
             else:
                 self.menu.addAction(item)
+        self.lane_actions: list[QAction] = []  # one line per GPU on a multi-GPU machine
         self.tray.setContextMenu(self.menu)
         self.tray.activated.connect(self._activated)
         bridge.status_changed.connect(self.update_status)
@@ -71,11 +72,25 @@ class TrayController(QObject):
         if st.task is not None:
             self.task_action.setText(f"Task {st.task.id[:10]} · {100 * st.task.progress:.0f}%")
         self.task_action.setVisible(st.task is not None)
+        self._show_lanes([lane.line() for lane in st.lanes])
         self.earnings_action.setText(
             f"Earned {credits(st.earnings_today)} today · {credits(st.earnings_total)} in total"
         )
         self.pause_action.setText("Resume" if st.state is State.PAUSED else "Pause")
-        self.tray.setToolTip(f"{line}\nEarned today {credits(st.earnings_today)}")
+        lanes = "".join(f"\n{lane.line()}" for lane in st.lanes)
+        self.tray.setToolTip(f"{line}{lanes}\nEarned today {credits(st.earnings_today)}")
+
+    def _show_lanes(self, lines: list[str]) -> None:
+        """Which GPU does what, and why one waits (a game on GPU 1)."""
+        while len(self.lane_actions) < len(lines):
+            action = QAction("", self.menu)
+            action.setEnabled(False)
+            self.menu.insertAction(self.earnings_action, action)
+            self.lane_actions.append(action)
+        for i, action in enumerate(self.lane_actions):
+            text = lines[i] if i < len(lines) else ""
+            action.setText(text if len(text) < 80 else text[:77] + "…")
+            action.setVisible(i < len(lines))
 
     def notify(self, title: str, message: str) -> None:
         if self.tray.supportsMessages():

@@ -53,6 +53,26 @@ def test_status_with_a_registered_node(market, isolated_dirs: Paths, capsys) -> 
     assert "today 0.10 credits, total 1.00 credits" in capsys.readouterr().out
 
 
+def test_status_says_which_gpu_waits_and_why(monkeypatch, capsys) -> None:
+    """A multi-GPU machine (desktop.lanes): a line per GPU, its node, and why one waits."""
+    import desktop.cli
+    from desktop.agent import AgentStatus, LaneStatus, State, TaskStatus
+
+    task = TaskStatus("t-1", "job-1", 1, "training", 0.25, 0.0)
+    st = AgentStatus(state=State.WORKING, task=task,
+                     reason="GPU 1 waiting: another program uses the GPU (game.exe)", lanes=(
+        LaneStatus(0, "RTX 4090", State.WORKING, task=task, node_id="node-1"),
+        LaneStatus(1, "RTX 3080", State.WAITING, "another program uses the GPU (game.exe)",
+                   node_id="node-2"),
+    ))  # fmt: skip
+    monkeypatch.setattr(desktop.cli, "_local_status", lambda: {**st.to_dict(), "pid": 7})
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "agent     working: GPU 1 waiting: another program uses the GPU (game.exe)" in out
+    assert "gpu 0     working, task t-1 training 25% (node node-1)" in out
+    assert "gpu 1     waiting: another program uses the GPU (game.exe) (node node-2)" in out
+
+
 def test_run_rejects_an_unknown_network_profile(capsys) -> None:
     assert main(["run", "--network-profile", "moon"]) == 2
     assert "unknown network profile" in capsys.readouterr().err

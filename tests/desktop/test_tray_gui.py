@@ -235,3 +235,49 @@ def test_the_datasets_page_declares_and_removes(qtbot, live, isolated_dirs, tmp_
     page.list.setCurrentRow(0)
     page.remove.click()
     assert page.list.count() == 0 and agent.datasets() == []
+
+
+def test_the_tray_and_window_say_which_gpu_waits_and_why(qtbot, live) -> None:
+    """A multi-GPU machine (desktop.lanes): a line per GPU in the tray menu, its tooltip and
+    the status window, through the local API."""
+    from desktop.agent import LaneStatus
+
+    agent, bridge = live
+    window = StatusWindow(bridge)
+    qtbot.addWidget(window)
+    tray = TrayController(bridge, parent=bridge)
+    agent._set(state=State.IDLE, lanes=(
+        LaneStatus(0, "RTX 4090", State.IDLE, node_id="node-1"),
+        LaneStatus(1, "RTX 3080", State.WAITING, "another program uses the GPU (game.exe)"),
+    ))  # fmt: skip
+    waiting = "GPU 1 (RTX 3080): waiting: another program uses the GPU (game.exe)"
+    qtbot.waitUntil(lambda: len(tray.lane_actions) == 2, timeout=10_000)
+    assert [a.text() for a in tray.lane_actions] == ["GPU 0 (RTX 4090): idle", waiting]
+    assert waiting in tray.tray.toolTip()
+    assert waiting in window.lanes.text() and not window.lanes.isHidden()
+    agent._set(lanes=())  # one GPU again: no lines
+    qtbot.waitUntil(lambda: not any(a.isVisible() for a in tray.lane_actions), timeout=10_000)
+    assert window.lanes.isHidden()
+
+
+def test_the_owner_keeps_a_gpu_back_in_the_settings(qtbot, live, isolated_dirs, hardware) -> None:
+    """Several GPUs: a box per GPU in Limits; one left unticked is saved in excluded_gpus."""
+    from dataclasses import replace
+
+    from desktop.hardware import GpuInfo
+
+    agent, bridge = live
+    gpus = [GpuInfo(index=i, vendor="nvidia", name=f"RTX {i}", memory_total_mb=8192,
+                    backend="cuda") for i in (0, 1)]  # fmt: skip
+    agent._set(state=State.IDLE, hardware=replace(hardware, gpus=gpus))
+    qtbot.waitUntil(lambda: bridge.status.hardware is not None
+                    and len(bridge.status.hardware.gpus) == 2, timeout=10_000)  # fmt: skip
+    dialog = SettingsDialog(bridge)
+    qtbot.addWidget(dialog)
+    assert sorted(dialog.lend) == [0, 1] and all(b.isChecked() for b in dialog.lend.values())
+    dialog.lend[0].setChecked(False)
+    dialog.accept()
+    assert load_settings(isolated_dirs).excluded_gpus == [0]
+    again = SettingsDialog(bridge)
+    qtbot.addWidget(again)
+    assert not again.lend[0].isChecked() and again.lend[1].isChecked()
