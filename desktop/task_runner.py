@@ -347,6 +347,7 @@ def run(folder: Path) -> int:
             task.get("codec", "none"), spec.compression.block_size, spec.compression.topk_fraction
         )
         feedback = ErrorFeedback(_residual(folder / "residual.safetensors"))
+        lr = _task_lr(task)
         byzantine = _byzantine(os.environ.get(BYZANTINE_ENV, ""))
     except (OSError, KeyError, ValueError, SpecError, UpdateRejected) as exc:
         _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
@@ -392,7 +393,7 @@ def run(folder: Path) -> int:
         return train_local(
             model, start, data, spec, seed=int(task.get("seed", 0)), steps=steps,
             batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
-            pause=(folder / PAUSE).exists, resume=resume,
+            lr=lr, pause=(folder / PAUSE).exists, resume=resume,
         )  # fmt: skip
 
     try:
@@ -493,6 +494,18 @@ def _pace(folder: Path) -> float:
     return pace if math.isfinite(pace) and pace > 1.0 else 1.0
 
 
+def _task_lr(task: dict[str, Any]) -> float | None:
+    """The round's learning rate the server sent (its optimizer.schedule); None from an older
+    server, which means the spec's own `optimizer.lr`."""
+    lr = task.get("lr")
+    if lr is None:
+        return None
+    lr = float(lr)
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"the task's lr {lr!r} is not a positive number")
+    return lr
+
+
 def run_continuation(folder: Path) -> int:
     """Train on from local.safetensors while the update uploads (see the module docstring)."""
     _emit(phase="started", t=time.time())
@@ -507,6 +520,7 @@ def run_continuation(folder: Path) -> int:
         task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
         spec = parse_spec(task["spec"], "task spec")
         local, _ = decode_state((folder / LOCAL).read_bytes())
+        lr = _task_lr(task)
         shard = _read_checked(folder / "shard.safetensors", task.get("shard_hash"), ("x", "y"))
         data = _dataset(shard, spec, local)
     except (OSError, KeyError, ValueError, SpecError, UpdateRejected, ModelSpecError) as exc:
@@ -529,6 +543,7 @@ def run_continuation(folder: Path) -> int:
         done = train_local(
             model, local, data, spec, seed=int(task.get("seed", 0)) + 1, steps=cap,
             batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
+            lr=lr,
         ).steps  # fmt: skip
     except _StopRequested:
         stopped, done = True, seen["n"] // accum

@@ -133,11 +133,27 @@ class ModelSpec(_Strict):
         return self
 
 
+class LrScheduleSpec(_Strict):
+    """How the learning rate moves over rounds (trainer.schedule.round_lr): each round's
+    tasks train at that round's rate, constant through their local steps."""
+
+    kind: Literal["constant", "cosine", "step"] = "constant"
+    # rounds of linear warmup before the schedule proper: round r <= warmup_rounds trains at
+    # lr x r / (warmup_rounds + 1)
+    warmup_rounds: Annotated[int, Field(ge=0, le=100_000)] = 0
+    # cosine: the rate at the last round, as a fraction of lr
+    min_lr_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    # step: multiply by gamma every step_rounds rounds after the warmup
+    step_rounds: Annotated[int, Field(ge=1, le=100_000)] = 10
+    gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+
+
 class OptimizerSpec(_Strict):
     name: Literal["sgd", "adam", "adamw"] = "sgd"
     lr: Annotated[float, Field(gt=0.0, le=10.0)] = 0.1
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    schedule: LrScheduleSpec = LrScheduleSpec()
 
 
 class LocalSpec(_Strict):
@@ -178,9 +194,19 @@ class TargetSpec(_Strict):
         return self
 
 
+class EarlyStoppingSpec(_Strict):
+    """Stop a job whose held-out `metric` has plateaued: `patience` rounds in a row without
+    improving on the best round by more than `min_delta` (trainer.schedule.plateau_reason)."""
+
+    metric: Literal["accuracy", "loss"] = "accuracy"
+    patience: Annotated[int, Field(ge=1, le=100_000)] = 3
+    min_delta: Annotated[float, Field(ge=0.0)] = 0.0
+
+
 class RoundsSpec(_Strict):
     max_rounds: Annotated[int, Field(ge=1, le=100_000)] = 50
     target: TargetSpec | None = None
+    early_stopping: EarlyStoppingSpec | None = None
     deadline_s: Annotated[float, Field(gt=0.0)] | None = None
     quorum: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     late_updates: Literal["drop", "stale"] = "drop"

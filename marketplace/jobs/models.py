@@ -67,6 +67,9 @@ class Job(models.Model):
     model_hash = models.CharField(max_length=64, blank=True)
     model_file = models.CharField(max_length=300, blank=True)
     error = models.TextField(blank=True)
+    # why the job ended: its target reached, max_rounds run, a plateau (rounds.early_stopping,
+    # trainer.schedule.plateau_reason) or its budget; "" while it runs
+    stop_reason = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -45,6 +45,7 @@ from trainer.delivery import delivery_codec
 from trainer.hashing import state_hash
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round, staleness_weight
+from trainer.schedule import plateau_reason
 from trainer.updates import decode_state
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,15 @@ class Outcome:
     dropped: dict[int, float]  # TaskResult id -> cosine, rejected by statistics
     cosines: dict[int, float]  # TaskResult id -> cosine to the round's median update
     delta_file: str = ""  # delta-delivered jobs: the payload from this round's model to `state`
+    # the job's held-out metric has plateaued (rounds.early_stopping): why it stops now
+    plateau: str = ""
+
+
+def _plateau(job: Job, history: list[dict[str, Any]]) -> str:
+    rule = job.parsed_spec.rounds.early_stopping
+    if rule is None:
+        return ""
+    return plateau_reason([float(h[rule.metric]) for h in history], rule)
 
 
 def delta_name(job: Job, state: State) -> str:
@@ -157,6 +167,7 @@ def _compute(job: Job, rnd: Round) -> Outcome:
             {},
             {},
             _stored_delta(job, previous.model_state),
+            _plateau(job, previous.history),
         )
     global_state = load_model_file(rnd.input_model_file)
     results = [s.result for s in unit_states(rnd, at_deadline=True) if s.result is not None]
@@ -209,7 +220,7 @@ def _compute(job: Job, rnd: Round) -> Outcome:
     dropped = {results[i].pk: c for i, c in closed.dropped.items()}
     cosines = {results[i].pk: c for i, c in closed.cosines.items()}
     return Outcome(closed.state, metrics, closed.reached_target, [r.pk for r in kept], dropped,
-                   cosines, delta_file)  # fmt: skip
+                   cosines, delta_file, _plateau(job, history))  # fmt: skip
 
 
 def run_aggregation(round_id: int) -> None:
@@ -246,18 +257,19 @@ def run_aggregation(round_id: int) -> None:
         model_hash, model_file = store_model(job, rnd.number + 1, outcome.state)
         job.model_hash, job.model_file = model_hash, model_file
         fields = ["rounds_done", "reached_target", "model_hash", "model_file", "updated_at"]
-        finished = outcome.reached_target or rnd.number >= job.max_rounds
+        finished = completion_reason(job, rnd, outcome)
         stop = (
             "" if finished or not job.is_active
             else budget_stop_reason(job, online_candidates(job))
         )  # fmt: skip
         if finished and job.status != JobStatus.CANCELLED:
-            job.status = JobStatus.COMPLETED
+            job.status, job.stop_reason = JobStatus.COMPLETED, finished
             job.finished_at = timezone.now()
-            fields += ["status", "finished_at"]
+            fields += ["status", "stop_reason", "finished_at"]
         elif stop:
             job.status, job.error, job.finished_at = JobStatus.STOPPED, stop, timezone.now()
-            fields += ["status", "error", "finished_at"]
+            job.stop_reason = stop
+            fields += ["status", "error", "stop_reason", "finished_at"]
         job.save(update_fields=fields)
         if job.is_active:
             open_round(job, rnd.number + 1, outcome.state,
@@ -267,6 +279,21 @@ def run_aggregation(round_id: int) -> None:
             release_escrow(job)
         enqueue_tracking(job, rnd.number)  # sent on commit; a tracker never fails the round
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
+
+
+def completion_reason(job: Job, rnd: Round, outcome: Outcome) -> str:
+    """Why the job completes with this round ("" when it goes on): its target, a plateau
+    (early stopping) or its last round."""
+    target = job.parsed_spec.rounds.target
+    if outcome.reached_target and target is not None:
+        value = outcome.metrics.get(target.metric)
+        shown = f" ({value:.4f})" if isinstance(value, float) else ""
+        return f"target reached: {target.metric}{shown} met {target.value:g} at round {rnd.number}"
+    if outcome.plateau:
+        return f"{outcome.plateau}, at round {rnd.number}"
+    if rnd.number >= job.max_rounds:
+        return f"all {job.max_rounds} rounds run (rounds.max_rounds)"
+    return ""
 
 
 def fail_aggregation(round_id: int, reason: str) -> None:

@@ -37,6 +37,7 @@ from marketplace.rounds.planning import (
 )
 from marketplace.rounds.signals import bump_work_generation, work_generation
 from marketplace.rounds.sizing import is_far, plan_key, plan_works, planned_work, size_work
+from trainer.schedule import round_lr
 
 # re-check the database at least this often even when no new-work signal came
 _FALLBACK_POLL_S = 2.0
@@ -433,6 +434,8 @@ def task_payload(task: Task) -> dict[str, Any]:
         "seed": task.seed,
         "codec": task.codec,
         "proximal_mu": job.proximal_mu,
+        # the round's learning rate (optimizer.schedule, trainer.schedule.round_lr)
+        "lr": round_lr(job.parsed_spec, task.round.number),
         "deadline": task.lease_expires,
         "model_hash": task.round.input_model_hash,
         "model_source": source,

@@ -169,6 +169,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "topology": topology(rows),
         "cost": cost_summary(job),
         "error": job.error,
+        "stop_reason": job.stop_reason,
     }
 
 

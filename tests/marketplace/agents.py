@@ -63,6 +63,7 @@ class Agent:
             steps=task["steps"],
             batch_size=task["batch_size"],
             proximal_mu=task["proximal_mu"],
+            lr=task.get("lr"),
         )
 
     def train(self, task: dict[str, Any]) -> tuple[bytes, dict[str, float]]:

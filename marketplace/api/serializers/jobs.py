@@ -78,6 +78,7 @@ class JobSerializer(serializers.ModelSerializer):
             "costs",
             "model_hash",
             "error",
+            "stop_reason",
             "created_at",
             "updated_at",
             "finished_at",
