@@ -379,9 +379,28 @@ class TrackingSpec(_Strict):
         return self
 
 
+_UUID = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
+
+
+class SourceSpec(_Strict):
+    """Where a scoring job's (evaluate, inference) model comes from: a finished training
+    job of the same buyer, whose final model and model section it takes."""
+
+    job: Annotated[str, Field(pattern=_UUID)]
+
+
+# "train": federated training rounds; "evaluate": score a finished model on a dataset (loss,
+# accuracy), "inference": its predictions for every row (trainer.scoring)
+JobKind = Literal["train", "evaluate", "inference"]
+
+
 class JobSpec(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=200)]
+    kind: JobKind = "train"
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    # scoring jobs: the model is a finished job's (`source.job`) or the uploaded
+    # `model.checkpoint`, exactly one of the two
+    source: SourceSpec | None = None
     dataset: DatasetSpec = DatasetSpec()
     model: ModelSpec = ModelSpec()
     optimizer: OptimizerSpec = OptimizerSpec()
@@ -394,6 +413,24 @@ class JobSpec(_Strict):
     privacy: PrivacySpec = PrivacySpec()
     requirements: RequirementsSpec = RequirementsSpec()
     tracking: TrackingSpec = TrackingSpec()
+
+    @model_validator(mode="after")
+    def _scoring_model(self) -> JobSpec:
+        if self.kind == "train":
+            if self.source is not None:
+                raise ValueError("'source' is for evaluate and inference jobs")
+        elif (self.source is None) == (self.model.checkpoint is None):
+            raise ValueError(
+                f"a {self.kind} job scores a finished model: give 'source: {{job: ID}}' (a "
+                "finished job of yours) or 'model.checkpoint' (an uploaded safetensors file), "
+                "one of the two"
+            )
+        return self
+
+    @property
+    def scoring(self) -> bool:
+        """An evaluate or inference job: one pass of a finished model over the dataset."""
+        return self.kind != "train"
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

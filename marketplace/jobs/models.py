@@ -89,6 +89,11 @@ class Job(models.Model):
         return parse_spec(self.spec)
 
     @property
+    def kind(self) -> str:
+        """ "train", or a scoring job's "evaluate" / "inference" (one round, no training)."""
+        return self.parsed_spec.kind
+
+    @property
     def max_rounds(self) -> int:
         return self.parsed_spec.rounds.max_rounds
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import tempfile
 import uuid
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 
 from marketplace.accounts.models import User
-from marketplace.jobs import files
+from marketplace.jobs import files, scoring
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.model_files import checkpoint_name, receive_model_files
@@ -160,14 +161,26 @@ def submit_job(
     used for evaluation. `model_config` / `model_checkpoint`: an hf_* model's config.json
     and initial weights (jobs/model_files.py)."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
+    if spec.scoring and federated_dataset:
+        raise _spec_error([("kind", f"a {spec.kind} job scores an uploaded dataset, not a "
+                            "federated one")])  # fmt: skip
     check_credit(buyer, budget)
     cap = model_cap(tier, budget)
     with tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp:
+        # evaluate / inference from a finished job: its model section and final weights
+        source = scoring.resolve_source(buyer, spec, Path(tmp))
         received = receive_model_files(
-            spec, model_config, model_checkpoint, Path(tmp), cap.checkpoint_bytes
-        )
+            source.spec if source else spec, model_config, model_checkpoint, Path(tmp),
+            cap.checkpoint_bytes,
+        )  # fmt: skip
         spec = received.spec
         dataset, local_path = _load(spec, dataset_upload, Path(tmp))
+        if spec.scoring:  # every row, in the file's order
+            scoring.check_data(spec, source, dataset)
+            dataset = scoring.rows_dataset(dataset)
+            received = replace(
+                received, checkpoint=source.weights if source else received.checkpoint
+            )
         try:
             # measured and tried on the meta device, the checkpoint checked by its header:
             # the weights are built by a worker (jobs/preparation.py), never in this request
@@ -185,7 +198,11 @@ def submit_job(
             raise _spec_error(too_big)
         if federated_dataset:
             _check_silos(federated_dataset, list(dataset.input_shape), dataset.num_classes)
-        plans = [] if federated_dataset else _plan(spec, dataset)
+        plans = (
+            [] if federated_dataset
+            else scoring.scoring_plans(spec, dataset) if spec.scoring
+            else _plan(spec, dataset)
+        )  # fmt: skip
         dataset_bytes = local_path.read_bytes() if local_path else None
         stored_spec = spec
         if dataset_upload is not None:

@@ -228,6 +228,9 @@ def run_aggregation(round_id: int) -> None:
     if rnd is None or rnd.status != RoundStatus.AGGREGATING:
         return
     job = rnd.job
+    if job.parsed_spec.scoring:
+        _finish_scoring(rnd)
+        return
     started = time.time()
     try:
         outcome = _compute(job, rnd)
@@ -294,6 +297,19 @@ def completion_reason(job: Job, rnd: Round, outcome: Outcome) -> str:
     if rnd.number >= job.max_rounds:
         return f"all {job.max_rounds} rounds run (rounds.max_rounds)"
     return ""
+
+
+def _finish_scoring(rnd: Round) -> None:
+    """An evaluate or inference job's one round: its results combined (rounds.scoring)."""
+    from marketplace.rounds.scoring import finish_scoring
+
+    try:
+        finish_scoring(rnd.pk)
+    except TRANSIENT:
+        raise
+    except Exception as exc:
+        log.exception("job %s: its %s results cannot be combined", rnd.job_id, rnd.job.kind)
+        fail_aggregation(rnd.pk, f"The {rnd.job.kind} results could not be combined: {exc}")
 
 
 def fail_aggregation(round_id: int, reason: str) -> None:

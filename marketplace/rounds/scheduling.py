@@ -409,6 +409,8 @@ def overlap_allowed(task: Task) -> bool:
     spec = job.parsed_spec
     if not (spec.adaptation.enabled and spec.adaptation.overlap) or job.is_federated:
         return False
+    if spec.scoring:  # nothing trains on
+        return False
     if spec.privacy.clip_norm is not None or task.replica != 0:
         return False
     replicas = Task.objects.filter(round_id=task.round_id, shard_id=task.shard_id, replica__gt=0)
@@ -427,7 +429,7 @@ def task_payload(task: Task) -> dict[str, Any]:
         "id": str(task.id),
         "job_id": str(job.id),
         "round": task.round.number,
-        "kind": "train",
+        "kind": job.kind,
         "spec": job.spec,
         "steps": task.steps,
         "batch_size": task.batch_size,

@@ -8,7 +8,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from marketplace.jobs.models import Job, Tier
-from marketplace.jobs.selectors import federated_status, job_node_states
+from marketplace.jobs.selectors import federated_status, job_node_states, scoring_result
 from marketplace.ledger.selectors import job_costs
 from marketplace.rounds.models import Round
 
@@ -58,12 +58,18 @@ class JobSerializer(serializers.ModelSerializer):
     current_round = serializers.SerializerMethodField()
     last_metrics = serializers.SerializerMethodField()
     costs = serializers.SerializerMethodField()
+    kind = serializers.CharField(read_only=True, help_text="train, evaluate or inference")
+    result = serializers.SerializerMethodField(
+        help_text="a finished scoring job's result: evaluate: accuracy, correct, total, loss "
+        "(the mean), loss_sum; inference: rows and the predictions' URL (Parquet); else null"
+    )
 
     class Meta:
         model = Job
         fields = [
             "id",
             "name",
+            "kind",
             "status",
             "tier",
             "budget",
@@ -75,6 +81,7 @@ class JobSerializer(serializers.ModelSerializer):
             "current_round",
             "reached_target",
             "last_metrics",
+            "result",
             "costs",
             "model_hash",
             "error",
@@ -93,6 +100,9 @@ class JobSerializer(serializers.ModelSerializer):
         """Money as decimal strings: budget, held, spent (with fees, bonuses and the cost of
         redundancy shown apart), refunded."""
         return job_costs(job).to_dict()
+
+    def get_result(self, job: Job) -> dict | None:
+        return scoring_result(job)
 
     def get_last_metrics(self, job: Job) -> dict | None:
         done = [r for r in job.rounds.all() if r.status == "done"]

@@ -1,0 +1,111 @@
+"""Scoring jobs through the marketplace: `kind: evaluate` and `kind: inference`, split into
+tasks of rows that agents score (tests/marketplace/agents.py does what the runner does)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import safetensors.torch
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from marketplace.jobs.models import Job
+from marketplace.nodes.models import Node
+from marketplace.rounds.models import TaskResult
+from tests.marketplace.helpers import SMALL_SPEC
+from tests.marketplace.test_job_flow import run_until_idle
+from trainer.datasets import load_dataset
+from trainer.models import build_model
+from trainer.scoring import evaluate_rows
+from trainer.spec import DatasetSpec, ModelSpec
+from trainer.updates import decode_state
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DIGITS = DatasetSpec(kind="digits")
+
+
+def _reference(model_bytes: bytes, model_spec: ModelSpec):
+    """One process scoring every row of digits with the model: what the job must equal."""
+    state, _ = decode_state(model_bytes)
+    model = build_model(model_spec, (64,), 10, seed=0)
+    model.load_state_dict(state)
+    return evaluate_rows(model, load_dataset(DIGITS, seed=0))
+
+
+def test_evaluating_a_finished_job_equals_one_process_exactly(make_agent, submit, buyer) -> None:
+    agents = [make_agent(kind="platform") for _ in range(3)]
+    trained = submit(tier="platform")
+    run_until_idle(agents)
+    spec = {"name": "eval", "kind": "evaluate", "source": {"job": trained["id"]},
+            "dataset": {"kind": "digits"}, "sharding": {"num_shards": 5}}  # fmt: skip
+    job = submit(spec, tier="platform")
+    assert job["spec"]["model"] == trained["spec"]["model"]  # the source job's model
+    assert run_until_idle(agents) == 5  # 1797 rows in 5 tasks of whole 256-row batches
+
+    detail = buyer.get(f"/api/v1/jobs/{job['id']}/").json()
+    assert detail["status"] == "completed" and detail["kind"] == "evaluate"
+    result = detail["result"]
+    reference = _reference(buyer.get(f"/api/v1/jobs/{trained['id']}/model").content,
+                           ModelSpec(**trained["spec"]["model"]))  # fmt: skip
+    assert result["total"] == reference.count == 1797
+    assert result["correct"] == reference.correct
+    assert result["loss_sum"] == reference.loss_sum  # exactly, not approximately
+    assert result["loss"] == reference.evaluation.loss
+    assert result["accuracy"] == reference.evaluation.accuracy
+    assert detail["stop_reason"] == "evaluated 1797 samples"
+    # paid as any verified work is
+    assert TaskResult.objects.filter(task__round__job=job["id"], credited=True).count() == 5
+
+
+def test_evaluating_an_uploaded_checkpoint_on_volunteers_catches_a_cheat(make_agent, buyer) -> None:
+    model_spec = ModelSpec(arch="mlp", hidden=[16])
+    state = build_model(model_spec, (64,), 10, seed=7).state_dict()
+    spec = {"name": "eval-upload", "kind": "evaluate", "dataset": {"kind": "digits"},
+            "model": {"arch": "mlp", "hidden": [16], "checkpoint": "mine.safetensors"},
+            "sharding": {"num_shards": 3}}  # fmt: skip
+    body = {"spec": json.dumps(spec), "max_price_per_gpu_hour": "1.00", "budget": "10",
+            "tier": "volunteer",
+            "model_checkpoint": SimpleUploadedFile("mine.safetensors",
+                                                   safetensors.torch.save(state))}  # fmt: skip
+    response = buyer.post("/api/v1/jobs/", body, format="multipart")
+    assert response.status_code == 201, response.content
+    job = response.json()
+    agents = [make_agent() for _ in range(4)]
+    cheat = agents[0]
+    run_until_idle(agents, cheaters=(cheat,))
+
+    detail = buyer.get(f"/api/v1/jobs/{job['id']}/").json()
+    assert detail["status"] == "completed", detail
+    reference = evaluate_rows(_model(model_spec, state), load_dataset(DIGITS, seed=0))
+    assert detail["result"]["correct"] == reference.correct
+    assert detail["result"]["loss_sum"] == reference.loss_sum
+    rejected = TaskResult.objects.filter(task__round__job=job["id"], node=cheat.node_id)
+    assert rejected.exists() and not rejected.filter(accepted=True).exists()
+    node = Node.objects.get(pk=cheat.node_id)
+    assert node.verified_bad >= 1 and node.reliability < 1
+
+
+def _model(spec: ModelSpec, state):
+    model = build_model(spec, (64,), 10, seed=0)
+    model.load_state_dict(state)
+    return model
+
+
+def test_a_scoring_job_needs_a_finished_model_of_the_buyers_own(submit, buyer, make_user) -> None:
+    bad = buyer.post("/api/v1/jobs/", {"spec": {"name": "e", "kind": "evaluate"},
+                     "max_price_per_gpu_hour": "1.00", "budget": "10"}, format="json")  # fmt: skip
+    assert bad.status_code == 400 and "one of the two" in bad.json()["detail"]
+    running = submit(SMALL_SPEC | {"rounds": {"max_rounds": 5}})
+    spec = {"name": "e", "kind": "evaluate", "source": {"job": running["id"]}}
+    early = buyer.post("/api/v1/jobs/", {"spec": spec, "max_price_per_gpu_hour": "1.00",
+                       "budget": "10"}, format="json")  # fmt: skip
+    assert early.status_code == 400
+    assert "source.job" in early.json()["detail"] and "no final model" in early.json()["detail"]
+    _, key = make_user("buyer")
+    from tests.marketplace.helpers import client_for
+
+    other = client_for(key).post("/api/v1/jobs/", {"spec": spec, "max_price_per_gpu_hour": "1.00",
+                                 "budget": "10"}, format="json")  # fmt: skip
+    assert other.status_code == 400 and "you have no job with this id" in other.json()["detail"]
+    assert Job.objects.count() == 1  # nothing half-stored
