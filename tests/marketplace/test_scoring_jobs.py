@@ -3,20 +3,31 @@ tasks of rows that agents score (tests/marketplace/agents.py does what the runne
 
 from __future__ import annotations
 
+import io
 import json
+from datetime import timedelta
+from decimal import Decimal
 
+import pyarrow.parquet as pq
 import pytest
 import safetensors.torch
+import torch
+from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
 
 from marketplace.jobs.models import Job
+from marketplace.ledger.metering import Rules, per_sample, seconds_per_sample
+from marketplace.ledger.models import Transaction, TxKind
+from marketplace.ledger.observed_speed import job_parameters
 from marketplace.nodes.models import Node
-from marketplace.rounds.models import TaskResult
+from marketplace.rounds.maintenance import reclaim_leases
+from marketplace.rounds.models import Task, TaskResult
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_job_flow import run_until_idle
 from trainer.datasets import load_dataset
 from trainer.models import build_model
-from trainer.scoring import evaluate_rows
+from trainer.scoring import evaluate_rows, in_row_order, predict
 from trainer.spec import DatasetSpec, ModelSpec
 from trainer.updates import decode_state
 
@@ -109,3 +120,74 @@ def test_a_scoring_job_needs_a_finished_model_of_the_buyers_own(submit, buyer, m
                                  "budget": "10"}, format="json")  # fmt: skip
     assert other.status_code == 400 and "you have no job with this id" in other.json()["detail"]
     assert Job.objects.count() == 1  # nothing half-stored
+
+
+def _checkpoint_job(buyer, kind: str, tier: str, shards: int) -> dict:
+    model_spec = ModelSpec(arch="mlp", hidden=[16])
+    state = build_model(model_spec, (64,), 10, seed=7).state_dict()
+    spec = {"name": f"{kind}-upload", "kind": kind, "dataset": {"kind": "digits"},
+            "model": {"arch": "mlp", "hidden": [16], "checkpoint": "mine.safetensors"},
+            "sharding": {"num_shards": shards}}  # fmt: skip
+    body = {"spec": json.dumps(spec), "max_price_per_gpu_hour": "1.00", "budget": "10",
+            "tier": tier,
+            "model_checkpoint": SimpleUploadedFile("mine.safetensors",
+                                                   safetensors.torch.save(state))}  # fmt: skip
+    response = buyer.post("/api/v1/jobs/", body, format="multipart")
+    assert response.status_code == 201, response.content
+    return response.json() | {"model": _model(model_spec, state)}
+
+
+def test_inference_predictions_come_back_whole_and_in_order_when_a_node_dies(
+    make_agent, buyer
+) -> None:
+    job = _checkpoint_job(buyer, "inference", "platform", shards=4)
+    agents = [make_agent(kind="platform") for _ in range(3)]
+    # a node takes a task and dies with it: nothing comes back before its lease runs out
+    dead = agents[0]
+    lost = dead.claim()
+    assert lost is not None and lost["kind"] == "inference"
+    payload, metrics = dead.train(lost)  # it got as far as its predictions
+    Task.objects.filter(pk=lost["id"]).update(lease_expires=timezone.now() - timedelta(seconds=1))
+    assert reclaim_leases() == 1
+    run_until_idle(agents[1:])
+    # back from the dead, it uploads the task it no longer holds: refused, nothing doubled
+    late = dead.upload(lost["id"], payload, metrics)
+    assert late.status_code in (404, 409), late.content
+
+    detail = buyer.get(f"/api/v1/jobs/{job['id']}/").json()
+    assert detail["status"] == "completed" and detail["kind"] == "inference"
+    assert detail["result"]["rows"] == 1797
+    download = buyer.get(detail["result"]["predictions"])
+    assert download.status_code == 200
+    table = pq.read_table(io.BytesIO(download.content))
+    assert table.column("row").to_pylist() == list(range(1797))  # every row once, in order
+    x, _ = in_row_order(load_dataset(DIGITS, seed=0))
+    expected = predict(job["model"], x)
+    assert table.column("prediction").to_pylist() == expected.labels.tolist()
+    assert torch.equal(torch.tensor(table.column("prob_3").to_pylist()), expected.probs[:, 3])
+
+    # charged per sample processed: each row once, at the ledger's per-sample meter
+    charges = Transaction.objects.filter(job_id=job["id"], kind=TxKind.CHARGE)
+    results = TaskResult.objects.filter(task__round__job=job["id"], credited=True)
+    assert sum(r.num_samples for r in results) == 1797 and charges.count() == results.count()
+    rules = Rules.from_settings()
+    for tx in charges.select_related("task_result"):
+        floor = settings.GPUFLEX["INFERENCE_MIN_S_PER_SAMPLE"]
+        sps = seconds_per_sample(job_parameters(tx.job), rules, floor)
+        expected_gross = per_sample(samples=tx.task_result.num_samples, seconds_per_sample=sps,
+                                    price_per_hour=Decimal("0.40"), rules=rules).gross  # fmt: skip
+        assert Decimal(tx.details["gross"]) == expected_gross > 0
+
+
+def test_inference_replicas_catch_made_up_predictions(make_agent, buyer) -> None:
+    job = _checkpoint_job(buyer, "inference", "volunteer", shards=3)
+    agents = [make_agent() for _ in range(4)]
+    cheat = agents[1]
+    run_until_idle(agents, cheaters=(cheat,))
+    assert Job.objects.get(pk=job["id"]).status == "completed"
+    theirs = TaskResult.objects.filter(task__round__job=job["id"], node=cheat.node_id)
+    assert theirs.exists() and not theirs.filter(accepted=True).exists()
+    assert Node.objects.get(pk=cheat.node_id).verified_bad >= 1
+    table = pq.read_table(io.BytesIO(buyer.get(f"/api/v1/jobs/{job['id']}/predictions").content))
+    x, _ = in_row_order(load_dataset(DIGITS, seed=0))
+    assert table.column("prediction").to_pylist() == predict(job["model"], x).labels.tolist()
