@@ -14,6 +14,7 @@ import safetensors.torch
 import torch
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 from django.utils import timezone
 
 from marketplace.jobs.models import Job
@@ -65,6 +66,8 @@ def test_evaluating_a_finished_job_equals_one_process_exactly(make_agent, submit
     assert result["loss"] == reference.evaluation.loss
     assert result["accuracy"] == reference.evaluation.accuracy
     assert detail["stop_reason"] == "evaluated 1797 samples"
+    page = _web(job["id"]).get(f"/jobs/{job['id']}/").content.decode()
+    assert f"({reference.correct} of 1797)" in page and "Evaluation" in page
     # paid as any verified work is
     assert TaskResult.objects.filter(task__round__job=job["id"], credited=True).count() == 5
 
@@ -95,6 +98,13 @@ def test_evaluating_an_uploaded_checkpoint_on_volunteers_catches_a_cheat(make_ag
     assert rejected.exists() and not rejected.filter(accepted=True).exists()
     node = Node.objects.get(pk=cheat.node_id)
     assert node.verified_bad >= 1 and node.reliability < 1
+
+
+def _web(job_id: str) -> Client:
+    """The job page, logged in as its buyer."""
+    web = Client()
+    web.force_login(Job.objects.get(pk=job_id).buyer)
+    return web
 
 
 def _model(spec: ModelSpec, state):
@@ -165,6 +175,10 @@ def test_inference_predictions_come_back_whole_and_in_order_when_a_node_dies(
     expected = predict(job["model"], x)
     assert table.column("prediction").to_pylist() == expected.labels.tolist()
     assert torch.equal(torch.tensor(table.column("prob_3").to_pylist()), expected.probs[:, 3])
+
+    web = _web(job["id"])
+    assert "1797 rows predicted" in web.get(f"/jobs/{job['id']}/").content.decode()
+    assert web.get(f"/jobs/{job['id']}/predictions/").content == download.content
 
     # charged per sample processed: each row once, at the ledger's per-sample meter
     charges = Transaction.objects.filter(job_id=job["id"], kind=TxKind.CHARGE)
