@@ -37,6 +37,7 @@ from marketplace.nodes.services import record_verification
 from marketplace.rounds.lifecycle import open_round, unit_states
 from marketplace.rounds.models import Round, RoundStatus, TaskResult
 from marketplace.rounds.scheduling import online_candidates
+from marketplace.rounds.scoring import finish_scoring
 from marketplace.rounds.weighting import weigh
 from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
@@ -301,8 +302,6 @@ def completion_reason(job: Job, rnd: Round, outcome: Outcome) -> str:
 
 def _finish_scoring(rnd: Round) -> None:
     """An evaluate or inference job's one round: its results combined (rounds.scoring)."""
-    from marketplace.rounds.scoring import finish_scoring
-
     try:
         finish_scoring(rnd.pk)
     except TRANSIENT:

@@ -116,7 +116,8 @@ def _parquet(rows: list[tuple[int, Predictions]], num_classes: int) -> bytes:
 def finish_scoring(round_id: int) -> None:
     """Combine a scoring round's results in row order and complete the job; a unit left
     with no usable result (every attempt failed or was refused) fails the job instead,
-    paying the verified work, as a round that cannot be aggregated does."""
+    paying the verified work, as a round that cannot be aggregated does (the caller's
+    except turns the ValueError into that)."""
     rnd = Round.objects.select_related("job").get(pk=round_id)
     if rnd.status != RoundStatus.AGGREGATING:
         return
@@ -125,12 +126,9 @@ def finish_scoring(round_id: int) -> None:
     results = sorted((s.result for s in states if s.result is not None),
                      key=lambda r: r.task.shard.index)  # fmt: skip
     missing = len(states) - len(results)
-    if missing:
-        from marketplace.rounds.aggregation import fail_aggregation
-
-        fail_aggregation(round_id, f"{missing} of the {len(states)} units of rows could not be "
-                         "scored: their tasks failed on every node that took them")  # fmt: skip
-        return
+    if missing:  # the aggregation fails the job with this reason (aggregation.run_aggregation)
+        raise ValueError(f"{missing} of the {len(states)} units of rows could not be scored: "
+                         "their tasks failed on every node that took them")  # fmt: skip
     loaded = [(r, _load(r)) for r in results]
     shards = list(job.shards.filter(generation=0).order_by("index").values_list("index", "size"))
     starts, at = {}, 0
