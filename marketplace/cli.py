@@ -7,6 +7,7 @@ the server commands, inside their functions.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -139,11 +140,15 @@ def cmd_submit(args: argparse.Namespace) -> int:
             budget=args.budget,
             max_price_per_gpu_hour=args.max_price,
             federated=args.federated or "",
+            checkpoint=args.checkpoint,
+            model_config=args.model_config,
         )
-        print(f"submitted {job['id']} ({job['name']})")
+        print(f"submitted {job['id']} ({job['name']}, {job.get('kind', 'train')})")
         if args.follow:
             job = _progress(client, job, args.interval)
             print(f"{job['id']}: {job['status']} after {job['rounds_done']} round(s)")
+            if job.get("result"):
+                print(f"result: {json.dumps(job['result'])}")
             return 0 if job["status"] == "completed" else 1
     return 0
 
@@ -157,12 +162,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     with build_client(args) as client:
         rows = client.jobs()
-    print(f"{'id':36}  {'status':10} {'rounds':>7}  {'accuracy':>8}  name")
+    print(f"{'id':36}  {'kind':9} {'status':10} {'rounds':>7}  {'accuracy':>8}  name")
     for job in rows:
         acc = (job.get("last_metrics") or {}).get("accuracy")
         shown = f"{acc:.3f}" if acc is not None else "-"
         rounds = f"{job['rounds_done']}/{job['max_rounds']}"
-        print(f"{job['id']:36}  {job['status']:10} {rounds:>7}  {shown:>8}  {job['name']}")
+        kind = job.get("kind", "train")
+        print(f"{job['id']:36}  {kind:9} {job['status']:10} {rounds:>7}  {shown:>8}  "
+              f"{job['name']}")  # fmt: skip
+    return 0
+
+
+def cmd_predictions(args: argparse.Namespace) -> int:
+    with build_client(args) as client:
+        path = client.predictions(args.job, args.output)
+    print(f"predictions: {path}")
     return 0
 
 
@@ -256,6 +270,12 @@ def parser() -> argparse.ArgumentParser:
         help="federated: train on the nodes' local dataset NAME, which never leaves them "
         "(the spec's dataset is only evaluated on); see docs/federated.md",
     )  # fmt: skip
+    j.add_argument(
+        "--checkpoint", metavar="FILE",
+        help="the safetensors file model.checkpoint names: a training job's initial weights, "
+        "or the model an evaluate or inference job scores",
+    )  # fmt: skip
+    j.add_argument("--model-config", metavar="FILE", help="an hf_* model's config.json")
     j.add_argument("--follow", action="store_true", help="show progress until the job ends")
     j.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
     j.set_defaults(func=cmd_submit)
@@ -295,6 +315,11 @@ def parser() -> argparse.ArgumentParser:
         help="hf: a Hugging Face folder (transformer models only)",
     )
     d.set_defaults(func=cmd_download)
+
+    r = sub.add_parser("predictions", help="download an inference job's predictions (Parquet)")
+    r.add_argument("job")
+    r.add_argument("-o", "--output", default=None, help="default JOB.predictions.parquet")
+    r.set_defaults(func=cmd_predictions)
     return p
 
 

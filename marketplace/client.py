@@ -9,6 +9,7 @@ client.download(job["id"], "out/")
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -95,12 +96,16 @@ class Client:
         tier: str = "hybrid",
         max_price_per_gpu_hour: str = "1.00",
         federated: str = "",
+        checkpoint: str | Path | None = None,
+        model_config: str | Path | None = None,
     ) -> dict[str, Any]:
         """Submit a job, holding `budget` credits of your balance in escrow; `spec` is a
         mapping or a YAML/JSON file (sent as text, parsed by the server, so errors come back
         with the spec's field paths). `federated`: the name of the local dataset its nodes
         train on, which never leaves them (docs/federated.md); the spec's own dataset is then
-        only evaluated on."""
+        only evaluated on. `checkpoint`: the safetensors file `model.checkpoint` names (a
+        training job's initial weights, or the model an evaluate / inference job scores);
+        `model_config`: an hf_* model's config.json (docs/job-spec.md)."""
         text = json.dumps(spec) if isinstance(spec, dict) else Path(spec).read_text("utf-8")
         form = {
             "spec": text,
@@ -110,11 +115,15 @@ class Client:
         }
         if federated:
             form["federated_dataset"] = federated
-        if dataset is None:
-            return self._json("POST", "jobs/", data=form)
-        path = Path(dataset)
-        with path.open("rb") as fh:
-            return self._json("POST", "jobs/", data=form, files={"dataset": (path.name, fh)})
+        named = {"dataset": dataset, "model_checkpoint": checkpoint, "model_config": model_config}
+        with contextlib.ExitStack() as stack:
+            uploads = {
+                field: (Path(p).name, stack.enter_context(Path(p).open("rb")))
+                for field, p in named.items()
+                if p is not None
+            }
+            extra = {"files": uploads} if uploads else {}
+            return self._json("POST", "jobs/", data=form, **extra)
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._pages("jobs/"))
@@ -146,6 +155,13 @@ class Client:
     def model_bytes(self, job_id: str, fmt: str = "safetensors") -> bytes:
         """The latest model: safetensors, onnx, torchscript or hf (a zip of the HF folder)."""
         return self._request("GET", f"jobs/{job_id}/model", params={"format": fmt}).content
+
+    def predictions(self, job_id: str, path: str | Path | None = None) -> Path:
+        """A finished inference job's predictions, one Parquet row per dataset row in its
+        order (row, prediction, prob_<k>), written to `path` (default JOB.predictions.parquet)."""
+        out = Path(path or f"{job_id}.predictions.parquet")
+        out.write_bytes(self._request("GET", f"jobs/{job_id}/predictions").content)
+        return out
 
     def provenance(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"jobs/{job_id}/provenance")
