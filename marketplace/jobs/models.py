@@ -95,7 +95,9 @@ class Job(models.Model):
 
     @property
     def max_rounds(self) -> int:
-        return self.parsed_spec.rounds.max_rounds
+        """A scoring job makes one pass: one round, whatever `rounds.max_rounds` says."""
+        spec = self.parsed_spec
+        return 1 if spec.scoring else spec.rounds.max_rounds
 
     @property
     def is_active(self) -> bool:
