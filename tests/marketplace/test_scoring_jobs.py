@@ -205,3 +205,21 @@ def test_inference_replicas_catch_made_up_predictions(make_agent, buyer) -> None
     table = pq.read_table(io.BytesIO(buyer.get(f"/api/v1/jobs/{job['id']}/predictions").content))
     x, _ = in_row_order(load_dataset(DIGITS, seed=0))
     assert table.column("prediction").to_pylist() == predict(job["model"], x).labels.tolist()
+
+
+def test_rows_no_node_could_score_fail_the_job_saying_so(make_agent, buyer) -> None:
+    job = _checkpoint_job(buyer, "evaluate", "platform", shards=2)
+    good, bad = make_agent(kind="platform"), make_agent(kind="platform")
+    first = good.claim()
+    assert good.work(first).status_code == 201
+    for _ in range(10):  # the other unit fails on every attempt until it is given up
+        task = bad.claim()
+        if task is None:
+            break
+        reply = bad.client.post(f"/api/v1/agent/tasks/{task['id']}/fail",
+                                {"reason": "crashed", "detail": "boom"}, format="json")  # fmt: skip
+        assert reply.status_code in (200, 204), reply.content
+    stored = Job.objects.get(pk=job["id"])
+    assert stored.status == "failed"
+    assert "1 of the 2 units of rows could not be scored" in stored.error
+    assert TaskResult.objects.get(task__round__job=job["id"]).node_id == good.node_id
