@@ -159,6 +159,8 @@ def render(results: dict[str, Any]) -> str:
         parts += render_rounds(results["rounds"])
     if "live" in results:
         parts += render_live(results["live"])
+    if "inference" in results:
+        parts += render_inference(results["inference"])
     if "scaling" in results:
         parts += scaling_bench.render(results["scaling"])
     if "upload" in results:
@@ -275,8 +277,42 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
-    "load", "pause", "upload", "examples", "privacy",
+    "load", "pause", "upload", "examples", "privacy", "inference",
 )  # fmt: skip
+
+
+def inference_section() -> dict[str, Any]:
+    """Inference through the real marketplace (5 agents) against one process, in a
+    subprocess: it sets up Django on its own demo database."""
+    print("inference: rows/s through the marketplace with 5 agents against one process")
+    cmd = [sys.executable, "-m", "bench.inference_bench"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def render_inference(r: dict[str, Any]) -> list[str]:
+    return [
+        f"## Inference through the marketplace ({r['agents']} agents, {r['rows']:,} rows)",
+        "",
+        f"MLP {r['features']}-{'-'.join(map(str, r['hidden']))}-{r['classes']} over "
+        f"{r['rows']:,} rows in {r['tasks']} tasks; the single process runs "
+        f"trainer.scoring.predict on {r['single_process_threads']} torch thread(s) on a machine "
+        f"of {r['cpus']} CPUs, which the agents share.",
+        "",
+        "| figure | measured |",
+        "|---|---:|",
+        f"| single process, rows/s | {r['single_process_rows_per_s']:,.0f} |",
+        f"| marketplace, rows/s (accepted submission to completed job) | "
+        f"{r['marketplace_rows_per_s']:,.0f} |",
+        f"| ratio marketplace / single process | {r['ratio']:.3f} |",
+        f"| job wall time, s | {r['marketplace_job_s']:.1f} |",
+        f"| submission (upload, checks, shards), s | {r['submit_s']:.1f} |",
+        f"| rows back in order, each once | {r['rows_in_order']} |",
+        f"| predictions agreeing with the single process | {r['prediction_agreement']:.4f} |",
+        "",
+    ]
 
 
 def rounds_section() -> dict[str, Any]:
@@ -506,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
             results["rounds"] = rounds_section()
         elif section == "live":
             results["live"] = live_section()
+        elif section == "inference":
+            results["inference"] = inference_section()
         elif section == "scaling":
             results["scaling"] = scaling_bench.run(RESULTS)
         elif section == "pause":

@@ -328,9 +328,19 @@ def _write_bytes(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
+def _kind(folder: Path) -> str:
+    try:
+        task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
+        return str(task.get("kind", "train")) if isinstance(task, dict) else "train"
+    except (OSError, ValueError):
+        return "train"  # run() reports the unreadable task
+
+
 def run(folder: Path) -> int:
     if (folder / CONTINUE).exists():
         return run_continuation(folder)
+    if _kind(folder) in ("evaluate", "inference"):
+        return run_scoring(folder)
     _emit(phase="started", t=time.time())  # the bench splits sandbox start from imports
     from trainer.compression import CodecConfig, ErrorFeedback, decode_any, encode_update
     from trainer.local import train_local
@@ -347,6 +357,7 @@ def run(folder: Path) -> int:
             task.get("codec", "none"), spec.compression.block_size, spec.compression.topk_fraction
         )
         feedback = ErrorFeedback(_residual(folder / "residual.safetensors"))
+        lr = _task_lr(task)
         byzantine = _byzantine(os.environ.get(BYZANTINE_ENV, ""))
     except (OSError, KeyError, ValueError, SpecError, UpdateRejected) as exc:
         _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
@@ -392,7 +403,7 @@ def run(folder: Path) -> int:
         return train_local(
             model, start, data, spec, seed=int(task.get("seed", 0)), steps=steps,
             batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
-            pause=(folder / PAUSE).exists, resume=resume,
+            lr=lr, pause=(folder / PAUSE).exists, resume=resume,
         )  # fmt: skip
 
     try:
@@ -493,6 +504,69 @@ def _pace(folder: Path) -> float:
     return pace if math.isfinite(pace) and pace > 1.0 else 1.0
 
 
+def _task_lr(task: dict[str, Any]) -> float | None:
+    """The round's learning rate the server sent (its optimizer.schedule); None from an older
+    server, which means the spec's own `optimizer.lr`."""
+    lr = task.get("lr")
+    if lr is None:
+        return None
+    lr = float(lr)
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"the task's lr {lr!r} is not a positive number")
+    return lr
+
+
+def run_scoring(folder: Path) -> int:
+    """An evaluate or inference task: score the round's model over the shard's rows
+    (trainer.scoring) and write the sums, or the predictions, as update.safetensors."""
+    _emit(phase="started", t=time.time())
+    from trainer.models import ModelSpecError, build_model
+    from trainer.scoring import predict, score
+    from trainer.spec import SpecError, parse_spec
+    from trainer.updates import UpdateRejected
+
+    try:
+        task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
+        spec = parse_spec(task["spec"], "task spec")
+    except (OSError, KeyError, ValueError, SpecError) as exc:
+        _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
+                                             "detail": f"bad task input: {exc}"})  # fmt: skip
+        return EXIT_BAD_INPUT
+    try:
+        state = _global_model(folder, task, spec)
+        shard = _read_checked(folder / "shard.safetensors", task.get("shard_hash"), ("x", "y"))
+    except (OSError, UpdateRejected, CorruptInput, ModelSpecError) as exc:
+        _write_json(folder / "result.json", {"status": "failed", "reason": CORRUPT_INPUT,
+                                             "detail": str(exc)})  # fmt: skip
+        return EXIT_BAD_INPUT
+    _emit(phase="imported", t=time.time())
+    device = _device()
+    try:
+        data = _dataset(shard, spec, state)
+    except BadInput as exc:
+        _write_json(folder / "result.json",
+                    {"status": "failed", "reason": "crashed", "detail": str(exc)})  # fmt: skip
+        return EXIT_BAD_INPUT
+    model = build_model(spec.model, data.input_shape, data.num_classes, seed=spec.seed).to(device)
+    model.load_state_dict(state)
+    _emit(progress=0.0, step=0, device=str(device))
+    started = time.perf_counter()
+    meta = {"task_id": str(task.get("id", "")), "precision": "fp32", "device": device.type}
+    if spec.kind == "evaluate":
+        sums = score(model, data.x_train, data.y_train, data.task)
+        payload, extra = sums.to_bytes(meta), {"loss": sums.loss_sum / max(sums.count, 1)}
+    else:
+        payload, extra = predict(model, data.x_train).to_bytes(meta), {}
+    compute_s = time.perf_counter() - started
+    _write_bytes(folder / "update.safetensors", payload)
+    _write_json(folder / "result.json", {
+        "status": "ok", "device": str(device), "precision": "fp32",
+        "metrics": {"samples": data.num_train, "compute_s": compute_s, **extra},
+    })  # fmt: skip
+    _emit(progress=1.0, phase="encoded", t=time.time())
+    return EXIT_OK
+
+
 def run_continuation(folder: Path) -> int:
     """Train on from local.safetensors while the update uploads (see the module docstring)."""
     _emit(phase="started", t=time.time())
@@ -507,6 +581,7 @@ def run_continuation(folder: Path) -> int:
         task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
         spec = parse_spec(task["spec"], "task spec")
         local, _ = decode_state((folder / LOCAL).read_bytes())
+        lr = _task_lr(task)
         shard = _read_checked(folder / "shard.safetensors", task.get("shard_hash"), ("x", "y"))
         data = _dataset(shard, spec, local)
     except (OSError, KeyError, ValueError, SpecError, UpdateRejected, ModelSpecError) as exc:
@@ -529,6 +604,7 @@ def run_continuation(folder: Path) -> int:
         done = train_local(
             model, local, data, spec, seed=int(task.get("seed", 0)) + 1, steps=cap,
             batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
+            lr=lr,
         ).steps  # fmt: skip
     except _StopRequested:
         stopped, done = True, seen["n"] // accum

@@ -165,14 +165,18 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 budget=args.budget,
                 max_price_per_gpu_hour=args.max_price,
                 federated=args.federated or "",
+                checkpoint=args.checkpoint,
+                model_config=args.model_config,
                 progress=bar,
             )
         finally:
             bar.close()
-        print(f"submitted {job['id']} ({job['name']})")
+        print(f"submitted {job['id']} ({job['name']}, {job.get('kind', 'train')})")
         if args.follow:
             job = _progress(client, job, args.interval)
             print(f"{job['id']}: {job['status']} after {job['rounds_done']} round(s)")
+            if job.get("result"):
+                print(f"result: {json.dumps(job['result'])}")
             return 0 if job["status"] == "completed" else 1
     return 0
 
@@ -205,14 +209,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     with build_client(args) as client:
         rows = client.jobs()
-    print(f"{'id':36}  {'status':10} {'rounds':>7}  {'accuracy':>8}  {'ε spent':>11}  name")
+    print(
+        f"{'id':36}  {'kind':9} {'status':10} {'rounds':>7}  {'accuracy':>8}  {'ε spent':>11}  name"
+    )
     for job in rows:
         acc = (job.get("last_metrics") or {}).get("accuracy")
         shown = f"{acc:.3f}" if acc is not None else "-"
         rounds = f"{job['rounds_done']}/{job['max_rounds']}"
+        kind = job.get("kind", "train")
         eps = _epsilon(job.get("privacy"))
-        print(f"{job['id']:36}  {job['status']:10} {rounds:>7}  {shown:>8}  {eps:>11}  "
+        print(f"{job['id']:36}  {kind:9} {job['status']:10} {rounds:>7}  {shown:>8}  {eps:>11}  "
               f"{job['name']}")  # fmt: skip
+    return 0
+
+
+def cmd_predictions(args: argparse.Namespace) -> int:
+    with build_client(args) as client:
+        path = client.predictions(args.job, args.output)
+    print(f"predictions: {path}")
     return 0
 
 
@@ -374,6 +388,12 @@ def parser() -> argparse.ArgumentParser:
         help="federated: train on the nodes' local dataset NAME, which never leaves them "
         "(the spec's dataset is only evaluated on); see docs/federated.md",
     )  # fmt: skip
+    j.add_argument(
+        "--checkpoint", metavar="FILE",
+        help="the safetensors file model.checkpoint names: a training job's initial weights, "
+        "or the model an evaluate or inference job scores",
+    )  # fmt: skip
+    j.add_argument("--model-config", metavar="FILE", help="an hf_* model's config.json")
     j.add_argument("--follow", action="store_true", help="show progress until the job ends")
     j.add_argument("--interval", type=float, default=2.0, help=argparse.SUPPRESS)
     j.set_defaults(func=cmd_submit)
@@ -463,6 +483,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--check", action="store_true", help="verify each proof (on chain too)")
     c.add_argument("--chain-url", default="", help="JSON-RPC URL for --check on chain")
     c.set_defaults(func=cmd_contributions)
+
+    r = sub.add_parser("predictions", help="download an inference job's predictions (Parquet)")
+    r.add_argument("job")
+    r.add_argument("-o", "--output", default=None, help="default JOB.predictions.parquet")
+    r.set_defaults(func=cmd_predictions)
     return p
 
 

@@ -100,16 +100,20 @@ class Client:
         progress: Progress | None = None,
         chunked_above: int | None = None,
         uploads: dict[str, str | Path] | None = None,
+        checkpoint: str | Path | None = None,
+        model_config: str | Path | None = None,
     ) -> dict[str, Any]:
         """Submit a job, holding `budget` credits of your balance in escrow; `spec` is a
         mapping or a YAML/JSON file (sent as text, parsed by the server, so errors come back
         with the spec's field paths). `federated`: the name of the local dataset its nodes
         train on, which never leaves them (docs/federated.md); the spec's own dataset is then
         only evaluated on. A spec file's own files (its dataset, tokenizer, model config and
-        checkpoint, named relative to it) are uploaded with it when they exist; `dataset` and
-        `uploads` ({form field: path}) name others. A dataset larger than `chunked_above`
-        bytes (CHUNKED_ABOVE), or one the server finds too large to take inline, goes as a
-        chunked upload first (`upload`, reporting to `progress`)."""
+        checkpoint, named relative to it) are uploaded with it when they exist; `dataset`,
+        `checkpoint` (the safetensors file `model.checkpoint` names: a training job's initial
+        weights, or the model an evaluate / inference job scores), `model_config` (an hf_*
+        model's config.json) and `uploads` ({form field: path}) name others. A dataset larger
+        than `chunked_above` bytes (CHUNKED_ABOVE), or one the server finds too large to take
+        inline, goes as a chunked upload first (`upload`, reporting to `progress`)."""
         text = json.dumps(spec) if isinstance(spec, dict) else Path(spec).read_text("utf-8")
         form = {
             "spec": text,
@@ -123,6 +127,10 @@ class Client:
         named |= {k: Path(v) for k, v in (uploads or {}).items()}
         if dataset is not None:
             named["dataset"] = Path(dataset)
+        if checkpoint is not None:
+            named["model_checkpoint"] = Path(checkpoint)
+        if model_config is not None:
+            named["model_config"] = Path(model_config)
         if not named:
             return self._json("POST", "jobs/", data=form)
         data = named.get("dataset")
@@ -281,6 +289,13 @@ class Client:
     def model_bytes(self, job_id: str, fmt: str = "safetensors") -> bytes:
         """The latest model: safetensors, onnx, torchscript or hf (a zip of the HF folder)."""
         return self._request("GET", f"jobs/{job_id}/model", params={"format": fmt}).content
+
+    def predictions(self, job_id: str, path: str | Path | None = None) -> Path:
+        """A finished inference job's predictions, one Parquet row per dataset row in its
+        order (row, prediction, prob_<k>), written to `path` (default JOB.predictions.parquet)."""
+        out = Path(path or f"{job_id}.predictions.parquet")
+        out.write_bytes(self._request("GET", f"jobs/{job_id}/predictions").content)
+        return out
 
     def provenance(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"jobs/{job_id}/provenance")

@@ -46,11 +46,16 @@ def derive_seed(seed: int, round_: int, node: int) -> int:
 
 
 def make_optimizer(
-    params: list[nn.Parameter], spec: OptimizerSpec, fused: bool = False
+    params: list[nn.Parameter], spec: OptimizerSpec, fused: bool = False, lr: float | None = None
 ) -> torch.optim.Optimizer:
     """`fused`: one kernel for the whole update (CUDA), which also lets a GradScaler skip
-    inf/NaN steps without a host sync."""
-    opts = {"lr": spec.lr, "weight_decay": spec.weight_decay, "fused": fused or None}
+    inf/NaN steps without a host sync. `lr`: the round's rate (trainer.schedule.round_lr)
+    in place of the spec's base rate."""
+    opts = {
+        "lr": spec.lr if lr is None else lr,
+        "weight_decay": spec.weight_decay,
+        "fused": fused or None,
+    }
     if spec.name == "sgd":
         return torch.optim.SGD(params, momentum=spec.momentum, **opts)
     if spec.name == "adam":
@@ -149,6 +154,7 @@ def train_local(
     steps: int | None = None,
     batch_size: int | None = None,
     proximal_mu: float = 0.0,
+    lr: float | None = None,
     pause: Callable[[], bool] | None = None,
     resume: PausedState | None = None,
 ) -> LocalResult:
@@ -161,6 +167,9 @@ def train_local(
     `pause` is asked before every step; when it answers True the run stops there and raises
     TrainingPaused with its state, which `resume` takes back to finish the same run with the
     same result as if it had never stopped (trainer.resume).
+
+    `lr` is the round's learning rate (trainer.schedule.round_lr; the spec's `optimizer.lr`
+    when None), constant through the local steps.
     """
     device = next(model.parameters()).device
     if spec.privacy.mode == "sample" and spec.privacy.clip_norm is not None:
@@ -183,7 +192,7 @@ def train_local(
     order = _to_device(order, device)
     params = [p for p in model.parameters() if p.requires_grad]
     anchors = [p.detach().clone() for p in params] if proximal_mu > 0 else []
-    opt = make_optimizer(params, spec.optimizer, fused=on_cuda)
+    opt = make_optimizer(params, spec.optimizer, fused=on_cuda, lr=lr)
     autocast = (
         torch.autocast(device.type, dtype=_DTYPES[precision])
         if precision in _DTYPES
@@ -197,7 +206,8 @@ def train_local(
     lm = data.task == "language_model"
     # what a paused state must match to be resumed by this call
     identity = {"seed": seed, "steps": steps, "batch": batch, "accum": accum, "samples": n,
-                "precision": precision, "proximal_mu": proximal_mu}  # fmt: skip
+                "precision": precision, "proximal_mu": proximal_mu,
+                "lr": spec.optimizer.lr if lr is None else lr}  # fmt: skip
 
     started = time.perf_counter()
     loss_total = torch.zeros((), device=device)

@@ -138,11 +138,27 @@ class ModelSpec(_Strict):
         return self
 
 
+class LrScheduleSpec(_Strict):
+    """How the learning rate moves over rounds (trainer.schedule.round_lr): each round's
+    tasks train at that round's rate, constant through their local steps."""
+
+    kind: Literal["constant", "cosine", "step"] = "constant"
+    # rounds of linear warmup before the schedule proper: round r <= warmup_rounds trains at
+    # lr x r / (warmup_rounds + 1)
+    warmup_rounds: Annotated[int, Field(ge=0, le=100_000)] = 0
+    # cosine: the rate at the last round, as a fraction of lr
+    min_lr_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    # step: multiply by gamma every step_rounds rounds after the warmup
+    step_rounds: Annotated[int, Field(ge=1, le=100_000)] = 10
+    gamma: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+
+
 class OptimizerSpec(_Strict):
     name: Literal["sgd", "adam", "adamw"] = "sgd"
     lr: Annotated[float, Field(gt=0.0, le=10.0)] = 0.1
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
     weight_decay: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    schedule: LrScheduleSpec = LrScheduleSpec()
 
 
 class LocalSpec(_Strict):
@@ -183,9 +199,19 @@ class TargetSpec(_Strict):
         return self
 
 
+class EarlyStoppingSpec(_Strict):
+    """Stop a job whose held-out `metric` has plateaued: `patience` rounds in a row without
+    improving on the best round by more than `min_delta` (trainer.schedule.plateau_reason)."""
+
+    metric: Literal["accuracy", "loss"] = "accuracy"
+    patience: Annotated[int, Field(ge=1, le=100_000)] = 3
+    min_delta: Annotated[float, Field(ge=0.0)] = 0.0
+
+
 class RoundsSpec(_Strict):
     max_rounds: Annotated[int, Field(ge=1, le=100_000)] = 50
     target: TargetSpec | None = None
+    early_stopping: EarlyStoppingSpec | None = None
     deadline_s: Annotated[float, Field(gt=0.0)] | None = None
     quorum: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     late_updates: Literal["drop", "stale"] = "drop"
@@ -384,9 +410,28 @@ class TrackingSpec(_Strict):
         return self
 
 
+_UUID = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
+
+
+class SourceSpec(_Strict):
+    """Where a scoring job's (evaluate, inference) model comes from: a finished training
+    job of the same buyer, whose final model and model section it takes."""
+
+    job: Annotated[str, Field(pattern=_UUID)]
+
+
+# "train": federated training rounds; "evaluate": score a finished model on a dataset (loss,
+# accuracy), "inference": its predictions for every row (trainer.scoring)
+JobKind = Literal["train", "evaluate", "inference"]
+
+
 class JobSpec(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=200)]
+    kind: JobKind = "train"
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    # scoring jobs: the model is a finished job's (`source.job`) or the uploaded
+    # `model.checkpoint`, exactly one of the two
+    source: SourceSpec | None = None
     dataset: DatasetSpec = DatasetSpec()
     model: ModelSpec = ModelSpec()
     optimizer: OptimizerSpec = OptimizerSpec()
@@ -399,6 +444,24 @@ class JobSpec(_Strict):
     privacy: PrivacySpec = PrivacySpec()
     requirements: RequirementsSpec = RequirementsSpec()
     tracking: TrackingSpec = TrackingSpec()
+
+    @model_validator(mode="after")
+    def _scoring_model(self) -> JobSpec:
+        if self.kind == "train":
+            if self.source is not None:
+                raise ValueError("'source' is for evaluate and inference jobs")
+        elif (self.source is None) == (self.model.checkpoint is None):
+            raise ValueError(
+                f"a {self.kind} job scores a finished model: give 'source: {{job: ID}}' (a "
+                "finished job of yours) or 'model.checkpoint' (an uploaded safetensors file), "
+                "one of the two"
+            )
+        return self
+
+    @property
+    def scoring(self) -> bool:
+        """An evaluate or inference job: one pass of a finished model over the dataset."""
+        return self.kind != "train"
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -29,6 +29,7 @@ urlpatterns = [
     path("jobs/<uuid:pk>/", jobs.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<uuid:pk>/rounds/", jobs.JobRoundsView.as_view(), name="job-rounds"),
     path("jobs/<uuid:pk>/model", jobs.JobModelView.as_view(), name="job-model"),
+    path("jobs/<uuid:pk>/predictions", jobs.JobPredictionsView.as_view(), name="job-predictions"),
     path("jobs/<uuid:pk>/tracking", jobs.JobTrackingView.as_view(), name="job-tracking"),
     path("jobs/<uuid:pk>/provenance", jobs.JobProvenanceView.as_view(), name="job-provenance"),
     path("jobs/<uuid:pk>/events", jobs.JobEventsView.as_view(), name="job-events"),

@@ -73,6 +73,9 @@ class Job(models.Model):
     model_hash = models.CharField(max_length=64, blank=True)
     model_file = models.CharField(max_length=300, blank=True)
     error = models.TextField(blank=True)
+    # why the job ended: its target reached, max_rounds run, a plateau (rounds.early_stopping,
+    # trainer.schedule.plateau_reason) or its budget; "" while it runs
+    stop_reason = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -92,8 +95,15 @@ class Job(models.Model):
         return parse_spec(self.spec)
 
     @property
+    def kind(self) -> str:
+        """ "train", or a scoring job's "evaluate" / "inference" (one round, no training)."""
+        return self.parsed_spec.kind
+
+    @property
     def max_rounds(self) -> int:
-        return self.parsed_spec.rounds.max_rounds
+        """A scoring job makes one pass: one round, whatever `rounds.max_rounds` says."""
+        spec = self.parsed_spec
+        return 1 if spec.scoring else spec.rounds.max_rounds
 
     @property
     def is_active(self) -> bool:

@@ -42,10 +42,10 @@ def prepare_job(job_id: object) -> Round | None:
         if job is None or not job.is_active or Round.objects.filter(job=job).exists():
             return None
         spec = job.parsed_spec
-        # the buyer's checkpoint (checked against the model at submission), else the seed's
-        weights = (
-            read_weights(files.get(checkpoint_name(job.pk))) if spec.model.checkpoint else None
-        )
+        # the buyer's checkpoint (checked against the model at submission), or a scoring
+        # job's source job's final model (stored under the same name), else the seed's
+        stored = spec.model.checkpoint or spec.source
+        weights = read_weights(files.get(checkpoint_name(job.pk))) if stored else None
         model = build_model(
             spec.model, tuple(job.input_shape), job.num_classes, seed=spec.seed, weights=weights
         )

@@ -92,3 +92,20 @@ def _node_summary(total: int, counts: dict[str, int], reasons: list[dict]) -> st
             f"{r['nodes']} {noun} {r['state']}" + (f": {r['reason']}" if r["reason"] else "")
         )
     return "; ".join(parts)
+
+
+def scoring_result(job: Job) -> dict | None:
+    """A finished evaluate job's score (accuracy, correct, total, loss, loss_sum) or inference
+    job's rows and predictions URL; None for training jobs and unfinished scoring jobs."""
+    if job.kind == "train":
+        return None
+    done = [r for r in job.rounds.all() if r.status == "done"]
+    if not done:
+        return None
+    metrics = done[-1].metrics
+    if job.kind == "evaluate":
+        keys = ("accuracy", "correct", "total", "loss", "loss_sum")
+        return {k: metrics.get(k) for k in keys}
+    from django.urls import reverse
+
+    return {"rows": metrics.get("rows"), "predictions": reverse("job-predictions", args=[job.pk])}

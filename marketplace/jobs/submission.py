@@ -10,6 +10,7 @@ import json
 import tempfile
 import uuid
 from contextlib import nullcontext
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 
 from marketplace.accounts.models import User
-from marketplace.jobs import files
+from marketplace.jobs import files, scoring
 from marketplace.jobs.dataset_files import (
     SUFFIXES,
     load_uploaded_dataset,
@@ -181,6 +182,9 @@ def submit_job(
     is checked like an inline one, the job keeps its own copy, and the upload is used up.
     `dataset_tokenizer`: a text dataset's tokenizer.json (jobs/dataset_files.py)."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
+    if spec.scoring and federated_dataset:
+        raise _spec_error([("kind", f"a {spec.kind} job scores an uploaded dataset, not a "
+                            "federated one")])  # fmt: skip
     check_credit(buyer, budget)
     cap = model_cap(tier, budget)
     chunked = None
@@ -192,15 +196,24 @@ def submit_job(
         tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp,
         files.local_copy(chunked.stored_name) if chunked else nullcontext() as assembled,
     ):
+        # evaluate / inference from a finished job: its model section and final weights
+        source = scoring.resolve_source(buyer, spec, Path(tmp))
         received = receive_model_files(
-            spec, model_config, model_checkpoint, Path(tmp), cap.checkpoint_bytes
-        )
+            source.spec if source else spec, model_config, model_checkpoint, Path(tmp),
+            cap.checkpoint_bytes,
+        )  # fmt: skip
         spec = received.spec
         tokenizer = receive_tokenizer(spec, dataset_tokenizer, Path(tmp))
         dataset, local_path = _load(
             spec, dataset_upload, tokenizer, Path(tmp), assembled,
             chunked.filename if chunked else "",
         )  # fmt: skip
+        if spec.scoring:  # every row, in the file's order
+            scoring.check_data(spec, source, dataset)
+            dataset = scoring.rows_dataset(dataset)
+            received = replace(
+                received, checkpoint=source.weights if source else received.checkpoint
+            )
         try:
             # measured and tried on the meta device, the checkpoint checked by its header:
             # the weights are built by a worker (jobs/preparation.py), never in this request
@@ -218,7 +231,11 @@ def submit_job(
             raise _spec_error(too_big)
         if federated_dataset:
             _check_silos(federated_dataset, list(dataset.input_shape), dataset.num_classes)
-        plans = [] if federated_dataset else _plan(spec, dataset)
+        plans = (
+            [] if federated_dataset
+            else scoring.scoring_plans(spec, dataset) if spec.scoring
+            else _plan(spec, dataset)
+        )  # fmt: skip
         # a target ε without a noise multiplier: the noise that keeps max_rounds within it
         rows = min((plan.size for plan in plans), default=None)
         spec, privacy_problems = settle_noise(

@@ -113,6 +113,29 @@ def meter(
     )
 
 
+# forward FLOPs per parameter and sample (a multiply and an add): what inference costs
+INFER_FLOPS_PER_PARAM = 2
+
+
+def seconds_per_sample(parameters: int, rules: Rules, floor_s: float = 0.0) -> float:
+    """Reference-GPU seconds one sample's inference is billed as: its forward pass's FLOPs at
+    the reference throughput, and never less than `floor_s` (reading, moving and writing a
+    row costs time however small the model; settings INFERENCE_MIN_S_PER_SAMPLE)."""
+    flops = INFER_FLOPS_PER_PARAM * max(parameters, 1) / (rules.reference_tflops * 1e12)
+    return max(flops, floor_s)
+
+
+def per_sample(
+    *, samples: int, seconds_per_sample: float, price_per_hour: Decimal, rules: Rules
+) -> Meter:
+    """An inference task's charge: per sample processed, at the node's price per reference
+    GPU-hour for `seconds_per_sample` reference seconds a sample. Neither the node's clock
+    nor its speed enters: the same rows cost the same on any node at the same price."""
+    seconds = samples * seconds_per_sample
+    return priced(metered_s=seconds, speed=1.0, price_per_hour=price_per_hour, qual=0.0,
+                  rules=rules)  # fmt: skip
+
+
 def priced(
     *,
     metered_s: float,

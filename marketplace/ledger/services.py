@@ -24,7 +24,7 @@ from marketplace.ledger.errors import (
     InvalidPayout,
     LedgerError,
 )
-from marketplace.ledger.metering import Rules, cap, meter
+from marketplace.ledger.metering import Rules, cap, meter, per_sample, seconds_per_sample
 from marketplace.ledger.models import (
     Account,
     Payout,
@@ -36,7 +36,7 @@ from marketplace.ledger.models import (
     WalletAddress,
 )
 from marketplace.ledger.money import ZERO, parse_amount, q
-from marketplace.ledger.observed_speed import observe_speed
+from marketplace.ledger.observed_speed import job_parameters, observe_speed
 from marketplace.ledger.posting import balance, post
 from marketplace.ledger.reservations import free_escrow
 from marketplace.nodes.models import Node
@@ -136,17 +136,23 @@ def charge_result(result: TaskResult) -> Transaction | None:
     )
     reservation = reservations.open_reservation(task.pk)
     speed = observe_speed(result)  # what its tasks show, against its peers on the job
-    m = meter(
-        reported_s=result.compute_s,
-        observed_s=observed,
-        fp32_tflops=speed.billed,
-        price_per_hour=Decimal(price),
-        cosine=result.cosine,
-        rules=rules,
-        # the bounds its lease reserved for: the charge is never more than the reservation
-        max_seconds=reservation.seconds if reservation else None,
-        max_speed=reservation.speed if reservation else None,
-    )
+    if job.kind == "inference":  # sold per sample processed (metering.per_sample)
+        floor = float(settings.GPUFLEX["INFERENCE_MIN_S_PER_SAMPLE"])
+        sps = seconds_per_sample(job_parameters(job), rules, floor)
+        m = per_sample(samples=result.num_samples, seconds_per_sample=sps,
+                       price_per_hour=Decimal(price), rules=rules)  # fmt: skip
+    else:
+        m = meter(
+            reported_s=result.compute_s,
+            observed_s=observed,
+            fp32_tflops=speed.billed,
+            price_per_hour=Decimal(price),
+            cosine=result.cosine,
+            rules=rules,
+            # the bounds its lease reserved for: the charge is never more than the reservation
+            max_seconds=reservation.seconds if reservation else None,
+            max_speed=reservation.speed if reservation else None,
+        )
     escrow = accounts.job_escrow(job)
     if reservation is not None and m.gross <= reservation.amount:
         shortfall = ZERO  # always: the reservation held it (and `post` checks the balance)

@@ -41,6 +41,7 @@ from marketplace.nodes.services import record_verification
 from marketplace.rounds.lifecycle import open_round, unit_states
 from marketplace.rounds.models import Round, RoundStatus, TaskResult
 from marketplace.rounds.scheduling import online_candidates
+from marketplace.rounds.scoring import finish_scoring
 from marketplace.rounds.weighting import weigh
 from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
@@ -49,6 +50,7 @@ from trainer.delivery import delivery_codec
 from trainer.hashing import state_hash
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round, staleness_weight
+from trainer.schedule import plateau_reason
 from trainer.updates import decode_state
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,15 @@ class Outcome:
     dropped: dict[int, float]  # TaskResult id -> cosine, rejected by statistics
     cosines: dict[int, float]  # TaskResult id -> cosine to the round's median update
     delta_file: str = ""  # delta-delivered jobs: the payload from this round's model to `state`
+    # the job's held-out metric has plateaued (rounds.early_stopping): why it stops now
+    plateau: str = ""
+
+
+def _plateau(job: Job, history: list[dict[str, Any]]) -> str:
+    rule = job.parsed_spec.rounds.early_stopping
+    if rule is None:
+        return ""
+    return plateau_reason([float(h[rule.metric]) for h in history], rule)
 
 
 def delta_name(job: Job, state: State) -> str:
@@ -161,6 +172,7 @@ def _compute(job: Job, rnd: Round) -> Outcome:
             {},
             {},
             _stored_delta(job, previous.model_state),
+            _plateau(job, previous.history),
         )
     global_state = load_model_file(rnd.input_model_file)
     results = [s.result for s in unit_states(rnd, at_deadline=True) if s.result is not None]
@@ -213,7 +225,7 @@ def _compute(job: Job, rnd: Round) -> Outcome:
     dropped = {results[i].pk: c for i, c in closed.dropped.items()}
     cosines = {results[i].pk: c for i, c in closed.cosines.items()}
     return Outcome(closed.state, metrics, closed.reached_target, [r.pk for r in kept], dropped,
-                   cosines, delta_file)  # fmt: skip
+                   cosines, delta_file, _plateau(job, history))  # fmt: skip
 
 
 def round_record_hash(job: Job, number: int) -> str:
@@ -230,6 +242,9 @@ def run_aggregation(round_id: int) -> None:
     if rnd is None or rnd.status != RoundStatus.AGGREGATING:
         return
     job = rnd.job
+    if job.parsed_spec.scoring:
+        _finish_scoring(rnd)
+        return
     started = time.time()
     try:
         outcome = _compute(job, rnd)
@@ -261,18 +276,19 @@ def run_aggregation(round_id: int) -> None:
         job.model_hash, job.model_file = model_hash, model_file
         fields = ["rounds_done", "reached_target", "model_hash", "model_file", "updated_at",
                   "privacy_epsilon_spent"]  # fmt: skip
-        finished = outcome.reached_target or rnd.number >= job.max_rounds
+        finished = completion_reason(job, rnd, outcome)
         stop = (
             "" if finished or not job.is_active
             else privacy_stop_reason(job) or budget_stop_reason(job, online_candidates(job))
         )  # fmt: skip
         if finished and job.status != JobStatus.CANCELLED:
-            job.status = JobStatus.COMPLETED
+            job.status, job.stop_reason = JobStatus.COMPLETED, finished
             job.finished_at = timezone.now()
-            fields += ["status", "finished_at"]
+            fields += ["status", "stop_reason", "finished_at"]
         elif stop:
             job.status, job.error, job.finished_at = JobStatus.STOPPED, stop, timezone.now()
-            fields += ["status", "error", "finished_at"]
+            job.stop_reason = stop
+            fields += ["status", "error", "stop_reason", "finished_at"]
         job.save(update_fields=fields)
         head = job.status == JobStatus.COMPLETED
         if wants_anchor(job, head=head):  # sent on commit, exactly once (ledger/anchoring.py)
@@ -288,6 +304,32 @@ def run_aggregation(round_id: int) -> None:
         enqueue_tracking(job, rnd.number)  # sent on commit; a tracker never fails the round
         job_changed(job.pk)  # the round's close, pushed to the job page (and the SDK)
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
+
+
+def completion_reason(job: Job, rnd: Round, outcome: Outcome) -> str:
+    """Why the job completes with this round ("" when it goes on): its target, a plateau
+    (early stopping) or its last round."""
+    target = job.parsed_spec.rounds.target
+    if outcome.reached_target and target is not None:
+        value = outcome.metrics.get(target.metric)
+        shown = f" ({value:.4f})" if isinstance(value, float) else ""
+        return f"target reached: {target.metric}{shown} met {target.value:g} at round {rnd.number}"
+    if outcome.plateau:
+        return f"{outcome.plateau}, at round {rnd.number}"
+    if rnd.number >= job.max_rounds:
+        return f"all {job.max_rounds} rounds run (rounds.max_rounds)"
+    return ""
+
+
+def _finish_scoring(rnd: Round) -> None:
+    """An evaluate or inference job's one round: its results combined (rounds.scoring)."""
+    try:
+        finish_scoring(rnd.pk)
+    except TRANSIENT:
+        raise
+    except Exception as exc:
+        log.exception("job %s: its %s results cannot be combined", rnd.job_id, rnd.job.kind)
+        fail_aggregation(rnd.pk, f"The {rnd.job.kind} results could not be combined: {exc}")
 
 
 def fail_aggregation(round_id: int, reason: str) -> None:

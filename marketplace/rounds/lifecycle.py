@@ -201,8 +201,11 @@ def _settled_enough(quorum: float, states: list[UnitState]) -> bool:
 def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
     """The quorum of all units; or, when far nodes hold some for two rounds, the quorum of
     the others alone (plan_round's on-time quorum), as long as those bring enough updates
-    to aggregate: a round never closes empty-handed only because its far work is out."""
+    to aggregate: a round never closes empty-handed only because its far work is out. A
+    scoring job's round needs every unit: each holds rows the result must have."""
     spec = rnd.job.parsed_spec
+    if spec.scoring:
+        return all(s.settled for s in states)
     if _settled_enough(spec.rounds.quorum, states):
         return True
     on_time = [s for s in states if not s.far]

@@ -27,6 +27,7 @@ from marketplace.ledger.tasks import enqueue_anchor
 from marketplace.nodes.services import mark_offline
 from marketplace.rounds.aggregation import round_record_hash
 from marketplace.rounds.lifecycle import (
+    maybe_close,
     open_round,
     reserve_silos,
     round_deadline,
@@ -74,6 +75,15 @@ def close_overdue_rounds() -> int:
         with transaction.atomic():
             rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
             if rnd.status != RoundStatus.OPEN:
+                continue
+            if rnd.job.parsed_spec.scoring:
+                # a scoring round needs every unit's rows: it closes once each unit is
+                # settled (quorum_reached), never short of some at its deadline
+                if maybe_close(rnd):
+                    closed += 1
+                else:
+                    rnd.deadline = round_deadline(rnd.job)
+                    rnd.save(update_fields=["deadline"])
                 continue
             usable = sum(s.result is not None for s in unit_states(rnd, at_deadline=True))
             if usable >= min_updates(rnd.job.parsed_spec.aggregation):

@@ -38,6 +38,7 @@ from marketplace.rounds.planning import (
 )
 from marketplace.rounds.signals import bump_work_generation, work_generation
 from marketplace.rounds.sizing import is_far, plan_key, plan_works, planned_work, size_work
+from trainer.schedule import round_lr
 
 # re-check the database at least this often even when no new-work signal came
 _FALLBACK_POLL_S = 2.0
@@ -413,6 +414,8 @@ def overlap_allowed(task: Task) -> bool:
     spec = job.parsed_spec
     if not (spec.adaptation.enabled and spec.adaptation.overlap) or job.is_federated:
         return False
+    if spec.scoring:  # nothing trains on
+        return False
     if spec.privacy.clip_norm is not None or task.replica != 0:
         return False
     replicas = Task.objects.filter(round_id=task.round_id, shard_id=task.shard_id, replica__gt=0)
@@ -431,13 +434,15 @@ def task_payload(task: Task) -> dict[str, Any]:
         "id": str(task.id),
         "job_id": str(job.id),
         "round": task.round.number,
-        "kind": "train",
+        "kind": job.kind,
         "spec": job.spec,
         "steps": task.steps,
         "batch_size": task.batch_size,
         "seed": task.seed,
         "codec": task.codec,
         "proximal_mu": job.proximal_mu,
+        # the round's learning rate (optimizer.schedule, trainer.schedule.round_lr)
+        "lr": round_lr(job.parsed_spec, task.round.number),
         "deadline": task.lease_expires,
         "model_hash": task.round.input_model_hash,
         "model_source": source,

@@ -22,6 +22,7 @@ from marketplace.nodes.services import record_verification
 from marketplace.rounds.delivery import record_model
 from marketplace.rounds.lifecycle import maybe_close, two_round
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
+from marketplace.rounds.scoring import check_result
 from marketplace.rounds.signals import bump_work_generation
 from marketplace.rounds.verification import verify_unit
 from trainer.compression import decode_any
@@ -130,24 +131,13 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     metrics = parse_metrics(metrics_header)
     # checked before anything is written: a refused update leaves no file behind
     num_samples = task.shard.size if task.shard else federated_samples(node, task, metrics)
-    # the part of the model an update carries: a LoRA job's adapters alone (trainer.lora)
     spec = task.round.job.parsed_spec
-    reference = update_part(spec.model, load_model_file(task.round.input_model_file))
-    try:
-        # any codec the task allowed; compressed updates get the same checks after decoding
-        delta, meta = decode_any(body, reference, max_norm=spec.aggregation.max_update_norm)
-        # kept on the result: the stored update is re-encoded without the payload's metadata
-        precision, device = claimed_precision(meta), claimed_device(meta)
-    except UpdateRejected as exc:
-        raise UpdateRejectedError(f"The update was rejected: {exc}.", reason=exc.reason) from None
-    if (problem := noise_problem(delta, spec.privacy)) is not None:
-        record_verification(node.pk, bad=1)
-        raise UpdateRejectedError(f"The update was rejected: {problem}.", reason="privacy")
-    # Stored decoded, so verification and aggregation read plain deltas whatever the codec;
-    # the name keys the bytes the node sent, which is what makes a retried upload idempotent.
     name = f"{files.job_dir(task.round.job_id)}/updates/{digest}.safetensors"
-    plain = meta.get("codec", "none") == "none"
-    files.put(name, body if plain else encode_state(delta), content_addressed=True)
+    if spec.scoring:  # an evaluation's sums or an inference's predictions, kept as sent
+        precision, device = check_result(task, body)
+        files.put(name, body, content_addressed=True)
+    else:
+        precision, device = _store_update(node, task, body, name)
     lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
     with transaction.atomic():
         rnd = Round.objects.select_for_update().get(pk=task.round_id)
@@ -182,6 +172,29 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
             maybe_close(rnd)
         job_changed(rnd.job_id)
     return 201
+
+
+def _store_update(node: Node, task: Task, body: bytes, name: str) -> tuple[str, str]:
+    """Check a training update against the round's model and store it as `name`; returns
+    the precision and device it claims."""
+    # the part of the model an update carries: a LoRA job's adapters alone (trainer.lora)
+    spec = task.round.job.parsed_spec
+    reference = update_part(spec.model, load_model_file(task.round.input_model_file))
+    try:
+        # any codec the task allowed; compressed updates get the same checks after decoding
+        delta, meta = decode_any(body, reference, max_norm=spec.aggregation.max_update_norm)
+        # kept on the result: the stored update is re-encoded without the payload's metadata
+        precision, device = claimed_precision(meta), claimed_device(meta)
+    except UpdateRejected as exc:
+        raise UpdateRejectedError(f"The update was rejected: {exc}.", reason=exc.reason) from None
+    if (problem := noise_problem(delta, spec.privacy)) is not None:
+        record_verification(node.pk, bad=1)
+        raise UpdateRejectedError(f"The update was rejected: {problem}.", reason="privacy")
+    # Stored decoded, so verification and aggregation read plain deltas whatever the codec;
+    # the name keys the bytes the node sent, which is what makes a retried upload idempotent.
+    plain = meta.get("codec", "none") == "none"
+    files.put(name, body if plain else encode_state(delta), content_addressed=True)
+    return precision, device
 
 
 def _takes_late(rnd: Round, task: Task) -> bool:

@@ -64,6 +64,44 @@ def _settle(result: TaskResult, ok: bool, others: list[TaskResult], nearest: Agr
     record_verification(result.node_id, ok=int(ok), bad=int(not ok))
 
 
+def _majority(results: list[TaskResult], agree: dict[tuple[int, int], bool]) -> list[TaskResult]:
+    """The results that agree with a strict majority of the unit's results (themselves in)."""
+    need = math.floor(len(results) / 2) + 1
+    return [
+        r for r in results
+        if 1 + sum(agree[r.pk, o.pk] for o in results if o.pk != r.pk) >= need
+    ]  # fmt: skip
+
+
+def _verify_scoring(tasks: list[Task], results: list[TaskResult]) -> None:
+    """A scoring unit's replicas, by trainer.scoring's rule, with the training jobs' majority
+    and consequences: a third replica for a split pair, the minority uncredited and its
+    node's reliability down."""
+    from marketplace.rounds.scoring import results_agree
+
+    agree: dict[tuple[int, int], bool] = {}
+    for a, b in combinations(results, 2):
+        agree[a.pk, b.pk] = agree[b.pk, a.pk] = results_agree(a, b)
+    winners = _majority(results, agree)
+    if not winners:
+        if len(results) == 2:
+            first = min(tasks, key=lambda t: t.replica)
+            add_replica(first, first.steps, first.batch_size, first.codec)
+            return
+        for r in results:
+            r.accepted, r.verified, r.rejection = False, False, "no replica majority"
+            r.save(update_fields=["accepted", "verified", "rejection"])
+        return
+    for r in results:
+        ok = r in winners
+        r.verified, r.verified_against = ok, [o.node_id for o in results if o.pk != r.pk]
+        if not ok:
+            r.accepted = False
+            r.rejection = "its results disagreed with the replica majority's"
+        r.save(update_fields=["verified", "verified_against", "accepted", "rejection"])
+        record_verification(r.node_id, ok=int(ok), bad=int(not ok))
+
+
 def verify_unit(rnd: Round, task: Task) -> None:
     """Compare the unit's results once every replica has reported; the caller holds the
     round's row lock, so two uploads of one unit never verify concurrently."""
@@ -74,6 +112,9 @@ def verify_unit(rnd: Round, task: Task) -> None:
         return
     results = [t.result for t in tasks if hasattr(t, "result") and t.result.verified is None]
     if len(results) < 2:
+        return
+    if rnd.job.parsed_spec.scoring:
+        _verify_scoring(tasks, results)
         return
     states = {r.pk: _state(r) for r in results}
     verdicts: dict[tuple[int, int], Agreement] = {}

@@ -177,6 +177,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "cost": cost_summary(job),
         "privacy": privacy_summary(job),
         "error": job.error,
+        "stop_reason": job.stop_reason,
     }
 
 

@@ -23,6 +23,7 @@ urlpatterns = [
     path("jobs/<uuid:pk>/live/", buyer.job_live, name="job-live"),
     path("jobs/<uuid:pk>/events/", buyer.job_events, name="job-events"),
     path("jobs/<uuid:pk>/model/", buyer.job_model, name="job-model"),
+    path("jobs/<uuid:pk>/predictions/", buyer.job_predictions, name="job-predictions"),
     path("jobs/<uuid:pk>/provenance/", buyer.job_provenance, name="job-provenance"),
     path("jobs/<uuid:pk>/<str:action>/", buyer.job_action, name="job-action"),
     path("nodes/", provider.node_list, name="nodes"),

@@ -157,3 +157,41 @@ def test_a_model_rebuilt_from_deltas_trains_like_the_whole_one(tmp_path: Path) -
     result = _result(folder)
     assert result["reason"] == task_runner.CORRUPT_INPUT
     assert "rebuilt from 1 delta(s) does not match" in result["detail"]
+
+
+def _scoring_task(tmp_path: Path, kind: str, rows: int = 300) -> tuple[Path, FakeTask]:
+    t = digits_task(f"t-{kind}", rows=rows)
+    t.task["kind"] = kind
+    t.task["spec"] |= {"kind": kind, "model": t.task["spec"]["model"] | {"checkpoint": "c"}}
+    return _folder(tmp_path, t), t
+
+
+def test_an_evaluate_task_hands_over_its_exact_sums(tmp_path: Path) -> None:
+    from trainer.scoring import ScoreSums, score
+
+    folder, t = _scoring_task(tmp_path, "evaluate")
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    assert _result(folder)["status"] == "ok" and _result(folder)["metrics"]["samples"] == 300
+    sums = ScoreSums.from_bytes((folder / "update.safetensors").read_bytes(), expected_count=300)
+    model = _built(t)
+    shard = decode_state(t.shard)[0]
+    assert sums == score(model, shard["x"], shard["y"], "classification")
+
+
+def test_an_inference_task_hands_over_its_predictions(tmp_path: Path) -> None:
+    from trainer.scoring import Predictions, predict
+
+    folder, t = _scoring_task(tmp_path, "inference", rows=20)
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    got = Predictions.from_bytes((folder / "update.safetensors").read_bytes(), 20, 10)
+    expected = predict(_built(t), decode_state(t.shard)[0]["x"])
+    assert torch.equal(got.labels, expected.labels) and torch.equal(got.probs, expected.probs)
+
+
+def _built(t: FakeTask):
+    from trainer.models import build_model
+    from trainer.spec import parse_spec
+
+    model = build_model(parse_spec(t.task["spec"]).model, (64,), 10, seed=0)
+    model.load_state_dict(t.reference)
+    return model

@@ -13,6 +13,7 @@ from trainer.compression import CodecConfig, encode_update
 from trainer.datasets import Dataset
 from trainer.local import LocalResult, train_local
 from trainer.models import build_model
+from trainer.scoring import Predictions, ScoreSums, predict, score
 from trainer.spec import parse_spec
 from trainer.updates import decode_state, encode_state
 
@@ -63,10 +64,28 @@ class Agent:
             steps=task["steps"],
             batch_size=task["batch_size"],
             proximal_mu=task["proximal_mu"],
+            lr=task.get("lr"),
         )
 
+    def score(self, task: dict[str, Any]) -> tuple[bytes, dict[str, float]]:
+        """An evaluate or inference task, as the runner's run_scoring does it."""
+        state, meta = decode_state(self.model(task["id"]).content)
+        tensors, _ = decode_state(self.shard(task["id"]).content)
+        spec = parse_spec(task["spec"])
+        shape = tuple(json.loads(meta["input_shape"]))
+        model = build_model(spec.model, shape, int(meta["num_classes"]), seed=spec.seed)
+        model.load_state_dict(state)
+        x, y = tensors["x"], tensors["y"]
+        metrics = {"samples": int(x.shape[0]), "compute_s": 1.0}
+        if task["kind"] == "evaluate":
+            return score(model, x, y, meta["task"]).to_bytes(), metrics
+        return predict(model, x).to_bytes(), metrics
+
     def train(self, task: dict[str, Any]) -> tuple[bytes, dict[str, float]]:
-        """The agent's whole task: train (local_result), then encode the delta."""
+        """The agent's whole task: train (local_result), then encode the delta; a scoring
+        task's sums or predictions instead."""
+        if task["kind"] != "train":
+            return self.score(task)
         result = self.local_result(task)
         metrics = {
             "loss": result.loss,
@@ -87,7 +106,15 @@ class Agent:
 
     def work(self, task: dict[str, Any], cheat: bool = False) -> Any:
         payload, metrics = self.train(task)
-        if cheat:  # a random update of plausible size instead of real work
+        if cheat and task["kind"] == "inference":  # made-up predictions of the right shape
+            real = decode_state(payload)[0]
+            gen = torch.Generator().manual_seed(self.node_id)
+            probs = torch.rand(real["probs"].shape, generator=gen)
+            payload = Predictions(probs.argmax(-1), probs / probs.sum(-1, keepdim=True)).to_bytes()
+        elif cheat and task["kind"] == "evaluate":  # every row called right
+            real = ScoreSums.from_bytes(payload)
+            payload = ScoreSums(real.partials, real.count, real.count).to_bytes()
+        elif cheat:  # a random update of plausible size instead of real work
             state, _ = decode_state(payload)
             gen = torch.Generator().manual_seed(self.node_id)
             fake = {k: torch.randn(v.shape, generator=gen) * 0.05 for k, v in state.items()}

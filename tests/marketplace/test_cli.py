@@ -91,3 +91,38 @@ def test_errors_are_one_readable_line(wired, tmp_path, capsys) -> None:
     assert cli.main(["submit", str(spec), "--budget", "10"]) == 2
     err = capsys.readouterr().err
     assert "optimizer.lr" in err and "invalid_spec" in err
+
+
+def test_submit_an_inference_job_with_a_checkpoint_and_download_its_predictions(
+    wired, make_agent, tmp_path, capsys
+) -> None:
+    import pyarrow.parquet as pq
+    import safetensors.torch
+    import yaml
+
+    from trainer.models import build_model
+    from trainer.spec import ModelSpec
+
+    weights = tmp_path / "mine.safetensors"
+    weights.write_bytes(safetensors.torch.save(
+        build_model(ModelSpec(hidden=[16]), (64,), 10, seed=7).state_dict()
+    ))  # fmt: skip
+    spec = tmp_path / "predict.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "predict", "kind": "inference", "dataset": {"kind": "digits"},
+        "model": {"arch": "mlp", "hidden": [16], "checkpoint": "mine.safetensors"},
+        "sharding": {"num_shards": 3},
+    }))  # fmt: skip
+    thread = work_in_background([make_agent(kind="platform") for _ in range(3)])
+    argv = ["submit", str(spec), "--checkpoint", str(weights), "--budget", "10", "--tier",
+            "platform", "--follow", "--interval", "0.2"]  # fmt: skip
+    assert cli.main(argv) == 0
+    thread.join(timeout=60)
+    out = capsys.readouterr().out
+    job_id = out.split()[1]
+    assert "(predict, inference)" in out and '"rows": 1797' in out
+    target = tmp_path / "p.parquet"
+    assert cli.main(["predictions", job_id, "-o", str(target)]) == 0
+    assert pq.read_table(target).column("row").to_pylist() == list(range(1797))
+    assert cli.main(["jobs"]) == 0
+    assert "inference" in capsys.readouterr().out

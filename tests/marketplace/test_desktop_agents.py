@@ -109,3 +109,45 @@ def test_agents_build_round_one_and_fetch_later_rounds_as_deltas(
     assert stored.rounds_done == 3
     copies = ModelCopy.objects.filter(job=stored)
     assert copies.count() == 2 and {c.round_number for c in copies} <= {2, 3}
+
+
+def test_real_agents_train_then_evaluate_then_predict(
+    live_server, make_user, submit, buyer, tmp_path, monkeypatch
+) -> None:
+    """Every job kind end to end with the real agent and its sandboxed runner: a training
+    job, then an evaluation and an inference of its final model."""
+    from trainer.datasets import load_dataset
+    from trainer.models import build_model
+    from trainer.scoring import evaluate_rows, in_row_order, predict
+    from trainer.spec import DatasetSpec, parse_spec
+    from trainer.updates import decode_state
+
+    _, provider_key = make_user("provider")
+    trained = submit(spec=SMALL_SPEC, tier="platform")
+    _run_to_completion(trained["id"], live_server.url, provider_key, tmp_path / "train",
+                       monkeypatch, "platform")  # fmt: skip
+    scoring = {}
+    for kind in ("evaluate", "inference"):
+        spec = {"name": kind, "kind": kind, "source": {"job": trained["id"]},
+                "dataset": {"kind": "digits"}, "sharding": {"num_shards": 3}}  # fmt: skip
+        scoring[kind] = submit(spec=spec, tier="platform")
+        _run_to_completion(scoring[kind]["id"], live_server.url, provider_key,
+                           tmp_path / kind, monkeypatch, "platform")  # fmt: skip
+
+    model = build_model(parse_spec(SMALL_SPEC).model, (64,), 10, seed=0)
+    model.load_state_dict(decode_state(buyer.get(f"/api/v1/jobs/{trained['id']}/model").content)[0])
+    data = load_dataset(DatasetSpec(kind="digits"), seed=0)
+    reference = evaluate_rows(model, data)
+    result = buyer.get(f"/api/v1/jobs/{scoring['evaluate']['id']}/").json()["result"]
+    assert (result["correct"], result["total"]) == (reference.correct, 1797)
+    # the agents ran in other processes (same CPU kind): the sums agree to rounding
+    assert result["loss"] == pytest.approx(reference.evaluation.loss, rel=1e-6)
+    download = buyer.get(f"/api/v1/jobs/{scoring['inference']['id']}/predictions")
+    import io
+
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(io.BytesIO(download.content))
+    assert table.column("row").to_pylist() == list(range(1797))
+    labels = predict(model, in_row_order(data)[0]).labels.tolist()
+    assert table.column("prediction").to_pylist() == labels

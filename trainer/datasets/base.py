@@ -36,6 +36,10 @@ class Dataset:
     input_shape: tuple[int, ...]
     lengths_train: torch.Tensor | None = None
     lengths_test: torch.Tensor | None = None
+    # each split's rows' numbers in the source file (int64), where the loader knows them:
+    # scoring jobs (trainer.scoring.in_row_order) put every row back in the file's order
+    rows_train: torch.Tensor | None = None
+    rows_test: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
@@ -60,4 +64,6 @@ class Dataset:
             input_shape=self.input_shape,
             lengths_train=lengths,
             lengths_test=self.lengths_test,
+            rows_train=None if self.rows_train is None else self.rows_train[idx],
+            rows_test=self.rows_test,
         )

@@ -106,4 +106,6 @@ def classification_dataset(
         y_test=yt[te],
         num_classes=num_classes,
         input_shape=tuple(int(d) for d in x.shape[1:]),
+        rows_train=tr,
+        rows_test=te,
     )

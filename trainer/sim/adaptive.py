@@ -35,6 +35,7 @@ from trainer.local import LocalResult, derive_seed, train_local
 from trainer.lora import update_part
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import close_round, staleness_weight
+from trainer.schedule import round_lr
 from trainer.sim.federated import ProgressFn, RunOptions, account_round
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.nodes import InFlight, SimNode, State, computing_in, time_in
@@ -91,10 +92,14 @@ class NetworkAwareRun:
         for node in self.nodes:  # everyone starts by fetching the initial model
             self.merge(node, start=0.0)
         for r in range(1, max_rounds + 1):
-            if self.result.reached_target and self.options.stop_at_target:
+            if (self.result.reached_target and self.options.stop_at_target) or (
+                self.result.stop_reason
+            ):
                 break
             log = self.round(r)
-            account_round(self.result, log, self.spec.rounds.target)
+            account_round(
+                self.result, log, self.spec.rounds.target, self.spec.rounds.early_stopping
+            )
             if progress:
                 progress(log)
         self.result.model_hash = state_hash(self.global_state)
@@ -188,11 +193,11 @@ class NetworkAwareRun:
         seed = derive_seed(self.setup.seed, r, node.index)
         started = time.perf_counter()
         progress = (
-            self.train(node, node.local, steps_a, p.batch_size, seed).delta if steps_a else None
+            self.train(node, node.local, steps_a, p.batch_size, seed, r).delta if steps_a else None
         )
         assert node.copy is not None
         merged = {k: node.copy[k] + (progress[k] if progress else 0) for k in node.copy}
-        last = self.train(node, merged, steps_b, p.batch_size, seed + 1)
+        last = self.train(node, merged, steps_b, p.batch_size, seed + 1, r)
         self.result.host_compute_s += time.perf_counter() - started
         node.local = {k: merged[k] + last.delta[k] for k in merged}
         delta = {k: node.local[k] - node.copy[k] for k in merged}
@@ -212,7 +217,9 @@ class NetworkAwareRun:
         )
         node.last_send = send_at
 
-    def train(self, node: SimNode, start: State, steps: int, batch: int, seed: int) -> LocalResult:
+    def train(
+        self, node: SimNode, start: State, steps: int, batch: int, seed: int, r: int
+    ) -> LocalResult:
         return train_local(
             self.setup.model,
             start,
@@ -222,6 +229,7 @@ class NetworkAwareRun:
             steps=steps,
             batch_size=batch,
             proximal_mu=self.strategy.proximal_mu,
+            lr=round_lr(self.spec, r),
         )
 
     def merge(self, node: SimNode, start: float, keep_progress: bool = False) -> int:

@@ -123,6 +123,7 @@ def _summary(result: SimResult, costs: FixedCosts) -> str:
             f"  fixed costs     {costs.task_s:g} s per task, {costs.round_s:g} s per round",
             f"  provenance head {result.provenance_head or '-'}",
         ]
+        + ([f"  stopped         {result.stop_reason}"] if result.stop_reason else [])
     )
 
 

@@ -25,10 +25,11 @@ from trainer.lora import update_part
 from trainer.privacy import epsilon_after, round_plan, rounds_within
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round
+from trainer.schedule import plateau_reason, round_lr
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
-from trainer.spec import TargetSpec
+from trainer.spec import EarlyStoppingSpec, RoundsSpec, TargetSpec
 from trainer.updates import UpdateRejected, decode_update, encode_state
 
 
@@ -86,7 +87,7 @@ def run_federated(
     start_round = 1
     if options.resume and options.checkpoint and options.checkpoint.exists():
         start_round, global_state, chain = _restore(
-            options.checkpoint, strategy, result, spec.rounds.target
+            options.checkpoint, strategy, result, spec.rounds
         )
 
     work = equal_work(setup)
@@ -98,11 +99,11 @@ def run_federated(
             max_rounds = min(max_rounds, rounds_within(plan, privacy.epsilon, privacy.delta,
                                                        max_rounds))  # fmt: skip
     for r in range(start_round, max_rounds + 1):
-        if result.reached_target and options.stop_at_target:
+        if (result.reached_target and options.stop_at_target) or result.stop_reason:
             break
         log, closed = _round(setup, strategy, global_state, work, r, result, chain, store, options)
         global_state = closed.state
-        account_round(result, log, spec.rounds.target)
+        account_round(result, log, spec.rounds.target, spec.rounds.early_stopping)
         if options.checkpoint:
             save_checkpoint(
                 options.checkpoint,
@@ -123,11 +124,20 @@ def run_federated(
     return result, global_state
 
 
-def account_round(result: SimResult, log: RoundLog, target: TargetSpec | None) -> None:
-    """Add a round to the totals; shared by live rounds and rounds replayed from a checkpoint."""
+def account_round(
+    result: SimResult,
+    log: RoundLog,
+    target: TargetSpec | None,
+    early_stopping: EarlyStoppingSpec | None = None,
+) -> None:
+    """Add a round to the totals; shared by live rounds and rounds replayed from a checkpoint.
+    A plateau (`rounds.early_stopping`) sets the result's `stop_reason`, ending the run."""
     result.add_round(log)
     if target and Evaluation(log.correct, log.total, log.loss).meets(target.metric, target.value):
         result.mark_target()
+    if early_stopping is not None and not result.stop_reason:
+        values = [getattr(entry, early_stopping.metric) for entry in result.log]
+        result.stop_reason = plateau_reason(values, early_stopping)
 
 
 def _round(setup, strategy, global_state, work, r, result, chain, store, options):
@@ -161,6 +171,7 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
             steps=w.steps,
             batch_size=w.batch_size,
             proximal_mu=strategy.proximal_mu,
+            lr=round_lr(spec, r),
         )
         result.host_compute_s += time.perf_counter() - started
         if i in options.adversarial:
@@ -207,11 +218,11 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
     return log, closed
 
 
-def _restore(path, strategy, result, target):
+def _restore(path, strategy, result, rounds: RoundsSpec):
     ckpt = load_checkpoint(path)
     strategy.load_state_dict(ckpt.strategy_state)
     for entry in ckpt.history:
-        account_round(result, RoundLog(**entry), target)
+        account_round(result, RoundLog(**entry), rounds.target, rounds.early_stopping)
     result.host_compute_s = float(ckpt.extra.get("host_compute_s", 0.0))
     chain = ProvenanceChain.from_json(ckpt.extra["provenance"])
     return ckpt.round + 1, dict(ckpt.model_state), chain

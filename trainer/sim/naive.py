@@ -19,6 +19,7 @@ import torch
 from trainer.evaluate import evaluate
 from trainer.hashing import state_hash
 from trainer.local import loss_fn, make_optimizer, planned_steps
+from trainer.schedule import plateau_reason, round_lr
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects, ring_allreduce_s
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
@@ -55,6 +56,8 @@ def run_naive_sync(
         target=target.value if target else None,
     )
     for r in range(1, (max_rounds or spec.rounds.max_rounds) + 1):
+        for group in opt.param_groups:  # the same schedule over rounds as federated training
+            group["lr"] = round_lr(spec, r)
         started = time.perf_counter()
         for _ in range(steps_per_round):
             xs, ys = [], []
@@ -96,7 +99,10 @@ def run_naive_sync(
             result.mark_target()
         if progress:
             progress(log)
-        if result.reached_target and stop_at_target:
+        if spec.rounds.early_stopping is not None and not result.stop_reason:
+            values = [getattr(entry, spec.rounds.early_stopping.metric) for entry in result.log]
+            result.stop_reason = plateau_reason(values, spec.rounds.early_stopping)
+        if (result.reached_target and stop_at_target) or result.stop_reason:
             break
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     result.model_hash = state_hash(state)

@@ -44,6 +44,9 @@ class SimResult:
     host_compute_s: float = 0.0  # real seconds this machine spent training
     target: float | None = None
     reached_target: bool = False
+    # why the run ended before max_rounds without reaching its target ("" otherwise): an
+    # early-stopping plateau (trainer.schedule.plateau_reason)
+    stop_reason: str = ""
     time_to_target_s: float | None = None
     rounds_to_target: int | None = None
     bytes_up_to_target: int | None = None

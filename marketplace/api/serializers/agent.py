@@ -98,6 +98,10 @@ class TaskSerializer(serializers.Serializer):
     seed = serializers.IntegerField()
     codec = serializers.CharField()
     proximal_mu = serializers.FloatField()
+    lr = serializers.FloatField(
+        help_text="the round's learning rate: optimizer.schedule applied to optimizer.lr "
+        "(trainer.schedule.round_lr), constant through the task's local steps"
+    )
     deadline = serializers.DateTimeField()
     model_hash = serializers.CharField()
     model_source = ModelSourceSerializer()

@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from marketplace.jobs.models import Job, Tier
 from marketplace.jobs.privacy import privacy_summary
-from marketplace.jobs.selectors import federated_status, job_node_states
+from marketplace.jobs.selectors import federated_status, job_node_states, scoring_result
 from marketplace.ledger.selectors import job_costs
 from marketplace.rounds.models import Round
 
@@ -71,12 +71,18 @@ class JobSerializer(serializers.ModelSerializer):
     last_metrics = serializers.SerializerMethodField()
     costs = serializers.SerializerMethodField()
     privacy = serializers.SerializerMethodField()
+    kind = serializers.CharField(read_only=True, help_text="train, evaluate or inference")
+    result = serializers.SerializerMethodField(
+        help_text="a finished scoring job's result: evaluate: accuracy, correct, total, loss "
+        "(the mean), loss_sum; inference: rows and the predictions' URL (Parquet); else null"
+    )
 
     class Meta:
         model = Job
         fields = [
             "id",
             "name",
+            "kind",
             "status",
             "tier",
             "budget",
@@ -88,10 +94,12 @@ class JobSerializer(serializers.ModelSerializer):
             "current_round",
             "reached_target",
             "last_metrics",
+            "result",
             "costs",
             "privacy",
             "model_hash",
             "error",
+            "stop_reason",
             "created_at",
             "updated_at",
             "finished_at",
@@ -112,6 +120,9 @@ class JobSerializer(serializers.ModelSerializer):
         """Money as decimal strings: budget, held, spent (with fees, bonuses and the cost of
         redundancy shown apart), refunded."""
         return job_costs(job).to_dict()
+
+    def get_result(self, job: Job) -> dict | None:
+        return scoring_result(job)
 
     def get_last_metrics(self, job: Job) -> dict | None:
         done = [r for r in job.rounds.all() if r.status == "done"]

@@ -37,6 +37,7 @@ from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import submit_job
 from marketplace.jobs.tracking import job_record
 from marketplace.rounds.aggregation import provenance_name
+from marketplace.rounds.scoring import predictions_file
 from marketplace.rounds.selectors import rounds_of
 from trainer.export import FORMATS
 
@@ -140,6 +141,21 @@ class JobModelView(BuyerView):
         response = HttpResponse(download.data, content_type=download.content_type)
         response["Content-Disposition"] = f'attachment; filename="{download.filename}"'
         response["X-GPUFlex-Model-Hash"] = job.model_hash
+        return response
+
+
+class JobPredictionsView(BuyerView):
+    @extend_schema(
+        responses={(200, "application/vnd.apache.parquet"): OpenApiTypes.BINARY, **errors(409)},
+        description="An inference job's predictions, one Parquet row per dataset row in the "
+        "dataset's order: row, prediction (the class index) and prob_<k> per class.",
+    )
+    def get(self, request: Request, pk: str) -> HttpResponse:
+        job = self.job(request, pk)
+        response = HttpResponse(
+            predictions_file(job), content_type="application/vnd.apache.parquet"
+        )
+        response["Content-Disposition"] = f'attachment; filename="predictions-{job.pk}.parquet"'
         return response
 
 

@@ -244,6 +244,11 @@ GPUFLEX = {
     "QUALITY_BONUS_MAX": os.environ.get("GPUFLEX_QUALITY_BONUS_MAX", "0.10"),
     # prices are per reference GPU-hour: a GPU with this fp32 matmul throughput
     "REFERENCE_FP32_TFLOPS": float(os.environ.get("GPUFLEX_REFERENCE_FP32_TFLOPS", "20")),
+    # inference is charged per sample: a sample's forward FLOPs at the reference throughput,
+    # and never less than this many reference seconds (a row's I/O and bookkeeping)
+    "INFERENCE_MIN_S_PER_SAMPLE": float(
+        os.environ.get("GPUFLEX_INFERENCE_MIN_S_PER_SAMPLE", "0.0001")
+    ),
     "MIN_SPEED_FACTOR": float(os.environ.get("GPUFLEX_MIN_SPEED_FACTOR", "0.01")),
     "MAX_SPEED_FACTOR": float(os.environ.get("GPUFLEX_MAX_SPEED_FACTOR", "8")),
     # a node whose benchmark is more than this many times what its tasks show is billed at

@@ -19,13 +19,14 @@ from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, InvalidSpec, MarketplaceError
 from marketplace.jobs.export import formats_for, job_model_download
 from marketplace.jobs.models import Job
-from marketplace.jobs.selectors import jobs_of
+from marketplace.jobs.selectors import jobs_of, scoring_result
 from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import parse_job_spec, submit_job
 from marketplace.ledger.metering import Rules, speed_factor
 from marketplace.ledger.selectors import balances
 from marketplace.nodes.selectors import benchmark_of, online_nodes
 from marketplace.rounds.aggregation import provenance_name
+from marketplace.rounds.scoring import predictions_file
 from marketplace.web import estimate, jobview
 from marketplace.web.access import buyer_required
 from marketplace.web.forms import JobForm
@@ -176,6 +177,7 @@ def job_detail(request: HttpRequest, pk: str) -> HttpResponse:
         "provenance": jobview.provenance(job),
         "spec_json": jobview.spec_yaml(job),
         "model_formats": formats_for(job),
+        "scoring": scoring_result(job),
     }
     return render(request, "web/job.html", context)
 
@@ -234,6 +236,23 @@ def job_model(request: HttpRequest, pk: str) -> HttpResponse:
     response = HttpResponse(download.data, content_type=download.content_type)
     response["Content-Disposition"] = f'attachment; filename="{download.filename}"'
     response["X-GPUFlex-Model-Hash"] = job.model_hash
+    return response
+
+
+@buyer_required
+@require_GET
+def job_predictions(request: HttpRequest, pk: str) -> HttpResponse:
+    """A finished inference job's predictions (Parquet), as the API's /jobs/{id}/predictions."""
+    job = _job(request, pk)
+    if job is None:
+        return not_found(request, "job")
+    try:
+        data = predictions_file(job)
+    except MarketplaceError as exc:
+        messages.error(request, exc.detail)
+        return redirect("web:job", pk=job.pk)
+    response = HttpResponse(data, content_type="application/vnd.apache.parquet")
+    response["Content-Disposition"] = f'attachment; filename="predictions-{job.pk}.parquet"'
     return response
 
 

@@ -58,7 +58,8 @@
     el("timeline").innerHTML = parts.join("");
     const open = d.rounds.find(function (r) { return r.status === "open"; });
     text("timeline-note", d.status === "running" && open ? "Round " + open.number + " is training now." :
-      (d.reached_target ? "Stopped early: the target was reached." : ""));
+      (d.stop_reason ? "Ended: " + d.stop_reason + "." :
+        (d.reached_target ? "Stopped early: the target was reached." : "")));
     text("stat-rounds", String(d.rounds_done));
     el("rounds-bar").style.width = Math.min(100, 100 * d.rounds_done / d.max_rounds) + "%";
   }
