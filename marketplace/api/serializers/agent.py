@@ -120,6 +120,13 @@ class ClaimReplySerializer(serializers.Serializer):
     tasks = TaskSerializer(many=True, help_text="every task this claim leased (see `max`)")
 
 
+class HandOffSerializer(serializers.Serializer):
+    aggregator_id = serializers.IntegerField(help_text="the task's `zone.aggregator`")
+    update_hash = serializers.RegexField(
+        r"^[0-9a-f]{64}$", help_text="sha256 of the update bytes the node will upload to it"
+    )
+
+
 class FailSerializer(serializers.Serializer):
     reason = serializers.ChoiceField(choices=sorted(FAIL_REASONS))
     detail = serializers.CharField(required=False, allow_blank=True, default="", max_length=1000)
