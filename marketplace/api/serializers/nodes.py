@@ -40,6 +40,31 @@ class LocalDatasetsSerializer(serializers.Serializer):
     """`PUT agent/datasets`: every local dataset the node holds now (docs/agent-api.md)."""
 
     local_datasets = local_datasets_field()
+
+    def validate_local_datasets(self, value: list[dict]) -> list[dict]:
+        return once_each(value)
+
+
+class NodeRegisterSerializer(serializers.Serializer):
+    """docs/agent-api.md, "Registration": every object typed and bounded (node_data)."""
+
+    name = serializers.CharField(max_length=100)
+    kind = serializers.ChoiceField(
+        choices=NodeKind.choices, required=False, default=NodeKind.VOLUNTEER,
+        help_text="'platform' needs an operator's `enrollment_token` (403 without one)",
+    )  # fmt: skip
+    enrollment_token = serializers.CharField(
+        required=False, allow_blank=True, write_only=True, max_length=MAX_TOKEN_LENGTH,
+        help_text="an operator's platform enrollment token (gfx_e_…); volunteers leave it out",
+    )  # fmt: skip
+    hardware = HardwareSerializer()
+    benchmark = BenchmarkSerializer(required=False, default=dict)
+    network = NetworkSerializer(required=False, default=dict)
+    price_per_gpu_hour = serializers.DecimalField(
+        max_digits=10, decimal_places=4, min_value=Decimal("0")
+    )
+    availability = AvailabilitySerializer(required=False, default=dict)
+    local_datasets = local_datasets_field()
     zone = serializers.RegexField(
         ZONE_PATTERN, required=False, allow_blank=True, default="", max_length=64,
         help_text="the region the node is in (letters, digits, '.', '_', '-'): jobs with "
@@ -63,31 +88,6 @@ class LocalDatasetsSerializer(serializers.Serializer):
             if not attrs.get("zone"):
                 raise serializers.ValidationError({"zone_url": "an aggregator needs a zone"})
         return attrs
-
-
-class NodeRegisterSerializer(serializers.Serializer):
-    """docs/agent-api.md, "Registration": every object typed and bounded (node_data)."""
-
-    name = serializers.CharField(max_length=100)
-    kind = serializers.ChoiceField(
-        choices=NodeKind.choices, required=False, default=NodeKind.VOLUNTEER,
-        help_text="'platform' needs an operator's `enrollment_token` (403 without one)",
-    )  # fmt: skip
-    enrollment_token = serializers.CharField(
-        required=False, allow_blank=True, write_only=True, max_length=MAX_TOKEN_LENGTH,
-        help_text="an operator's platform enrollment token (gfx_e_…); volunteers leave it out",
-    )  # fmt: skip
-    hardware = HardwareSerializer()
-    benchmark = BenchmarkSerializer(required=False, default=dict)
-    network = NetworkSerializer(required=False, default=dict)
-    price_per_gpu_hour = serializers.DecimalField(
-        max_digits=10, decimal_places=4, min_value=Decimal("0")
-    )
-    availability = AvailabilitySerializer(required=False, default=dict)
-    local_datasets = local_datasets_field()
-
-    def validate_local_datasets(self, value: list[dict]) -> list[dict]:
-        return once_each(value)
 
     def to_internal_value(self, data: object) -> dict:
         out = super().to_internal_value(data)

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("nodes", "0008_node_zone_node_zone_url"),
+        ("nodes", "0008_node_zones"),
         ("rounds", "0003_content_types"),
     ]
 
