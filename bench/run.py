@@ -24,6 +24,7 @@ from bench import (
     slow_clients_bench,
     trainer_bench,
     upload_bench,
+    zones_bench,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -147,6 +148,8 @@ def render(results: dict[str, Any]) -> str:
     ]
     if "gpu" in results:
         parts += render_gpu(results["gpu"])
+    if "zones" in results:
+        parts += render_zones(results["zones"])
     if "network" in results:
         parts += render_network(results["network"])
     if "marketplace" in results:
@@ -220,6 +223,30 @@ def load_section() -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def render_zones(z: dict[str, Any]) -> list[str]:
+    rows = [
+        "| run | time to 0.95 (sim s) | rounds | KB into the coordinator per round | "
+        "median round (s) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, r in z["runs"].items():
+        if isinstance(r, dict):
+            rows.append(
+                f"| {key} | {_f(r['time_to_target_s'])} | {r['rounds']} | "
+                f"{r['bytes_in_per_round'] / 1e3:.0f} | {r['median_round_s']:.2f} |"
+            )
+    return [
+        f"## Regional aggregation ({z['zones']} zones x {z['nodes'] // z['zones']} nodes, "
+        f"{z['network']}, digits MLP, simulator)",
+        "",
+        *rows,
+        "",
+        f"The coordinator receives {z['bytes_in_ratio']:.1f}x fewer bytes per round with zones "
+        "(`python -m bench.run --only zones`; docs/scale.md says what the times assume).",
+        "",
+    ]
+
+
 def render_slow_clients(r: dict[str, Any]) -> list[str]:
     def cell(run: dict[str, Any] | None) -> str:
         if run is None:
@@ -277,7 +304,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
-    "load", "pause", "upload", "examples", "privacy", "inference",
+    "load", "pause", "upload", "examples", "privacy", "inference", "zones",
 )  # fmt: skip
 
 
@@ -560,6 +587,9 @@ def main(argv: list[str] | None = None) -> int:
             results["upload"] = upload_bench.run()
         elif section == "examples":
             results["examples"] = examples_bench.run()
+        elif section == "zones":
+            print("zones: flat uploads against 3 zone aggregators, 24 wan nodes (simulator)")
+            results["zones"] = zones_bench.run()
         elif section == "slow_clients":
             print("slow clients: gunicorn alone, then behind nginx")
             results["slow_clients"] = slow_clients_bench.run()

@@ -335,6 +335,7 @@ class Agent:
         self.simnet: SimulatedNetwork | None = None
         self._continuation: Continuation | None = None
         self._uploading: set[str] = set()  # overlap tasks whose upload runs in the background
+        self.zone: Any = None  # desktop.zone_server.ZoneService while this node aggregates
         # the local datasets are to be advertised (at start, and after any change)
         self._datasets_due = threading.Event()
         self._datasets_due.set()
@@ -354,6 +355,9 @@ class Agent:
         """Graceful: the running task is stopped and kept in the journal for the next start."""
         self._stop.set()
         self._wake.set()
+        if self.zone is not None:
+            self.zone.stop()
+            self.zone = None
         for t in (self._thread, self._hb_thread):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout)
@@ -550,6 +554,7 @@ class Agent:
             self._setup()
             if not self._register():
                 return
+            self._start_zone_service()
             self._probe_link()
             self._hb_thread = threading.Thread(
                 target=self._heartbeats, name="gpuflex-heartbeat", daemon=True
@@ -766,6 +771,10 @@ class Agent:
             }
             if s.kind == "platform":  # the operator's token; a volunteer sends none
                 body["enrollment_token"] = s.enrollment_token
+            if s.zone:
+                body["zone"] = s.zone
+            if s.zone and s.kind == "platform" and s.zone_listen:
+                body["zone_url"] = s.zone_url or f"http://{s.zone_listen}"
             try:
                 answer = self.client.register(provider, body)
             except Unavailable as exc:
@@ -785,6 +794,37 @@ class Agent:
             self._set(node_id=str(answer["id"]))
             self._info(f"registered as node {answer['id']}")
         return False
+
+    def _start_zone_service(self) -> None:
+        """A platform node with `zone_listen` serves as its zone's aggregator
+        (desktop/zone_server.py) for as long as the agent runs."""
+        s = self._settings
+        if s.kind != "platform" or not s.zone or not s.zone_listen or self.zone is not None:
+            return
+        from desktop.zone_server import ZoneAggregator, ZoneService
+
+        assert self.client is not None
+        hold = float(s.extra.get("zone_max_hold_s", 30.0))
+        self.zone = ZoneService(ZoneAggregator(self.client, s.zone, max_hold_s=hold), s.zone_listen)
+        self.zone.start()
+        self._info(f"zone {s.zone}: aggregating on {s.zone_listen}")
+
+    def _deliver(self, rec: TaskRecord, data: bytes) -> int:
+        """The update to the coordinator, or, for a task routed through its zone (`zone`),
+        to the zone's aggregator after telling the coordinator its hash. Anything wrong on
+        the zone's path (the aggregator gone, a refusal) falls back to the coordinator."""
+        assert self.client is not None
+        zone = rec.task.get("zone")
+        node_id = self.status().node_id
+        if zone and node_id:
+            try:
+                self.client.hand_off(rec.id, int(zone["aggregator"]), rec.update_sha256)
+                return self.client.zone_upload(zone, rec.id, node_id, data, rec.metrics)
+            except (ApiError, KeyError, ValueError, TypeError) as exc:
+                if isinstance(exc, ApiError) and exc.status == 404:
+                    raise  # the task is not ours any more: the flat upload would say the same
+                self._warn(f"task {rec.id}: zone aggregator unusable ({exc}); uploading here")
+        return self.client.put_update(rec.id, data, rec.metrics)
 
     def _probe_rtt(self, n: int = 3) -> NetworkFigures:
         """RTT before there is a node key: any answer (even 401) is one round trip."""
@@ -1282,7 +1322,7 @@ class Agent:
         t0 = time.monotonic()
         try:
             self._trace(rec.id, "upload_started")
-            code = self.client.put_update(rec.id, data, rec.metrics)
+            code = self._deliver(rec, data)
             self._trace(rec.id, "uploaded")
         except ApiError as exc:
             if isinstance(exc, Unavailable):

@@ -99,6 +99,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             print("--compute-scale must be at least 1 (1: this machine's speed)", file=sys.stderr)
             return 2
         settings.extra["compute_scale"] = args.compute_scale
+    for name in ("zone", "zone_listen", "zone_url"):
+        if getattr(args, name) is not None:
+            setattr(settings, name, getattr(args, name))
     if args.byzantine_scale is not None and not (args.byzantine and args.byzantine_scale > 0):
         print("--byzantine-scale needs --byzantine and a positive scale", file=sys.stderr)
         return 2
@@ -409,6 +412,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="how hard --byzantine attacks (default: "
         + ", ".join(f"{v:g} for {k}" for k, v in BYZANTINE_SCALES.items())
         + ")",
+    )
+    s.add_argument(
+        "--zone",
+        help="the region this node is in, sent when it registers: jobs with "
+        "aggregation.hierarchy zones send its updates through the zone's aggregator",
+    )
+    s.add_argument(
+        "--zone-listen",
+        metavar="HOST:PORT",
+        help="platform nodes: serve as the zone's aggregator on this address",
+    )
+    s.add_argument(
+        "--zone-url", help="the address members reach --zone-listen at (default http://HOST:PORT)"
     )
     s.add_argument("--claim-wait", type=int, default=20, help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_run)

@@ -188,6 +188,50 @@ class MarketplaceClient:
             "POST", f"agent/tasks/{task_id}/fail", json_body={"reason": reason, "detail": detail}
         )
 
+    # ------------------------------------------------------------- zones (rounds.zones)
+
+    def hand_off(self, task_id: str, aggregator_id: int, update_hash: str) -> None:
+        """Tell the coordinator this update goes to the zone's aggregator (before it goes)."""
+        self._request(
+            "POST", f"agent/tasks/{task_id}/handoff",
+            json_body={"aggregator_id": aggregator_id, "update_hash": update_hash},
+        )  # fmt: skip
+
+    def zone_upload(
+        self, zone: dict[str, Any], task_id: str, node_id: str, data: bytes,
+        metrics: dict[str, float],
+    ) -> int:  # fmt: skip
+        """The update to the zone's aggregator (`zone` is the task's), never with the node's
+        marketplace key: the member token proves the task. 202 held, 200 a retry."""
+        url = f"{str(zone['url']).rstrip('/')}/zone/v1/rounds/{zone['round_id']}/tasks/{task_id}"
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "X-GPUFlex-Metrics": json.dumps(metrics),
+            "X-GPUFlex-Node": str(node_id),
+            "X-GPUFlex-Samples": str(zone["samples"]),
+            "X-GPUFlex-Zone-Token": str(zone["token"]),
+        }
+        try:
+            r = self._http.put(url, content=data, headers=headers)
+        except httpx.TransportError as exc:
+            raise Unavailable(None, "unavailable", f"zone aggregator: {exc}") from None
+        if r.status_code >= 400:
+            raise _api_error(r)
+        return r.status_code
+
+    def zone_round(self, round_id: int) -> dict[str, Any]:
+        return dict(self._request("GET", f"agent/zone/rounds/{round_id}", attempts=2).json())
+
+    def zone_model(self, round_id: int) -> Download:
+        return Download.of(self._request("GET", f"agent/zone/rounds/{round_id}/model"))
+
+    def put_partial(self, data: bytes) -> int:
+        r = self._request(
+            "PUT", "agent/zone/partial", content=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )  # fmt: skip
+        return r.status_code
+
     def put_datasets(self, datasets: list[dict[str, Any]]) -> None:
         """Every local dataset this node holds: name, schema, rows, hash; never a row."""
         self._request("PUT", "agent/datasets", json_body={"local_datasets": datasets})

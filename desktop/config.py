@@ -82,6 +82,13 @@ class Settings:
     task_memory_mb: int = 8192
     task_cpu_s: int = 3600
     task_wall_s: int = 3600
+    # the region this node declares itself in (sent at registration): jobs with
+    # aggregation.hierarchy zones route its updates through the zone's aggregator
+    zone: str = ""
+    # platform nodes only: serve the zone's aggregator endpoint on this "host:port" (""
+    # none), advertised to members as `zone_url` ("" = http://<zone_listen>)
+    zone_listen: str = ""
+    zone_url: str = ""
     # simulated network (demos, tests): "" for the real network
     network_profile: str = ""
     start_at_login: bool = False

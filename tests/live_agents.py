@@ -15,7 +15,7 @@ from marketplace.nodes.enrollment import create_enrollment_token
 
 def live_agent(
     tmp: Path, name: str, url: str, key: str, monkeypatch, *, kind: str = "platform",
-    price: str = "0.40", fp32_tflops: float = 0.1, transport=None,
+    price: str = "0.40", fp32_tflops: float = 0.1, transport=None, **settings_extra: object,
 ) -> Agent:  # fmt: skip
     monkeypatch.setenv("GPUFLEX_KEYRING", "file")
     for folder in ("CONFIG", "DATA", "CACHE"):
@@ -26,7 +26,8 @@ def live_agent(
     token = create_enrollment_token(operator=None)[1] if kind == "platform" else ""
     settings = Settings(server_url=url, node_name=name, kind=kind, task_wall_s=300,
                         task_memory_mb=4096, first_run_done=True,
-                        price_per_gpu_hour=price, enrollment_token=token)  # fmt: skip
+                        price_per_gpu_hour=price, enrollment_token=token,
+                        **settings_extra)  # type: ignore[arg-type]  # fmt: skip
     hw = detect()
     bench = BenchmarkResult(
         fingerprint=hw.fingerprint(), device="cpu", device_name=hw.cpu_name, quick=True,

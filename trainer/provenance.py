@@ -51,15 +51,22 @@ class Contribution:
     update_hash: str
     num_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
+    # a zone aggregator's pre-aggregated update: which member contributions it combined
+    # (task_id, node_id, update_hash, samples, metrics each). Absent from the hashed body
+    # when empty, so records of flat rounds hash as they always did.
+    members: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        body = {
             "node_id": self.node_id,
             "shard_hash": self.shard_hash,
             "update_hash": self.update_hash,
             "num_samples": self.num_samples,
             "metrics": dict(self.metrics),
         }
+        if self.members:
+            body["members"] = [dict(m) for m in self.members]
+        return body
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Contribution:
@@ -69,6 +76,7 @@ class Contribution:
             update_hash=str(data["update_hash"]),
             num_samples=int(data["num_samples"]),
             metrics=dict(data.get("metrics", {})),
+            members=tuple(dict(m) for m in data.get("members", ())),
         )
 
 
@@ -445,6 +453,7 @@ def record_round(
             update_hash=keep(update.delta),
             num_samples=int(update.num_samples),
             metrics=_float_metrics(update.metrics),
+            members=tuple(dict(m) for m in update.members),
         )
         for update, shard_hash in updates
     ]

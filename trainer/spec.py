@@ -225,6 +225,8 @@ class RoundsSpec(_Strict):
 # (trimmed_mean, median, krum) take unweighted order statistics on purpose, so that a node
 # cannot buy influence: they have no weight to scale. (tests check this against the strategies)
 SAMPLE_WEIGHTED = frozenset({"fedavg", "fedprox", "fedadam", "diloco"})
+# strategies that look at single updates, which a zone's partial sum hides (trainer.zones)
+ZONE_INCOMPATIBLE = frozenset({"trimmed_mean", "median", "krum"})
 
 
 class AggregationSpec(_Strict):
@@ -255,6 +257,29 @@ class AggregationSpec(_Strict):
             raise ValueError(
                 f"{strategy} does not weight updates, so it cannot weight them by {value}; "
                 f"use one of {allowed}, or weighting: samples"
+            )
+        return value
+
+    # "zones": a platform node per zone pre-aggregates its zone's updates (trainer.zones);
+    # the coordinator receives one partial sum per zone instead of one update per node
+    hierarchy: Literal["flat", "zones"] = "flat"
+
+    @field_validator("hierarchy")
+    @classmethod
+    def _zones_need_linear_rules(cls, value: str, info: ValidationInfo) -> str:
+        if value != "zones":
+            return value
+        strategy = info.data.get("strategy")
+        if strategy in ZONE_INCOMPATIBLE:
+            allowed = ", ".join(sorted(SAMPLE_WEIGHTED))
+            raise ValueError(
+                f"{strategy} looks at each update on its own, which a zone's pre-aggregated "
+                f"sum hides; use hierarchy: flat, or one of {allowed}"
+            )
+        if info.data.get("weighting") == "health":
+            raise ValueError(
+                "weighting: health needs each node's score at the coordinator, which a "
+                "zone's pre-aggregated sum hides; use weighting: samples or hierarchy: flat"
             )
         return value
 

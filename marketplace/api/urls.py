@@ -14,6 +14,16 @@ urlpatterns = [
     path("agent/tasks/<str:task_id>/shard", agent.TaskShardView.as_view(), name="agent-shard"),
     path("agent/tasks/<str:task_id>/update", agent.TaskUpdateView.as_view(), name="agent-update"),
     path("agent/tasks/<str:task_id>/fail", agent.TaskFailView.as_view(), name="agent-fail"),
+    path(
+        "agent/tasks/<str:task_id>/handoff", agent.TaskHandOffView.as_view(), name="agent-handoff"
+    ),
+    path("agent/zone/rounds/<int:round_id>", agent.ZoneRoundView.as_view(), name="zone-round"),
+    path(
+        "agent/zone/rounds/<int:round_id>/model",
+        agent.ZoneModelView.as_view(),
+        name="zone-model",
+    ),
+    path("agent/zone/partial", agent.ZonePartialView.as_view(), name="zone-partial"),
     path("agent/me", agent.MeView.as_view(), name="agent-me"),
     path("agent/datasets", agent.LocalDatasetsView.as_view(), name="agent-datasets"),
     path("agent/probe", agent.ProbeView.as_view(), name="agent-probe"),

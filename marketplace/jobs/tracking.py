@@ -24,7 +24,7 @@ from django.conf import settings
 from marketplace.jobs import files
 from marketplace.jobs.models import Job
 from marketplace.ledger.models import Transaction, TxKind
-from marketplace.rounds.models import Round, RoundStatus, TaskResult
+from marketplace.rounds.models import Round, RoundStatus, TaskResult, ZonePartial
 from trainer.tracking import (
     JobRecord,
     MLflowTracker,
@@ -58,8 +58,10 @@ def _costs_by_round(job: Job) -> dict[int, Decimal]:
 
 
 def _upload_bytes(rnd: Round) -> int:
-    total = 0
-    for name in TaskResult.objects.filter(task__round=rnd).values_list("update_file", flat=True):
+    # a zone's members upload to its aggregator: the coordinator received each partial once
+    total = sum(ZonePartial.objects.filter(round=rnd).values_list("size", flat=True))
+    flat = TaskResult.objects.filter(task__round=rnd).exclude(update_file="")
+    for name in flat.values_list("update_file", flat=True):
         try:
             total += files.size(name)
         except OSError:  # retention may have removed old updates: count what is left

@@ -66,6 +66,12 @@ class Node(models.Model):
     # columns, classes}; desktop/local_datasets.py): a silo trains a federated job only
     # when this schema fits the job's model (rounds.lifecycle.silo_fits); never a row
     local_dataset_schemas = models.JSONField(default=dict, blank=True)
+    # the region the node declares itself in (`gpuflex-node run --zone`): a job with
+    # `aggregation.hierarchy: zones` routes its updates through the zone's aggregator
+    zone = models.CharField(max_length=64, blank=True, default="")
+    # a platform node that serves its zone as aggregator: where members upload (the agent's
+    # zone endpoint, desktop/zone_server.py); "" for every other node
+    zone_url = models.CharField(max_length=300, blank=True, default="")
     # the operator's token a platform node was enrolled with (None: a volunteer, or set in
     # the admin)
     enrolled_with = models.ForeignKey(

@@ -44,6 +44,8 @@ def register_node(
     availability: dict[str, Any],
     local_datasets: list[dict[str, Any]] | None = None,
     enrollment_token: str | None = None,
+    zone: str = "",
+    zone_url: str = "",
 ) -> tuple[Node, str]:
     """Create a node and its own credential; returns (node, plaintext node key).
 
@@ -68,6 +70,8 @@ def register_node(
         memory_gb=_memory_gb(hardware),
         last_heartbeat_at=timezone.now(),
         enrolled_with=token,
+        zone=zone,
+        zone_url=zone_url if kind == NodeKind.PLATFORM else "",
     )
     _, plaintext = issue_node_key(node)
     nodes_changed()

@@ -47,7 +47,7 @@ from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from trainer.delivery import delivery_codec
-from trainer.hashing import state_hash
+from trainer.hashing import bytes_hash, state_hash
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round, staleness_weight
 from trainer.schedule import plateau_reason
@@ -158,6 +158,45 @@ def _shard_label(job: Job, result: TaskResult) -> str:
     return shard.content_hash if shard else f"local:{job.federated_dataset}:{result.node_id}"
 
 
+def contribution_groups(results: list[TaskResult]) -> list[list[TaskResult]]:
+    """The results as the strategy sees them: each flat result alone, and each zone
+    partial's members together, at its first member's place (a partial counts once). A
+    partial some of whose members are not here (one was cancelled since) cannot be split,
+    so none of them is."""
+    groups: list[list[TaskResult]] = []
+    partials: dict[int, list[TaskResult]] = {}
+    for result in results:
+        if result.partial_id is None:
+            groups.append([result])
+        elif result.partial_id not in partials:
+            partials[result.partial_id] = [result]
+            groups.append(partials[result.partial_id])
+        else:
+            partials[result.partial_id].append(result)
+    complete = {
+        pid for pid, members in partials.items()
+        if len(members) == len(members[0].partial.manifest)
+    }  # fmt: skip
+    for pid in partials.keys() - complete:
+        log.warning("zone partial %s is incomplete in this round: not aggregated", pid)
+    return [g for g in groups if g[0].partial_id is None or g[0].partial_id in complete]
+
+
+def _contribution(job: Job, rnd: Round, group: list[TaskResult]) -> tuple[ClientUpdate, str]:
+    """(update, shard label) for provenance: a zone partial is one contribution, named by
+    its aggregator, whose members provenance lists (trainer.provenance.Contribution)."""
+    first = group[0]
+    if first.partial_id is None:
+        update = ClientUpdate(str(first.node_id), _delta(first, rnd), first.num_samples,
+                              first.metrics)  # fmt: skip
+        return update, _shard_label(job, first)
+    partial = first.partial
+    mean = decode_state(files.get(partial.update_file))[0]
+    label = bytes_hash("\n".join(sorted(m["shard_hash"] for m in partial.manifest)).encode())
+    node = f"zone:{partial.zone}:{partial.aggregator_id}"
+    return ClientUpdate(node, mean, partial.num_samples, {}, tuple(partial.manifest)), label
+
+
 def _compute(job: Job, rnd: Round) -> Outcome:
     spec = job.parsed_spec
     previous = read_checkpoint(job)
@@ -185,11 +224,9 @@ def _compute(job: Job, rnd: Round) -> Outcome:
         strategy.load_state_dict(previous.strategy_state)
         chain = ProvenanceChain.from_json(previous.extra["provenance"])
         history = list(previous.history)
-    updates, weighting = weigh(job, rnd, [
-        (ClientUpdate(str(r.node_id), _delta(r, rnd), r.num_samples, r.metrics),
-         _shard_label(job, r))
-        for r in results + late
-    ])  # fmt: skip
+    # one update per flat result, one per zone partial (its members' weighted mean)
+    groups = contribution_groups(results + late)
+    updates, weighting = weigh(job, rnd, [_contribution(job, rnd, g) for g in groups])
     closed = close_round(
         number=rnd.number, global_state=global_state, updates=updates, strategy=strategy,
         model=new_model(job), dataset=job_dataset(job), chain=chain, store=artifact_store(),
@@ -199,8 +236,8 @@ def _compute(job: Job, rnd: Round) -> Outcome:
     delta_file = ""
     if closed.delta is not None:  # before the checkpoint: a re-run that reuses it finds this
         delta_file = files.put(delta_name(job, closed.state), closed.delta, content_addressed=True)
+    ev, kept = closed.evaluation, [r for i in closed.kept for r in groups[i]]
     results += late
-    ev, kept = closed.evaluation, [results[i] for i in closed.kept]
     metrics = {
         "round": rnd.number,
         "accuracy": ev.accuracy,
@@ -222,8 +259,8 @@ def _compute(job: Job, rnd: Round) -> Outcome:
         ),
     )  # fmt: skip
     files.put(provenance_name(job), chain.to_json().encode())
-    dropped = {results[i].pk: c for i, c in closed.dropped.items()}
-    cosines = {results[i].pk: c for i, c in closed.cosines.items()}
+    dropped = {r.pk: c for i, c in closed.dropped.items() for r in groups[i]}
+    cosines = {r.pk: c for i, c in closed.cosines.items() for r in groups[i]}
     return Outcome(closed.state, metrics, closed.reached_target, [r.pk for r in kept], dropped,
                    cosines, delta_file, _plateau(job, history))  # fmt: skip
 

@@ -41,6 +41,7 @@ from marketplace.rounds.retention import prune_ended_jobs
 from marketplace.rounds.scheduling import online_candidates
 from marketplace.rounds.sizing import plan_key
 from marketplace.rounds.uploads import release_task
+from marketplace.rounds.zones import release_orphans
 from marketplace.uploads.services import expire_stale_uploads
 from trainer.aggregation import min_updates
 
@@ -53,15 +54,19 @@ def reclaim_leases() -> int:
     """Leases of nodes gone offline and leases past their expiry return to the queue."""
     now = timezone.now()
     offline = mark_offline(now)
-    lost = Task.objects.filter(status=TaskStatus.LEASED).filter(
+    # a task whose update its node handed to a zone aggregator waits for the aggregator,
+    # not for the node (rounds.zones): its node going silent loses nothing
+    lost = Task.objects.filter(status=TaskStatus.LEASED, zone_aggregator__isnull=True).filter(
         node_id__in=offline
     ) | Task.objects.filter(status=TaskStatus.LEASED, lease_expires__lt=now)
     count = 0
     for task in lost.distinct():
         with transaction.atomic():
-            release_task(task, "lease lost: node silent or lease expired", lost=True)
+            # an expired hand-off is the aggregator's failure, not the member's
+            lost_here = task.zone_aggregator_id is None
+            release_task(task, "lease lost: node silent or lease expired", lost=lost_here)
             count += 1
-    return count
+    return count + release_orphans()
 
 
 def close_overdue_rounds() -> int:

@@ -97,6 +97,12 @@ class Task(models.Model):
     last_error = models.CharField(max_length=300, blank=True)
     # the node's price when it took the lease: what the ledger will charge per GPU-hour
     price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, null=True)
+    # zones jobs: the aggregator the node handed its update to, and that update's hash (the
+    # node's own word, checked against the aggregator's manifest); cleared on release
+    zone_aggregator = models.ForeignKey(
+        "nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    zone_update_hash = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     @property
@@ -141,6 +147,27 @@ class Precision(models.TextChoices):
     FP16 = "fp16"
 
 
+class ZonePartial(models.Model):
+    """One pre-aggregated upload of a zone's aggregator (trainer.zones): the samples-weighted
+    sum of its members' updates, stored as their mean, and the manifest naming each member.
+    Each member's TaskResult points here; aggregation counts the partial once."""
+
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="zone_partials")
+    aggregator = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+")
+    zone = models.CharField(max_length=64)
+    update_file = models.CharField(max_length=300, help_text="the members' weighted mean")
+    update_hash = models.CharField(max_length=64, help_text="sha256 of the uploaded bytes")
+    size = models.PositiveBigIntegerField(default=0, help_text="bytes uploaded")
+    num_samples = models.PositiveIntegerField()
+    manifest = models.JSONField(default=list, help_text="the members, as uploaded")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["round", "update_hash"], name="zone_partial_once")
+        ]
+
+
 class TaskResult(models.Model):
     """An accepted upload and what verification made of it: the ledger charges
     credited results at price x compute_s."""
@@ -169,6 +196,10 @@ class TaskResult(models.Model):
     # uploaded after its round closed (spec rounds.late_updates: stale): a later round folds
     # it in with a staleness weight, then marks it aggregated
     late = models.BooleanField(default=False)
+    # came through a zone's aggregator: `update_file` is "" and the partial holds the sum
+    partial = models.ForeignKey(
+        ZonePartial, null=True, blank=True, on_delete=models.CASCADE, related_name="results"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
 

@@ -217,6 +217,8 @@ def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
         status=TaskStatus.CANCELLED if closed else after,
         node=None,
         lease_expires=None,
+        zone_aggregator=None,
+        zone_update_hash="",
         last_error=reason[:300],
     )
     if updated:

@@ -43,6 +43,9 @@ class ClientUpdate:
     delta: Mapping[str, Tensor]  # local - global
     num_samples: int
     metrics: Mapping[str, float] = field(default_factory=dict)
+    # a zone's pre-aggregated update (trainer.zones): the members it combined, as the
+    # manifest's dicts (task_id, node_id, update_hash, samples, metrics), for provenance
+    members: tuple[Mapping[str, object], ...] = ()
 
 
 def _positive(name: str, value: float) -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.aggregation import ClientUpdate, build_strategy
+from trainer.aggregation import build_strategy
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.evaluate import Evaluation
@@ -29,6 +29,7 @@ from trainer.schedule import plateau_reason, round_lr
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
+from trainer.sim.zones import Upload, deliver_flat, deliver_zones
 from trainer.spec import EarlyStoppingSpec, RoundsSpec, TargetSpec
 from trainer.updates import UpdateRejected, decode_update, encode_state
 
@@ -53,6 +54,9 @@ class RunOptions:
     # the statistical filter of every round close (trainer.rounds); None measures the
     # aggregation strategies alone
     min_cosine: float | None = DEFAULT_MIN_COSINE
+    # regional aggregation (trainer.sim.zones): 0 flat, else this many zones pre-aggregate
+    zones: int = 0
+    coordinator_in_mbps: float | None = None  # the coordinator's ingress link; None: unlimited
 
 
 ProgressFn = Callable[[RoundLog], None]
@@ -144,7 +148,7 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
     spec = setup.spec
     model_bytes = len(encode_state(global_state))
     max_norm = spec.aggregation.max_update_norm
-    updates: list[tuple[ClientUpdate, str]] = []
+    uploads: list[Upload] = []
     finish: list[float] = []
     compute_s = bytes_up = bytes_down = 0.0
     dropped = rejected = 0
@@ -179,17 +183,27 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         payload = encode_state(local.delta, {"node": str(i), "round": str(r)})
         bytes_up += len(payload)
         compute_s += t_compute
-        t_up = profile.transfer_s(len(payload), upload=True)
-        finish.append(task_s + t_down + t_compute + t_up)
+        start_up = task_s + t_down + t_compute
         try:
             delta, _ = decode_update(
                 payload, update_part(setup.spec.model, global_state), max_norm=max_norm
             )
         except UpdateRejected:
             rejected += 1  # as on the marketplace: the round goes on without it
+            finish.append(start_up + profile.transfer_s(len(payload), upload=True))
             continue
-        update = ClientUpdate(f"node-{i}", delta, local.num_samples, {"loss": local.loss})
-        updates.append((update, setup.shard_hashes[i]))
+        uploads.append(Upload(i, start_up, payload, delta, local.num_samples,
+                              setup.shard_hashes[i], {"loss": local.loss}))  # fmt: skip
+    if options.zones:
+        sent = deliver_zones(
+            uploads, setup.profiles, options.zones, round_=r,
+            reference=update_part(setup.spec.model, global_state), max_norm=max_norm,
+            coordinator_in_mbps=options.coordinator_in_mbps,
+        )  # fmt: skip
+    else:
+        sent = deliver_flat(uploads, setup.profiles, options.coordinator_in_mbps)
+    updates = sent.updates
+    finish += sent.arrivals
 
     # the last update is in: the server verifies, aggregates and opens the next round
     round_s = max(finish) + setup.costs.round_s
@@ -211,6 +225,7 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         idle_s=sum(round_s - f for f in finish),
         bytes_up=int(bytes_up),
         bytes_down=int(bytes_down),
+        bytes_in=sent.bytes_in,
         participants=len(closed.kept),
         dropped=dropped,
         rejected=rejected + len(closed.dropped),

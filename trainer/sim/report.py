@@ -23,6 +23,7 @@ class RoundLog:
     dropped: int
     rejected: int = 0  # updates that failed validation
     stale: int = 0  # updates folded in from an earlier round
+    bytes_in: int = 0  # what the coordinator received (zones: their partial sums)
 
 
 @dataclass

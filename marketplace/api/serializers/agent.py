@@ -85,6 +85,17 @@ class ModelSourceSerializer(serializers.Serializer):
     num_classes = serializers.IntegerField(required=False, help_text="seed: the model's classes")
 
 
+class ZoneRouteSerializer(serializers.Serializer):
+    """docs/agent-api.md, "Zones": where a zones job's update goes instead."""
+
+    name = serializers.CharField(help_text="the node's zone")
+    aggregator = serializers.IntegerField(help_text="the aggregator's node id (for handoff)")
+    url = serializers.CharField(help_text="the aggregator's zone endpoint")
+    round_id = serializers.IntegerField()
+    samples = serializers.IntegerField(help_text="the update's weight, which the token binds")
+    token = serializers.CharField(help_text="the member token (X-GPUFlex-Zone-Token)")
+
+
 class TaskSerializer(serializers.Serializer):
     """docs/agent-api.md, "A task"."""
 
@@ -112,6 +123,10 @@ class TaskSerializer(serializers.Serializer):
         help_text="train on while the update uploads and merge that progress into the job's "
         "next task (docs/agent-api.md, Overlap)",
     )  # fmt: skip
+    zone = ZoneRouteSerializer(
+        required=False,
+        help_text="zones jobs: upload the update to this aggregator after a handoff",
+    )
     footprint = serializers.DictField(
         child=serializers.IntegerField(), required=False,
         help_text="the model's size as training sees it (trainer.fit.Footprint: parameters, "
@@ -122,6 +137,13 @@ class TaskSerializer(serializers.Serializer):
 class ClaimReplySerializer(serializers.Serializer):
     task = TaskSerializer(help_text="the first (best) of `tasks`")
     tasks = TaskSerializer(many=True, help_text="every task this claim leased (see `max`)")
+
+
+class HandOffSerializer(serializers.Serializer):
+    aggregator_id = serializers.IntegerField(help_text="the task's `zone.aggregator`")
+    update_hash = serializers.RegexField(
+        r"^[0-9a-f]{64}$", help_text="sha256 of the update bytes the node will upload to it"
+    )
 
 
 class FailSerializer(serializers.Serializer):

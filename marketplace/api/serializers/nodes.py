@@ -17,6 +17,8 @@ from marketplace.nodes.bounds import MAX_LOCAL_DATASETS
 from marketplace.nodes.enrollment import MAX_TOKEN_LENGTH
 from marketplace.nodes.models import Node, NodeKind, NodeSpeed
 
+ZONE_PATTERN = r"^[A-Za-z0-9._-]+$"
+
 
 def local_datasets_field() -> serializers.ListField:
     return serializers.ListField(
@@ -63,9 +65,29 @@ class NodeRegisterSerializer(serializers.Serializer):
     )
     availability = AvailabilitySerializer(required=False, default=dict)
     local_datasets = local_datasets_field()
+    zone = serializers.RegexField(
+        ZONE_PATTERN, required=False, allow_blank=True, default="", max_length=64,
+        help_text="the region the node is in (letters, digits, '.', '_', '-'): jobs with "
+        "aggregation.hierarchy zones route its updates through the zone's aggregator",
+    )  # fmt: skip
+    zone_url = serializers.URLField(
+        required=False, allow_blank=True, default="", max_length=300,
+        help_text="platform nodes only: the http(s) address of the zone endpoint the agent "
+        "serves, making it its zone's aggregator (needs a zone)",
+    )  # fmt: skip
 
     def validate_local_datasets(self, value: list[dict]) -> list[dict]:
         return once_each(value)
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs.get("zone_url"):
+            if attrs.get("kind") != NodeKind.PLATFORM:
+                raise serializers.ValidationError(
+                    {"zone_url": "only a platform node can be its zone's aggregator"}
+                )
+            if not attrs.get("zone"):
+                raise serializers.ValidationError({"zone_url": "an aggregator needs a zone"})
+        return attrs
 
     def to_internal_value(self, data: object) -> dict:
         out = super().to_internal_value(data)
@@ -141,6 +163,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "local_datasets",
             "local_dataset_rows",
             "local_dataset_schemas",
+            "zone",
+            "zone_url",
             "gpu_model",
             "memory_gb",
             "state",

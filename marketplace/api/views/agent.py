@@ -23,6 +23,7 @@ from marketplace.api.serializers.agent import (
     ClaimQuerySerializer,
     ClaimReplySerializer,
     FailSerializer,
+    HandOffSerializer,
     HeartbeatReplySerializer,
     HeartbeatSerializer,
     MeSerializer,
@@ -44,6 +45,7 @@ from marketplace.rounds.delivery import model_bytes, record_model, record_shard
 from marketplace.rounds.lifecycle import close_after_far_leases
 from marketplace.rounds.scheduling import claim_with_wait, task_payload
 from marketplace.rounds.uploads import accept_update, fail_task, task_for_node
+from marketplace.rounds.zones import accept_partial, hand_off, zone_model, zone_round, zone_route
 
 SAFETENSORS = "application/octet-stream"
 
@@ -86,8 +88,14 @@ class ClaimView(AgentView):
         if not tasks:
             return Response(status=status.HTTP_204_NO_CONTENT)
         close_after_far_leases(tasks)
-        payloads = [task_payload(t) for t in tasks]
+        payloads = [with_zone(task_payload(t), t) for t in tasks]
         return Response(ClaimReplySerializer({"task": payloads[0], "tasks": payloads}).data)
+
+
+def with_zone(payload: dict, task: object) -> dict:
+    """A zones job's task names the aggregator its update goes to (rounds.zones)."""
+    route = zone_route(task)
+    return payload | {"zone": route} if route else payload
 
 
 class TaskModelView(AgentView):
@@ -151,6 +159,56 @@ class TaskUpdateView(AgentView):
         count_traffic(node.pk, task.round.job_id, up=len(body))
         code = accept_update(node, task_id, body, request.headers.get("X-GPUFlex-Metrics"))
         return Response({"accepted": True}, status=code)
+
+
+def _body(request: Request) -> bytes:
+    limit = settings.GPUFLEX["MAX_UPDATE_BYTES"]
+    declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    if declared > limit:
+        raise TooLarge(f"The update is {declared} bytes; the limit is {limit} bytes.")
+    try:
+        return request.body
+    except RequestDataTooBig:
+        raise TooLarge(f"The update is larger than the limit of {limit} bytes.") from None
+
+
+class TaskHandOffView(AgentView):
+    """A zones job's member is about to upload the task's update to its zone's aggregator."""
+
+    @extend_schema(request=HandOffSerializer, responses={200: OpenApiTypes.OBJECT, **errors(409)})
+    def post(self, request: Request, task_id: str) -> Response:
+        body = HandOffSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        hand_off(self.node(request), task_id, **body.validated_data)
+        return Response({"handed": True})
+
+
+class ZoneRoundView(AgentView):
+    """An aggregator's view of one round: its member-token key and the tasks to expect."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(404, 409)})
+    def get(self, request: Request, round_id: int) -> Response:
+        return Response(zone_round(self.node(request), round_id))
+
+
+class ZoneModelView(AgentView):
+    @extend_schema(responses={(200, SAFETENSORS): OpenApiTypes.BINARY, **errors(404, 409)})
+    def get(self, request: Request, round_id: int) -> HttpResponse:
+        return encoded_response(request, zone_model(self.node(request), round_id), SAFETENSORS)
+
+
+class ZonePartialView(AgentView):
+    """An aggregator's pre-aggregated upload: safetensors, the manifest in its metadata."""
+
+    @extend_schema(
+        request={SAFETENSORS: OpenApiTypes.BINARY},
+        responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT, **errors(409, 413, 422)},
+    )
+    def put(self, request: Request) -> Response:
+        body = _body(request)
+        code, partial = accept_partial(self.node(request), body)
+        count_traffic(partial.aggregator_id, partial.round.job_id, up=len(body))
+        return Response({"accepted": True, "members": len(partial.manifest)}, status=code)
 
 
 class TaskFailView(AgentView):
