@@ -48,6 +48,10 @@ GPUFLEX["MAX_DATASET_BYTES"] = 2 * 2**20
 # no platform spot checks unless a test asks for them (test_node_trust.py): a replica that
 # no second platform node takes would hold a platform-tier round until its deadline
 GPUFLEX["PLATFORM_SPOT_CHECK_RATE"] = 0.0
+# no node is judged by its tasks' speed unless a test asks (test_ledger_speed.py): in tests a
+# task's compute time is the test machine's load, not the node's speed, and a busy moment
+# would read as a node that inflated its benchmark
+GPUFLEX["SPEED_MARGIN"] = 1e9
 # small so that a test can exceed it without building a huge body
 GPUFLEX["MAX_UPDATE_BYTES"] = 4 * 2**20
 DATA_UPLOAD_MAX_MEMORY_SIZE = GPUFLEX["MAX_UPDATE_BYTES"]
