@@ -9,8 +9,9 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from django.core.files.base import ContentFile, File
 from django.core.files.storage import FileSystemStorage, default_storage, storages
@@ -48,11 +49,20 @@ def _put_local(storage: FileSystemStorage, name: str, data: bytes, content_addre
     path = Path(storage.path(name))
     if content_addressed and path.is_file() and path.stat().st_size == len(data):
         return name
+    _replace_whole(storage, path, lambda fh: fh.write(data))
+    return name
+
+
+def _replace_whole(
+    storage: FileSystemStorage, path: Path, write: Callable[[BinaryIO], object]
+) -> None:
+    """`write` into a temporary file beside `path`, flushed to disk, then renamed over it:
+    `path` holds the old file or the whole new one, never a cut-off one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         if storage.file_permissions_mode is not None:
@@ -62,7 +72,6 @@ def _put_local(storage: FileSystemStorage, name: str, data: bytes, content_addre
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return name
 
 
 def put_file(name: str, source: Path, *, move: bool = False) -> str:
@@ -92,19 +101,8 @@ def _put_local_file(storage: FileSystemStorage, name: str, source: Path, move: b
             os.chmod(source, storage.file_permissions_mode)
         os.replace(source, path)  # atomic: the whole file or the old one
         return name
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as out, source.open("rb") as src:
-            shutil.copyfileobj(src, out, COPY_BUFFER)
-            out.flush()
-            os.fsync(out.fileno())
-        if storage.file_permissions_mode is not None:
-            os.chmod(tmp, storage.file_permissions_mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with source.open("rb") as src:
+        _replace_whole(storage, path, lambda out: shutil.copyfileobj(src, out, COPY_BUFFER))
     if move:
         source.unlink(missing_ok=True)
     return name
