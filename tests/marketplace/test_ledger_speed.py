@@ -26,6 +26,7 @@ def judged_by_speed(settings) -> None:
     """The deployment's margin (the test settings turn speed judging off elsewhere)."""
     settings.GPUFLEX = settings.GPUFLEX | {"SPEED_MARGIN": 2.0}
 
+
 PRICE = "3.00"  # per reference (20 TFLOP/s) GPU-hour
 SECONDS = 60.0  # what every node reports for the same work: all of them are equally fast
 
