@@ -28,8 +28,9 @@ from trainer.updates import decode_state, encode_state
 FAST = Backoff(base_s=0.05, cap_s=0.3, attempts=6)
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 90.0, what: str = "") -> None:
-    """Polls a condition; the timeout only guards against hanging, it asserts nothing fast."""
+def wait_for(cond: Callable[[], object], timeout: float = 300.0, what: str = "") -> None:
+    """Polls a condition; the timeout only guards against hanging, it asserts nothing fast
+    (generous: a loaded 2-core CI machine trains, pauses and resumes a task slowly)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if cond():
