@@ -42,6 +42,7 @@ from desktop.local_datasets import DatasetRefused
 log = logging.getLogger("gpuflex.local_api")
 
 MAX_BODY = 64 * 1024
+DRAIN_LIMIT = 1024 * 1024  # a too-large body up to this is read and dropped, then answered
 MAX_LOG_LINES = 500
 # sun_path holds 108 bytes on Linux, 104 on macOS: a longer data path falls back to TCP
 MAX_SOCKET_PATH = 100
@@ -117,6 +118,10 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise _BadRequest(400, "bad Content-Length") from None
         if length > MAX_BODY:
+            if length <= DRAIN_LIMIT:
+                # read what the client is sending before answering: closing on a client
+                # still writing gives it a broken pipe instead of the 413
+                self.rfile.read(length)
             raise _BadRequest(413, f"request body over {MAX_BODY} bytes")
         raw = self.rfile.read(length) if length else b"{}"
         try:
