@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -107,7 +108,8 @@ def hand_off(node: Node, task_id: object, aggregator_id: int, update_hash: str) 
                 .select_related("round__job")
                 .get(pk=task_id, node=node)
             )
-        except (Task.DoesNotExist, ValueError, TypeError):
+        except (Task.DoesNotExist, ValueError, TypeError, ValidationError):
+            # ValidationError: a task id that is no UUID at all (Django checks it so)
             raise NotFound("No such task is leased to this node.") from None
         if task.status != TaskStatus.LEASED or task.round.status != RoundStatus.OPEN:
             raise Conflict(f"The task is {task.status}; it no longer takes updates.")

@@ -29,7 +29,7 @@ def test_claim_returns_the_documented_task(leased) -> None:
     assert set(task) == {
         "id", "job_id", "round", "kind", "spec", "steps", "batch_size", "seed", "codec",
         "proximal_mu", "deadline", "model_hash", "model_source", "shard_hash", "overlap",
-        "footprint",
+        "footprint", "lr",
     }  # fmt: skip
     assert task["kind"] == "train" and task["round"] == 1 and task["codec"] == "none"
     assert task["spec"]["name"] == SMALL_SPEC["name"] and task["steps"] == 8

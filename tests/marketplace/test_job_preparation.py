@@ -38,8 +38,8 @@ def test_the_request_stores_the_job_and_a_worker_opens_round_one(
     assert not built and not Round.objects.exists()  # the request built nothing
     assert job.shards.count() == 3 and job.status == "running"
 
-    (send,) = sent
-    send()  # the commit's message, run eagerly as the worker would
+    for send in sent:  # the commit's messages (the preparation, live-page rings), run eagerly
+        send()
     assert len(built) == 1
     rnd = Round.objects.get(job=job)
     assert rnd.number == 1 and rnd.status == "open" and rnd.tasks.count() == 3
