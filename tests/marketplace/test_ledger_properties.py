@@ -84,7 +84,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(who=st.integers(0, 1), budget=money)
     def submit(self, who: int, budget: Decimal) -> None:
         buyer = self.buyers[who]
-        job = Job.objects.create(buyer=buyer, name="p", spec={}, budget=budget,
+        job = Job.objects.create(buyer=buyer, name="p", spec={"name": "p"}, budget=budget,
                                  max_price_per_gpu_hour=Decimal("5"))  # fmt: skip
         try:
             hold_budget(job)
