@@ -232,7 +232,7 @@ class EventStreamRenderer(BaseRenderer):
 class JobEventsView(BuyerView):
     renderer_classes = [JSONRenderer, EventStreamRenderer]
 
-    @extend_schema(responses={(200, CONTENT_TYPE): OpenApiTypes.STR, **errors(503)})
+    @extend_schema(responses={(200, CONTENT_TYPE): JobDetailSerializer, **errors(503)})
     def get(self, request: Request, pk: str) -> HttpResponse:
         """Server-Sent Events: the job (as `GET jobs/{id}/`) once at once, then each time it
         changes (a lease, an upload, a round closing, a status change), as `event: state`
