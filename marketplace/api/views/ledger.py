@@ -214,7 +214,7 @@ class WithdrawalListView(APIView):
 
     permission_classes = [IsUser]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def get(self, request: Request) -> Response:
         _chain_required()
         from marketplace.ledger.chain import withdrawable
@@ -286,7 +286,7 @@ class NodeContributionsView(APIView):
 
     permission_classes = [IsProvider]
 
-    @extend_schema(responses=OpenApiTypes.OBJECT)
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(404, 409)})
     def get(self, request: Request, pk: int) -> Response:
         _chain_required()
         from marketplace.ledger.chain import contribution_proof
