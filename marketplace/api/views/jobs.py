@@ -11,7 +11,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import FormParser, MultiPartParser
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -218,19 +218,11 @@ class JobProvenanceView(BuyerView):
         return HttpResponse(files.get(provenance_name(job)), content_type="application/json")
 
 
-class EventStreamRenderer(BaseRenderer):
-    """Lets `Accept: text/event-stream` through content negotiation; the stream writes its
-    own frames, and errors before it starts are JSON."""
-
-    media_type = CONTENT_TYPE
-    format = "sse"
-
-    def render(self, data, accepted_media_type=None, renderer_context=None):  # type: ignore[override]
-        return JSONRenderer().render(data)
-
-
 class JobEventsView(BuyerView):
-    renderer_classes = [JSONRenderer, EventStreamRenderer]
+    # the stream writes its own frames; anything DRF renders here (an error before the stream
+    # starts) is JSON, whatever the Accept header or ?format= asks for
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = FormatIsTheModelFormat
 
     @extend_schema(responses={(200, CONTENT_TYPE): JobDetailSerializer, **errors(503)})
     def get(self, request: Request, pk: str) -> HttpResponse:
