@@ -7,8 +7,8 @@ from __future__ import annotations
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import generics, status
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import generics, serializers, status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.renderers import JSONRenderer
@@ -218,13 +218,24 @@ class JobProvenanceView(BuyerView):
         return HttpResponse(files.get(provenance_name(job)), content_type="application/json")
 
 
+# one Server-Sent Events message of the stream: `data` is the job as GET jobs/{id}/, in JSON
+JOB_EVENT = inline_serializer(
+    name="JobEvent",
+    fields={
+        "event": serializers.CharField(help_text="state"),
+        "data": serializers.CharField(help_text="the job, as GET jobs/{id}/ gives it, JSON"),
+        "id": serializers.CharField(help_text="the message's number in this stream"),
+    },
+)
+
+
 class JobEventsView(BuyerView):
     # the stream writes its own frames; anything DRF renders here (an error before the stream
     # starts) is JSON, whatever the Accept header or ?format= asks for
     renderer_classes = [JSONRenderer]
     content_negotiation_class = FormatIsTheModelFormat
 
-    @extend_schema(responses={(200, CONTENT_TYPE): JobDetailSerializer, **errors(503)})
+    @extend_schema(responses={(200, CONTENT_TYPE): JOB_EVENT, **errors(503)})
     def get(self, request: Request, pk: str) -> HttpResponse:
         """Server-Sent Events: the job (as `GET jobs/{id}/`) once at once, then each time it
         changes (a lease, an upload, a round closing, a status change), as `event: state`
