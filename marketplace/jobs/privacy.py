@@ -79,10 +79,11 @@ def privacy_stop_reason(job: Any) -> str:
     p = job.parsed_spec.privacy
     if p.epsilon is None or p.clip_norm is None:
         return ""
-    after_next = epsilon_after(job_plan(job), job.rounds_done + 1, p.delta)
+    plan = job_plan(job)  # one query for the shards' sizes
+    after_next = epsilon_after(plan, job.rounds_done + 1, p.delta)
     if after_next <= p.epsilon:
         return ""
-    spent = epsilon_after(job_plan(job), job.rounds_done, p.delta)
+    spent = epsilon_after(plan, job.rounds_done, p.delta)
     return (
         f"Privacy budget reached: {job.rounds_done} rounds spent ε = {spent:.3g} of "
         f"{p.epsilon:g} (δ = {p.delta:g}); another round would spend {after_next:.3g}."
