@@ -62,6 +62,7 @@ from desktop.netprobe import NetProbe, NetworkFigures
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
 from desktop.probe import probe
 from desktop.sandbox import Limits, Sandbox, SandboxResult, task_argv
+from desktop.secagg_client import ProtocolError, SecAggDropped, SecAggSession, uses_secagg
 from desktop.task_outputs import (
     UnsafeOutput,
     copy_output,
@@ -1319,6 +1320,19 @@ class Agent:
             self.journal.record(rec.id, "claimed")
             self._warn(f"task {rec.id}: update file lost or changed on disk; running it again")
             return
+        session = None
+        if uses_secagg(rec.task):  # the update leaves this node masked, or not at all
+            session = SecAggSession(self.client, rec.task, stop=self._stop, log=self._info)
+            try:
+                data = session.masked_update(data)
+            except (SecAggDropped, ProtocolError) as exc:
+                self._finish_failed(rec, "cancelled", f"secure aggregation: {exc}")
+                return
+            except ApiError as exc:
+                if isinstance(exc, Unavailable):
+                    raise
+                self._finish_failed(rec, "cancelled", f"secure aggregation: {exc}")
+                return
         t0 = time.monotonic()
         try:
             self._trace(rec.id, "upload_started")
@@ -1335,6 +1349,13 @@ class Agent:
             return
         self._timed(data, t0, upload=True)
         self._info(f"task {rec.id} uploaded" + (" (already accepted)" if code == 200 else ""))
+        if session is not None:
+            try:
+                session.unmask()
+            except (SecAggDropped, ProtocolError, ApiError) as exc:
+                if isinstance(exc, Unavailable):
+                    raise
+                self._warn(f"task {rec.id}: secure aggregation's unmasking failed ({exc})")
         residual = self._folder(rec.id) / "residual.next.safetensors"
         if os.path.lexists(residual):  # only once the server has the update it complements
             try:  # copied from the opened file: a task's symlink is never carried onward

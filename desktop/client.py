@@ -236,6 +236,27 @@ class MarketplaceClient:
         """Every local dataset this node holds: name, schema, rows, hash; never a row."""
         self._request("PUT", "agent/datasets", json_body={"local_datasets": datasets})
 
+    # ------------------------------------------- secure aggregation (desktop.secagg_client)
+
+    def secagg_status(self, task_id: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"agent/tasks/{task_id}/secagg").json())
+
+    def secagg_keys(self, task_id: str, c_key: str, s_key: str) -> dict[str, Any]:
+        body = {"c_key": c_key, "s_key": s_key}
+        return dict(self._request("POST", f"agent/tasks/{task_id}/secagg", json_body=body).json())
+
+    def secagg_post_shares(self, task_id: str, shares: dict[str, Any]) -> dict[str, Any]:
+        path = f"agent/tasks/{task_id}/secagg/shares"
+        return dict(self._request("POST", path, json_body={"shares": shares}).json())
+
+    def secagg_shares(self, task_id: str) -> dict[str, str]:
+        r = self._request("GET", f"agent/tasks/{task_id}/secagg/shares")
+        return dict(r.json()["shares"])
+
+    def secagg_unmask(self, task_id: str, shares: dict[str, Any]) -> dict[str, Any]:
+        path = f"agent/tasks/{task_id}/secagg/unmask"
+        return dict(self._request("POST", path, json_body={"shares": shares}).json())
+
     def me(self) -> dict[str, Any]:
         return dict(self._request("GET", "agent/me", attempts=2).json())
 

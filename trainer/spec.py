@@ -333,6 +333,20 @@ class AdaptationSpec(_Strict):
         return self
 
 
+class SecureAggregationSpec(_Strict):
+    """Secure aggregation (trainer/secagg, docs/privacy.md): the server learns the sum of
+    the round's updates and none of them alone. `threshold`: the share of the round's roster
+    whose shares rebuild a node's secrets (above half); up to 1 - threshold of the nodes may
+    drop after sharing their keys. `clipping_range`: each coordinate is clipped to it before
+    being quantized into the field. `setup_s`: how long the round waits for keys and shares
+    before going on without the nodes that sent none."""
+
+    enabled: bool = False
+    threshold: Annotated[float, Field(gt=0.5, le=1.0)] = 0.66
+    clipping_range: Annotated[float, Field(gt=0.0, le=1e6)] = 8.0
+    setup_s: Annotated[float, Field(gt=0.0, le=3600.0)] = 60.0
+
+
 class PrivacySpec(_Strict):
     """Differential privacy (trainer/privacy.py, docs/privacy.md).
 
@@ -349,6 +363,7 @@ class PrivacySpec(_Strict):
     mode: Literal["update", "sample"] = "update"
     epsilon: Annotated[float, Field(gt=0.0, le=1000.0)] | None = None
     delta: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-5
+    secure_aggregation: SecureAggregationSpec = SecureAggregationSpec()
 
     @model_validator(mode="after")
     def _noise_needs_clip(self) -> PrivacySpec:
@@ -438,6 +453,41 @@ class TrackingSpec(_Strict):
 _UUID = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
 
 
+def secagg_conflict(sections: dict[str, Any]) -> str:
+    """Why the other sections of a spec cannot go with secure aggregation ("" if they can).
+    `sections`: the validated sections declared before `privacy`."""
+    if sections.get("kind", "train") != "train":
+        return "it sums training updates; evaluate and inference jobs send no update"
+    agg: AggregationSpec | None = sections.get("aggregation")
+    if agg is not None and agg.strategy in ZONE_INCOMPATIBLE:
+        return (
+            f"{agg.strategy} takes order statistics or distances of single updates, which "
+            "the server never sees: a robust rule cannot run on a masked sum; use fedavg, "
+            "fedprox, fedadam or diloco (privacy.clip_norm bounds what one node can move)"
+        )
+    if agg is not None and agg.weighting != "samples":
+        return "weighting: health scales single updates, which the server never sees"
+    if agg is not None and agg.hierarchy != "flat":
+        return "hierarchy: zones has an aggregator see its zone's updates; use flat"
+    comp: CompressionSpec | None = sections.get("compression")
+    if comp is not None and comp.codec != "none":
+        if comp.codec == "topk":
+            why = ("per-node masks fill every coordinate, so a sparse update masked is dense "
+                   "(no saving) and each node's kept indices would differ")  # fmt: skip
+        else:
+            why = ("the update is quantized into the field anyway (4 bytes a weight, as "
+                   "float32); a codec's own rounding would only add error")  # fmt: skip
+        return f"compression.codec {comp.codec!r}: {why}; use codec: none"
+    adapt: AdaptationSpec | None = sections.get("adaptation")
+    if adapt is not None and adapt.enabled:
+        return ("adaptation.enabled gives far nodes two-round tasks folded into a later round "
+                "one by one, outside that round's masked sum")  # fmt: skip
+    rounds: RoundsSpec | None = sections.get("rounds")
+    if rounds is not None and rounds.late_updates != "drop":
+        return "rounds.late_updates: stale folds single late updates in; use drop"
+    return ""
+
+
 class SourceSpec(_Strict):
     """Where a scoring job's (evaluate, inference) model comes from: a finished training
     job of the same buyer, whose final model and model section it takes."""
@@ -469,6 +519,15 @@ class JobSpec(_Strict):
     privacy: PrivacySpec = PrivacySpec()
     requirements: RequirementsSpec = RequirementsSpec()
     tracking: TrackingSpec = TrackingSpec()
+
+    @field_validator("privacy")
+    @classmethod
+    def _secagg_combinations(cls, value: PrivacySpec, info: ValidationInfo) -> PrivacySpec:
+        """Secure aggregation hides each update: what needs one update on its own cannot
+        work with it (docs/privacy.md, "What combines with secure aggregation")."""
+        if value.secure_aggregation.enabled and (problem := secagg_conflict(info.data)):
+            raise ValueError(f"secure_aggregation: {problem}")
+        return value
 
     @model_validator(mode="after")
     def _scoring_model(self) -> JobSpec:

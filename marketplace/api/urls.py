@@ -3,7 +3,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from marketplace.api.views import agent, jobs, keys, ledger, market, nodes, uploads
+from marketplace.api.views import agent, jobs, keys, ledger, market, nodes, secagg, uploads
 
 urlpatterns = [
     # agent (docs/agent-api.md)
@@ -14,6 +14,18 @@ urlpatterns = [
     path("agent/tasks/<str:task_id>/shard", agent.TaskShardView.as_view(), name="agent-shard"),
     path("agent/tasks/<str:task_id>/update", agent.TaskUpdateView.as_view(), name="agent-update"),
     path("agent/tasks/<str:task_id>/fail", agent.TaskFailView.as_view(), name="agent-fail"),
+    # secure aggregation (marketplace.rounds.secagg)
+    path("agent/tasks/<str:task_id>/secagg", secagg.SecAggView.as_view(), name="agent-secagg"),
+    path(
+        "agent/tasks/<str:task_id>/secagg/shares",
+        secagg.SecAggSharesView.as_view(),
+        name="agent-secagg-shares",
+    ),
+    path(
+        "agent/tasks/<str:task_id>/secagg/unmask",
+        secagg.SecAggUnmaskView.as_view(),
+        name="agent-secagg-unmask",
+    ),
     path(
         "agent/tasks/<str:task_id>/handoff", agent.TaskHandOffView.as_view(), name="agent-handoff"
     ),

@@ -42,6 +42,7 @@ from marketplace.rounds.lifecycle import open_round, unit_states
 from marketplace.rounds.models import Round, RoundStatus, TaskResult
 from marketplace.rounds.scheduling import online_candidates
 from marketplace.rounds.scoring import finish_scoring
+from marketplace.rounds.secagg import secagg_contribution, secagg_label, secure
 from marketplace.rounds.weighting import weigh
 from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
@@ -226,7 +227,12 @@ def _compute(job: Job, rnd: Round) -> Outcome:
         history = list(previous.history)
     # one update per flat result, one per zone partial (its members' weighted mean)
     groups = contribution_groups(results + late)
-    updates, weighting = weigh(job, rnd, [_contribution(job, rnd, g) for g in groups])
+    if secure(job):  # one update: the survivors' masked inputs, summed and unmasked
+        groups = [results]
+        contributions = [(secagg_contribution(job, rnd, results), secagg_label(job, results))]
+    else:
+        contributions = [_contribution(job, rnd, g) for g in groups]
+    updates, weighting = weigh(job, rnd, contributions)
     closed = close_round(
         number=rnd.number, global_state=global_state, updates=updates, strategy=strategy,
         model=new_model(job), dataset=job_dataset(job), chain=chain, store=artifact_store(),

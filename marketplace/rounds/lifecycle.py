@@ -22,6 +22,7 @@ from marketplace.rounds.planning import may_work_on
 from marketplace.rounds.queue import enqueue_aggregation
 from marketplace.rounds.resharding import round_shards
 from marketplace.rounds.scheduling import job_needs, node_view, nodes_that_may_work_on
+from marketplace.rounds.secagg import hold_for_unmask
 from marketplace.rounds.signals import bump_work_generation
 from marketplace.rounds.sizing import is_far, plan_cohort
 from trainer.aggregation import min_updates
@@ -218,7 +219,11 @@ def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
 def start_aggregation(rnd: Round) -> None:
     """OPEN -> AGGREGATING (caller holds the round's row lock); the aggregation is enqueued
     once this transaction commits. Work not started is cancelled, and work in flight too but
-    for what `kept_in_flight` keeps: a later round folds its update in (FedBuff)."""
+    for what `kept_in_flight` keeps: a later round folds its update in (FedBuff). A secure-
+    aggregation round first asks its survivors for the shares that unmask the sum, and starts
+    aggregating once they are in (marketplace.rounds.secagg_replies)."""
+    if hold_for_unmask(rnd):
+        return
     now = timezone.now()
     rnd.status = RoundStatus.AGGREGATING
     rnd.closed_at = now

@@ -229,3 +229,11 @@ class ShardCopy(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["node", "shard"], name="shard_copy_unique")]
+
+
+# secure aggregation's models live beside these (their module names the one feature)
+from marketplace.rounds.secagg_models import (  # noqa: E402, F401
+    SecAggMember,
+    SecAggRound,
+    SecAggShare,
+)

@@ -251,7 +251,8 @@ def _lease(task: Task, node: Node) -> bool:
     # a private job's updates carry noise no other node can repeat: they are checked by the
     # noise check and the aggregation's screens instead (docs/privacy.md, "Verification")
     replicable = (task.shard_id is not None and not is_far(task.round.plan, node.pk)
-                  and not spec.privacy.private)  # fmt: skip
+                  and not spec.privacy.private
+                  and not spec.privacy.secure_aggregation.enabled)  # fmt: skip
     replicate = task.replica == 0 and replicable and _needs_replica(node, task)
     if replicate and codec == "topk":
         # top-k's error feedback makes an upload depend on the node's earlier tasks, so two

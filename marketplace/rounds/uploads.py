@@ -23,6 +23,7 @@ from marketplace.rounds.delivery import record_model
 from marketplace.rounds.lifecycle import maybe_close, two_round
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.rounds.scoring import check_result
+from marketplace.rounds.secagg import check_masked, secure
 from marketplace.rounds.signals import bump_work_generation
 from marketplace.rounds.verification import verify_unit
 from trainer.compression import decode_any
@@ -135,6 +136,15 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     name = f"{files.job_dir(task.round.job_id)}/updates/{digest}.safetensors"
     if spec.scoring:  # an evaluation's sums or an inference's predictions, kept as sent
         precision, device = check_result(task, body)
+        files.put(name, body, content_addressed=True)
+    elif secure(task.round.job):  # a masked input (field elements), kept as sent
+        meta = check_masked(task, body)
+        try:
+            precision, device = claimed_precision(meta), claimed_device(meta)
+        except UpdateRejected as exc:
+            raise UpdateRejectedError(
+                f"The update was rejected: {exc}.", reason=exc.reason
+            ) from None
         files.put(name, body, content_addressed=True)
     else:
         precision, device = _store_update(node, task, body, name)
