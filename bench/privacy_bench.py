@@ -6,7 +6,9 @@ update-level DP at ε = 8 and ε = 2 (δ = 1e-5), the noise computed by Opacus's
 those rounds (trainer/privacy.py). Each node noises its own update (the server sees each
 one), so the average's noise falls as one over the square root of the node count: the
 figures say what that honest placement costs. A row for sample-level DP-SGD (Opacus) at
-ε = 8 shows the other mode. Secure aggregation is not built yet (issue #15 item 3): no row.
+ε = 8 shows the other mode. The secure-aggregation row runs every round's updates through the
+protocol (trainer/secagg, in process): the server aggregates the unmasked mean only. Its
+cost per round, against a plain round, is bench/secagg_bench.py's table.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("update DP, ε = 8", {"clip_norm": CLIP, "epsilon": 8.0, "delta": 1e-5}),
     ("update DP, ε = 2", {"clip_norm": CLIP, "epsilon": 2.0, "delta": 1e-5}),
     ("sample DP-SGD, ε = 8", {"clip_norm": CLIP, "epsilon": 8.0, "delta": 1e-5, "mode": "sample"}),
+    ("secure aggregation", {"secure_aggregation": {"enabled": True}}),
 ]
 
 
@@ -54,7 +57,10 @@ def run() -> dict[str, Any]:
             "epsilon_spent": (round(result.epsilon_spent, 3)
                               if result.epsilon_spent is not None else None),
         })  # fmt: skip
-    return {"rounds": ROUNDS, "nodes": NODES, "clip_norm": CLIP, "rows": rows}
+    from bench.secagg_bench import run_scaling
+
+    return {"rounds": ROUNDS, "nodes": NODES, "clip_norm": CLIP, "rows": rows,
+            "secagg": run_scaling()}  # fmt: skip
 
 
 def render(data: dict[str, Any]) -> list[str]:
@@ -72,6 +78,10 @@ def render(data: dict[str, Any]) -> list[str]:
             f"| {r['case']} | {r['noise_multiplier']:.3g} | {r['rounds']} | "
             f"{r['accuracy']:.3f} | {eps} |"
         )
+    if "secagg" in data:
+        from bench.secagg_bench import render_scaling
+
+        lines += render_scaling(data["secagg"])
     return lines
 
 

@@ -26,6 +26,7 @@ from trainer.privacy import epsilon_after, round_plan, rounds_within
 from trainer.provenance import ProvenanceChain
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round
 from trainer.schedule import plateau_reason, round_lr
+from trainer.secagg.simulate import secure_mean
 from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
@@ -204,6 +205,9 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         sent = deliver_flat(uploads, setup.profiles, options.coordinator_in_mbps)
     updates = sent.updates
     finish += sent.arrivals
+    secagg = spec.privacy.secure_aggregation
+    if secagg.enabled and updates:  # the server sees the masked sum's mean, nothing else
+        updates = [secure_mean(updates, secagg.clipping_range, secagg.threshold)]
 
     # the last update is in: the server verifies, aggregates and opens the next round
     round_s = max(finish) + setup.costs.round_s
