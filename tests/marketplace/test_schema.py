@@ -15,6 +15,9 @@ def test_openapi_schema_lists_the_agent_contract(db) -> None:
         "/api/v1/agent/tasks/{task_id}/shard",
         "/api/v1/agent/tasks/{task_id}/update",
         "/api/v1/agent/tasks/{task_id}/fail",
+        "/api/v1/agent/tasks/{task_id}/secagg",
+        "/api/v1/agent/tasks/{task_id}/secagg/shares",
+        "/api/v1/agent/tasks/{task_id}/secagg/unmask",
         "/api/v1/agent/me",
         "/api/v1/jobs/",
     ]:

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trainer.aggregation import ClientUpdate
 from trainer.secagg import field as gf
 from trainer.secagg.protocol import Participant, Roster, threshold_for, unmask_sum
 from trainer.secagg.shamir import to_bytes
-from trainer.secagg.vectors import encode_masked
+from trainer.secagg.vectors import encode_masked, flatten, layout, unflatten
 
 
 @dataclass
@@ -86,12 +87,9 @@ def run_round(
     )  # fmt: skip
 
 
-def secure_mean(updates: list, clip: float, fraction: float = 0.66) -> object:
+def secure_mean(updates: list[ClientUpdate], clip: float, fraction: float = 0.66) -> ClientUpdate:
     """The simulator's round under secure aggregation: the updates' unweighted mean as the
     server unmasks it, as one ClientUpdate (the strategy sees nothing else)."""
-    from trainer.aggregation import ClientUpdate
-    from trainer.secagg.vectors import flatten, layout, unflatten
-
     shapes = layout(dict(updates[0].delta))
     sim = run_round([flatten(dict(u.delta)) for u in updates], clip, fraction=fraction)
     mean = sim.total / len(sim.survivors)

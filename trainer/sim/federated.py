@@ -19,7 +19,7 @@ from trainer.aggregation import build_strategy
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.evaluate import Evaluation
-from trainer.hashing import state_hash
+from trainer.hashing import bytes_hash, state_hash
 from trainer.local import derive_seed, planned_steps, train_local
 from trainer.lora import update_part
 from trainer.privacy import epsilon_after, round_plan, rounds_within
@@ -207,7 +207,9 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
     finish += sent.arrivals
     secagg = spec.privacy.secure_aggregation
     if secagg.enabled and updates:  # the server sees the masked sum's mean, nothing else
-        updates = [secure_mean(updates, secagg.clipping_range, secagg.threshold)]
+        label = bytes_hash("\n".join(sorted(lbl for _, lbl in updates)).encode())
+        mean = secure_mean([u for u, _ in updates], secagg.clipping_range, secagg.threshold)
+        updates = [(mean, label)]
 
     # the last update is in: the server verifies, aggregates and opens the next round
     round_s = max(finish) + setup.costs.round_s

@@ -22,7 +22,7 @@ from marketplace.rounds.secagg_replies import accept_unmask
 class SecAggView(AgentView):
     """GET: the round as this task's node may see it. POST: the node's public keys."""
 
-    @extend_schema(responses={200: SecAggRoundSerializer, **errors(404)})
+    @extend_schema(responses={200: SecAggRoundSerializer, **errors(400)})
     def get(self, request: Request, task_id: str) -> Response:
         return Response(secagg.status(self.node(request), task_id))
 
@@ -37,7 +37,7 @@ class SecAggSharesView(AgentView):
     """GET: the shares sealed for this node (once the sharing set is fixed). POST: this
     node's shares, sealed for each other member."""
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(409)})
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(400, 409)})
     def get(self, request: Request, task_id: str) -> Response:
         return Response({"shares": secagg.incoming(self.node(request), task_id)})
 
