@@ -39,6 +39,7 @@ from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
 from marketplace.rounds.queue import enqueue_aggregation
 from marketplace.rounds.retention import prune_ended_jobs
 from marketplace.rounds.scheduling import online_candidates
+from marketplace.rounds.secagg import stall_reason
 from marketplace.rounds.sizing import plan_key
 from marketplace.rounds.uploads import release_task
 from marketplace.rounds.zones import release_orphans
@@ -90,6 +91,9 @@ def close_overdue_rounds() -> int:
                     rnd.deadline = round_deadline(rnd.job)
                     rnd.save(update_fields=["deadline"])
                 continue
+            if stall := stall_reason(rnd):  # a secure round that can never be unmasked
+                give_up_secure_round(rnd, stall)
+                continue
             usable = sum(s.result is not None for s in unit_states(rnd, at_deadline=True))
             if usable >= min_updates(rnd.job.parsed_spec.aggregation):
                 start_aggregation(rnd)
@@ -98,6 +102,21 @@ def close_overdue_rounds() -> int:
                 rnd.deadline, rnd.plan = round_deadline(rnd.job), _far_work_out(rnd)
                 rnd.save(update_fields=["deadline", "plan"])
     return closed
+
+
+def give_up_secure_round(rnd: Round, reason: str) -> None:
+    """End a job whose secure round cannot be unmasked (the caller holds the round's lock):
+    the round is cancelled, the job fails saying why, its unspent escrow goes back."""
+    from marketplace.jobs.services import cancel_outstanding, fail_job
+
+    job = Job.objects.select_for_update().get(pk=rnd.job_id)
+    rnd.status = RoundStatus.CANCELLED
+    rnd.closed_at = timezone.now()
+    rnd.metrics = {"round": rnd.number, "error": reason}
+    rnd.save(update_fields=["status", "closed_at", "metrics"])
+    fail_job(job, reason)
+    cancel_outstanding(job)
+    job_changed(job.pk)
 
 
 def _far_work_out(rnd: Round) -> dict[str, Any]:

@@ -267,9 +267,35 @@ def hold_for_unmask(rnd: Round) -> bool:
         sa.survivors = survivors
         sa.dropped = sorted(set(sa.shared) - set(survivors))
         sa.phase = SecAggPhase.UNMASK
-        sa.save(update_fields=["survivors", "dropped", "phase"])
+        setup = rnd.job.parsed_spec.privacy.secure_aggregation.setup_s
+        sa.phase_deadline = timezone.now() + timedelta(seconds=setup)
+        sa.save(update_fields=["survivors", "dropped", "phase", "phase_deadline"])
         job_changed(rnd.job_id)
     return True
+
+
+def stall_reason(rnd: Round) -> str:
+    """Why a secure round past its deadline can never be unmasked ("" while it still can):
+    fewer nodes uploaded (or may still) than the threshold, or the survivors' shares did not
+    come within `setup_s` of the request. Unmasking fewer would expose them, so the job ends."""
+    sa = SecAggRound.objects.filter(round=rnd).first()
+    if sa is None or sa.phase not in (SecAggPhase.MASK, SecAggPhase.UNMASK):
+        return ""
+    if sa.phase == SecAggPhase.MASK:
+        tasks = sa.members.filter(index__in=sa.shared).values_list("task_id", flat=True)
+        alive = Task.objects.filter(
+            pk__in=list(tasks), status__in=[TaskStatus.LEASED, TaskStatus.DONE]
+        ).count()
+        if alive >= sa.threshold:
+            return ""
+        return (f"Secure aggregation: only {alive} of the round's {len(sa.shared)} nodes "
+                f"uploaded or may still upload their masked updates; {sa.threshold} are needed "
+                "to unmask a sum without exposing anyone's update.")  # fmt: skip
+    answered = sa.members.filter(answered=True).count()
+    if timezone.now() < sa.phase_deadline or answered >= sa.threshold:
+        return ""
+    return (f"Secure aggregation: {answered} of the round's survivors sent their unmasking "
+            f"shares in time; {sa.threshold} are needed to recover the sum.")  # fmt: skip
 
 
 def secagg_contribution(job: Job, rnd: Round, results: list[TaskResult]) -> ClientUpdate:

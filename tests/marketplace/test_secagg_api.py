@@ -117,3 +117,52 @@ def test_the_spec_refuses_what_a_masked_sum_cannot_do(buyer, extra, named) -> No
     assert response.status_code == 400
     problems = response.json()["problems"]
     assert any(p["field"] == "privacy" and named in p["reason"] for p in problems), problems
+
+
+def test_a_round_whose_survivors_stop_answering_ends_the_job(make_agent, buyer) -> None:
+    """Three survivors and a threshold of three: when one never sends its unmasking shares,
+    the sum cannot be recovered without exposing someone, and the job fails saying so once
+    setup_s has passed, instead of waiting for ever."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from marketplace.rounds.maintenance import close_overdue_rounds
+
+    silos = [make_agent(local_datasets=CLINIC) for _ in range(4)]
+    job = submit_federated(buyer, spec=SPEC)
+    tasks = [a.claim() for a in silos]
+    nodes = [Participant() for _ in silos]
+    for a, t, p in zip(silos, tasks, nodes, strict=True):
+        body = {"c_key": p.c.public.hex(), "s_key": p.s.public.hex()}
+        a.client.post(_url(t), body, format="json")
+    view = silos[0].client.get(_url(tasks[0])).json()
+    roster = Roster(
+        bytes.fromhex(view["context"]), view["threshold"],
+        {m["index"]: bytes.fromhex(m["c_key"]) for m in view["members"]},
+        {m["index"]: bytes.fromhex(m["s_key"]) for m in view["members"]},
+    )  # fmt: skip
+    for a, t, p in zip(silos, tasks, nodes, strict=True):
+        sealed = p.shares(roster, a.client.get(_url(t)).json()["index"])
+        a.client.post(_url(t, "/shares"), {"shares": {str(k): v.hex() for k, v in
+                      sealed.items()}}, format="json")  # fmt: skip
+    for a, t, p in zip(silos, tasks, nodes, strict=True):
+        got = a.client.get(_url(t, "/shares")).json()["shares"]
+        p.receive({int(k): bytes.fromhex(v) for k, v in got.items()})
+    size = sum(v.numel() for v in decode_state(silos[0].model(tasks[0]["id"]).content)[0].values())
+    for a, t, p in list(zip(silos, tasks, nodes, strict=True))[:3]:
+        masked = p.mask(gf.quantize(np.zeros(size), 4, 8.0))
+        a.upload(t["id"], encode_masked(masked, {}), {"loss": 1.0, "samples": 100})
+    for a, t, p in list(zip(silos, tasks, nodes, strict=True))[:2]:  # the third stays silent
+        replies = p.unmask([1, 2, 3], [4])
+        body = {"shares": {str(u): [k, to_bytes(y).hex()] for u, (k, y) in replies.items()}}
+        assert a.client.post(_url(t, "/unmask"), body, format="json").status_code == 200
+    assert close_overdue_rounds() == 0  # not overdue: nothing happens
+    past = timezone.now() - timedelta(seconds=1)
+    Round.objects.filter(job_id=job["id"]).update(deadline=past)
+    close_overdue_rounds()
+    assert Job.objects.get(pk=job["id"]).status == "running"  # setup_s has not passed yet
+    SecAggRound.objects.filter(round__job_id=job["id"]).update(phase_deadline=past)
+    close_overdue_rounds()
+    failed = Job.objects.get(pk=job["id"])
+    assert failed.status == "failed" and "2 of the round's survivors" in failed.error
