@@ -276,11 +276,18 @@ def hold_for_unmask(rnd: Round) -> bool:
 
 def stall_reason(rnd: Round) -> str:
     """Why a secure round past its deadline can never be unmasked ("" while it still can):
-    fewer nodes uploaded (or may still) than the threshold, or the survivors' shares did not
-    come within `setup_s` of the request. Unmasking fewer would expose them, so the job ends."""
+    fewer than MIN_NODES sent keys, fewer nodes uploaded (or may still) than the threshold,
+    or the survivors' shares did not come within `setup_s` of the request. Unmasking fewer
+    would expose them, so the job ends."""
     sa = SecAggRound.objects.filter(round=rnd).first()
-    if sa is None or sa.phase not in (SecAggPhase.MASK, SecAggPhase.UNMASK):
+    if sa is None or sa.phase in (SecAggPhase.SHARE, SecAggPhase.READY):
         return ""
+    if sa.phase == SecAggPhase.ADVERTISE:
+        members = sa.members.count()
+        if timezone.now() < sa.phase_deadline or members >= MIN_NODES:
+            return ""
+        return (f"Secure aggregation needs at least {MIN_NODES} nodes in a round; {members} "
+                "sent their keys by the round's deadline.")  # fmt: skip
     if sa.phase == SecAggPhase.MASK:
         tasks = sa.members.filter(index__in=sa.shared).values_list("task_id", flat=True)
         alive = Task.objects.filter(

@@ -166,3 +166,25 @@ def test_a_round_whose_survivors_stop_answering_ends_the_job(make_agent, buyer) 
     close_overdue_rounds()
     failed = Job.objects.get(pk=job["id"])
     assert failed.status == "failed" and "2 of the round's survivors" in failed.error
+
+
+def test_a_round_with_too_few_nodes_for_secure_aggregation_ends_the_job(make_agent, buyer) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from marketplace.rounds.maintenance import close_overdue_rounds
+
+    silos = [make_agent(local_datasets=CLINIC) for _ in range(2)]
+    job = submit_federated(buyer, spec=SPEC)
+    for a in silos:
+        t, p = a.claim(), Participant()
+        body = {"c_key": p.c.public.hex(), "s_key": p.s.public.hex()}
+        view = a.client.post(_url(t), body, format="json").json()
+        assert view["phase"] == "advertise"  # two nodes are not enough: no roster
+    past = timezone.now() - timedelta(seconds=1)
+    Round.objects.filter(job_id=job["id"]).update(deadline=past)
+    SecAggRound.objects.filter(round__job_id=job["id"]).update(phase_deadline=past)
+    close_overdue_rounds()
+    failed = Job.objects.get(pk=job["id"])
+    assert failed.status == "failed" and "at least 3 nodes" in failed.error
