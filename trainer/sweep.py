@@ -73,8 +73,10 @@ def _sampler(sweep: SweepSpec, seed: int) -> optuna.samplers.BaseSampler:
 def _pruner(sweep: SweepSpec) -> optuna.pruners.BasePruner:
     if sweep.pruner == "none":
         return optuna.pruners.NopPruner()
+    # Optuna's steps are our round numbers, from 1; it compares from step n_warmup_steps on,
+    # and no trial is to be pruned within its first warmup_rounds rounds
     return optuna.pruners.MedianPruner(
-        n_startup_trials=sweep.startup_trials, n_warmup_steps=sweep.warmup_rounds
+        n_startup_trials=sweep.startup_trials, n_warmup_steps=sweep.warmup_rounds + 1
     )
 
 
