@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer import sweep as study
-from trainer.sim.federated import RunOptions, run_federated
+from trainer.sim.federated import RunOptions, equal_work, run_federated
 from trainer.sim.report import RoundLog
 from trainer.sim.setup import prepare
 from trainer.spec import JobSpec, load_spec
@@ -34,6 +34,13 @@ def _rounds_to_target(spec: JobSpec) -> int | None:
     setup = prepare(spec, NODES, "lan", seed=spec.seed)
     result, _ = run_federated(setup, RunOptions())
     return result.rounds_to_target
+
+
+def _samples_per_round(spec: JobSpec) -> int:
+    """Samples trained per round over all nodes (steps x batch): what a round costs, so
+    that fewer rounds bought with more local work shows as such."""
+    setup = prepare(spec, NODES, "lan", seed=spec.seed)
+    return sum(w.steps * w.batch_size for w in equal_work(setup))
 
 
 def _run_trial(sweep_spec: JobSpec, record: study.TrialRecord, records: list) -> int:
@@ -83,8 +90,8 @@ def run() -> dict[str, Any]:
             records.append(batch[-1])
         for record in batch:
             rounds = _run_trial(sweep_spec, record, records)
-            rows.append({"number": record.number, "params": record.params,
-                         "state": record.state, "rounds": rounds, "value": record.value})  # fmt: skip
+            rows.append({"number": record.number, "params": record.params, "state": record.state,
+                         "rounds": rounds, "value": record.value})  # fmt: skip
             print(f"  trial {record.number}: {record.state} after {rounds} rounds "
                   f"(value {record.value}) {record.params}")  # fmt: skip
     best = study.best(sweep, records)
@@ -92,7 +99,12 @@ def run() -> dict[str, Any]:
     best_rounds = int(best.value) if best.value is not None else None
     reached = best_rounds is not None and best_rounds <= sweep_spec.rounds.max_rounds
     best_spec = study.trial_spec(sweep_spec, best.params, best.number)
+    base_samples, best_samples = _samples_per_round(baseline_spec), _samples_per_round(best_spec)
     return {
+        "baseline_samples_per_round": base_samples,
+        "best_samples_per_round": best_samples,
+        "baseline_samples_to_0_95": base_samples * baseline if baseline else None,
+        "best_samples_to_0_95": best_samples * best_rounds if reached and best_rounds else None,
         "nodes": NODES,
         "trials": sweep.trials,
         "baseline_rounds_to_0_95": baseline,
@@ -126,6 +138,10 @@ def render(data: dict[str, Any]) -> list[str]:
         f"- digits-mlp.yaml: **{data['baseline_rounds_to_0_95']}** rounds to 0.95",
         f"- best trial (#{data['best_trial']}): **{data['best_rounds_to_0_95']}** rounds to 0.95 "
         f"({_f(ratio)} of the baseline's), with {_params(data['best_params'])}",
+        f"- samples trained to 0.95 (rounds x local steps x batch, all nodes): "
+        f"{data['baseline_samples_to_0_95']:,} for digits-mlp.yaml "
+        f"({data['baseline_samples_per_round']:,} a round), {data['best_samples_to_0_95']:,} for "
+        f"the best trial ({data['best_samples_per_round']:,} a round)",
         f"- {data['pruned']} of {data['trials']} trials pruned; {data['rounds_run']} rounds run "
         f"in all; {data['wall_s']} s wall",
         "",
