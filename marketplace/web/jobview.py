@@ -187,7 +187,7 @@ def provenance(job: Job) -> dict[str, Any]:
     Replaying every round from artifacts (`gpuflex` verify) is heavier; the page checks the
     chain itself, which detects any altered, missing or reordered record.
     """
-    if not job.rounds_done:
+    if not job.rounds_done or job.kind == "sweep":  # a sweep's rounds are its trials' own
         return {"records": [], "ok": None, "problems": [], "head": ""}
     try:
         chain = ProvenanceChain.from_json(files.get(provenance_name(job)).decode())

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from marketplace.cli import trial_lines
 from marketplace.jobs.models import Job
 from marketplace.ledger import accounts
 from marketplace.ledger.posting import balance
@@ -71,9 +72,16 @@ def test_a_sweep_runs_its_trials_as_child_jobs_and_ends_with_the_best(
     best_job = trials[best].job
     assert sweep.model_hash == best_job.model_hash and detail["model_hash"] == best_job.model_hash
     assert f"best: trial #{best}" in detail["stop_reason"]
+    # its model downloads, and exports with the best trial's width, not the base spec's
+    assert buyer.get(f"/api/v1/jobs/{sweep.pk}/model").status_code == 200
+    onnx = buyer.get(f"/api/v1/jobs/{sweep.pk}/model?format=onnx")
+    assert onnx.status_code == 200, onnx.content
     assert [t["number"] for t in detail["trials"]] == [0, 1, 2]
     assert detail["trials"][best]["params"] == trials[best].params
     assert all(Decimal(t["cost"]) > 0 for t in detail["trials"])
+    lines = trial_lines(detail)  # `gpuflex jobs` lists them under the sweep, the best starred
+    assert len(lines) == 3 and lines[best].startswith(f"  *trial {best} ")
+    assert all("lr=" in line and "width=" in line for line in lines)
     # every credit not paid for work is back with the buyer; the sweep's escrow is empty
     assert balance(accounts.job_escrow(sweep)) == 0
     assert all(balance(accounts.job_escrow(t.job)) == 0 for t in trials)
@@ -152,6 +160,7 @@ def test_the_job_page_shows_the_trials_table_and_the_best_trial(
     web.force_login(user)
     page = web.get(f"/jobs/{job['id']}/").content.decode()
     assert 'data-testid="trials"' in page and 'data-testid="best-trial"' in page
+    assert "unreadable" not in page  # a sweep has no provenance of its own (its trials do)
     best = Job.objects.get(pk=job["id"]).trials.order_by("value", "number").first()
     assert f"trial #{best.number}</strong>" in page
     for t in SweepTrial.objects.filter(sweep_id=job["id"]):
