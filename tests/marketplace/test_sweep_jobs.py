@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.test import Client
+from django.urls import reverse
 
 from marketplace.cli import trial_lines
 from marketplace.jobs.models import Job
@@ -165,5 +166,8 @@ def test_the_job_page_shows_the_trials_table_and_the_best_trial(
     assert f"trial #{best.number}</strong>" in page
     for t in SweepTrial.objects.filter(sweep_id=job["id"]):
         assert f'href="/jobs/{t.job_id}/"' in page
+    live = web.get(reverse("web:job-live", args=[job["id"]])).json()["trials"]
+    assert live["best"] == best.number and len(live["rows"]) == 3
+    assert all(row["url"] == f"/jobs/{row['job']}/" for row in live["rows"])
     child = web.get(f"/jobs/{best.job_id}/").content.decode()
     assert 'data-testid="sweep-parent"' in child and f"Trial #{best.number}" in child
