@@ -42,6 +42,8 @@ def resume_job(job: Job) -> Job:
     Round.objects.filter(job=job, status=RoundStatus.OPEN).update(deadline=round_deadline(job))
     transaction.on_commit(bump_work_generation)
     job_changed(job.pk)
+    if job.kind == "sweep":  # a paused sweep started no trials: it may start them now
+        enqueue_sweep(job.pk)
     return job
 
 

@@ -137,6 +137,19 @@ def test_sweep_specs_the_marketplace_cannot_run_are_refused(submit, buyer) -> No
     assert not Job.objects.exists()
 
 
+def test_a_paused_sweep_starts_no_trial_until_resumed(make_agent, submit, buyer) -> None:
+    agents = [make_agent(kind="platform") for _ in range(3)]
+    job = submit(spec=sweep_spec(trials=2, parallel=1), tier="platform", budget="30")
+    sweep = Job.objects.get(pk=job["id"])
+    assert buyer.post(f"/api/v1/jobs/{sweep.pk}/pause").status_code == 200
+    run_until_idle(agents)  # trial 0 trains on; trial 1 waits for the resume
+    assert [t.state for t in sweep.trials.all()] == ["completed"]
+    assert buyer.post(f"/api/v1/jobs/{sweep.pk}/resume").status_code == 200
+    assert sweep.trials.count() == 2
+    run_until_idle(agents)
+    assert Job.objects.get(pk=sweep.pk).status == "completed"
+
+
 def test_cancelling_a_sweep_cancels_its_trials_and_returns_the_budget(submit, buyer) -> None:
     job = submit(spec=sweep_spec(), tier="platform", budget="30")
     sweep = Job.objects.get(pk=job["id"])
