@@ -158,3 +158,13 @@ def test_values_and_the_best_trial() -> None:
     acc = _spec(objective="accuracy", space={"lr": [0.1]}).sweep
     assert acc.direction == "maximize"
     assert study.best(acc, records).number == 0  # type: ignore[union-attr]
+
+
+def test_the_simulator_refuses_a_sweep_saying_where_it_runs(capsys) -> None:
+    from pathlib import Path
+
+    from trainer.sim.cli import main
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "digits-sweep.yaml"
+    assert main(["run", str(example)]) == 2
+    assert "kind: sweep" in capsys.readouterr().err
