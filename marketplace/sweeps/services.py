@@ -25,12 +25,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace.events.services import job_changed
-from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
+from marketplace.jobs.errors import MarketplaceError
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.services import stop_job
 from marketplace.jobs.submission import submit_job
 from marketplace.ledger import accounts
-from marketplace.ledger.errors import LedgerError
 from marketplace.ledger.posting import balance
 from marketplace.ledger.services import release_escrow
 from marketplace.rounds.models import Round, RoundStatus
@@ -136,7 +135,7 @@ def _start_trials(sweep: Job) -> None:
                 budget=budget, max_price_per_gpu_hour=sweep.max_price_per_gpu_hour,
                 parent=sweep,
             )  # fmt: skip
-        except (SpecError, InvalidSpec, InvalidDataset, TooLarge, LedgerError) as exc:
+        except (SpecError, MarketplaceError) as exc:
             # this trial's parameters cannot run (a model too large for the budget's cap,
             # say): it counts against the budget as failed, and the sweep goes on
             log.warning("sweep %s trial %s not submitted: %s", sweep.pk, started, exc)

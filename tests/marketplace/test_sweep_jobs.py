@@ -106,7 +106,26 @@ def test_the_median_pruner_stops_a_trial_that_falls_behind(make_agent, submit) -
     assert "median pruner" in slow.job.error
 
 
-def _seed_asking(data: dict[str, Any], wanted: list[float]) -> int:
+def test_a_trial_that_cannot_be_submitted_fails_and_the_sweep_goes_on(
+    make_agent, submit, buyer
+) -> None:
+    """Every corner of the space is a valid spec, but a model of two 65,536-wide layers is
+    past any tier's cap: that trial fails with the submission's reason, the other runs."""
+    agents = [make_agent(kind="platform") for _ in range(3)]
+    spec = sweep_spec(trials=2, parallel=1, space={"hidden": [[32], [65536, 65536]]},
+                      sampler="random")  # fmt: skip
+    spec["seed"] = _seed_asking(spec, ["[65536, 65536]", "[32]"], "hidden")
+    job = submit(spec=spec, tier="platform", budget="30")
+    run_until_idle(agents)
+    failed, ran = SweepTrial.objects.filter(sweep_id=job["id"]).order_by("number")
+    assert failed.state == "failed" and failed.job is None and "model" in failed.error
+    assert ran.state == "completed"
+    detail = buyer.get(f"/api/v1/jobs/{job['id']}/").json()
+    assert detail["status"] == "completed" and detail["best_trial"] == 1
+    assert detail["trials"][0]["error"] == failed.error
+
+
+def _seed_asking(data: dict[str, Any], wanted: list[Any], name: str = "lr") -> int:
     """A sweep seed whose sampler asks for `wanted` in this order (the asks are seeded)."""
     from trainer.spec import parse_spec
     from trainer.sweep import COMPLETED, TrialRecord, ask
@@ -116,7 +135,7 @@ def _seed_asking(data: dict[str, Any], wanted: list[float]) -> int:
         records: list[TrialRecord] = []
         for n in range(len(wanted)):
             records.append(TrialRecord(n, ask(sweep, records, seed), COMPLETED, {}, 1.0))
-        if [r.params["lr"] for r in records] == wanted:
+        if [r.params[name] for r in records] == wanted:
             return seed
     raise AssertionError("no seed asks in this order")
 
