@@ -22,6 +22,7 @@ from bench import (
     privacy_bench,
     scaling_bench,
     slow_clients_bench,
+    sweep_bench,
     trainer_bench,
     upload_bench,
     zones_bench,
@@ -174,6 +175,8 @@ def render(results: dict[str, Any]) -> str:
         parts += pause_bench.render(results["pause"])
     if "privacy" in results:
         parts += privacy_bench.render(results["privacy"])
+    if "sweep" in results:
+        parts += ["", *sweep_bench.render(results["sweep"])]
     return "\n".join(parts)
 
 
@@ -304,7 +307,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
-    "load", "pause", "upload", "examples", "privacy", "inference", "zones",
+    "load", "pause", "upload", "examples", "privacy", "inference", "zones", "sweep",
 )  # fmt: skip
 
 
@@ -579,6 +582,9 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "privacy":
             print("privacy: digits accuracy without privacy, with DP at ε = 8 and ε = 2")
             results["privacy"] = privacy_bench.run()
+        elif section == "sweep":
+            print("sweep: examples/digits-sweep.yaml's 16 trials against digits-mlp.yaml")
+            results["sweep"] = sweep_bench.run()
         elif section == "load":
             print("load: 1,000 Locust agents against gpuflex serve on PostgreSQL and Redis")
             results["load"] = load_section()

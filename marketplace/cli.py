@@ -220,7 +220,27 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         eps = _epsilon(job.get("privacy"))
         print(f"{job['id']:36}  {kind:9} {job['status']:10} {rounds:>7}  {shown:>8}  {eps:>11}  "
               f"{job['name']}")  # fmt: skip
+        for line in trial_lines(job):
+            print(line)
     return 0
+
+
+def trial_lines(job: dict[str, Any]) -> list[str]:
+    """A sweep's trials under its row: number, state, rounds, value, cost and parameters,
+    the best one starred."""
+    best = job.get("best_trial")
+    lines = []
+    for t in job.get("trials") or []:
+        mark = "*" if t["number"] == best else " "
+        value = f"{t['value']:g}" if t.get("value") is not None else "-"
+        params = " ".join(f"{k}={_short(v)}" for k, v in t["params"].items())
+        lines.append(f"  {mark}trial {t['number']:<3} {t['state']:9} rounds {t['rounds']:<4} "
+                     f"value {value:<8} cost {t['cost']:<9} {params}")  # fmt: skip
+    return lines
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def cmd_predictions(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from trainer.nesting import TooDeep, loads_json, loads_yaml
+from trainer.sweep_space import SweepSpec, apply_params, corner_params
 
 
 class SpecError(ValueError):
@@ -456,7 +457,7 @@ _UUID = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a
 def secagg_conflict(sections: dict[str, Any]) -> str:
     """Why the other sections of a spec cannot go with secure aggregation ("" if they can).
     `sections`: the validated sections declared before `privacy`."""
-    if sections.get("kind", "train") != "train":
+    if sections.get("kind", "train") in ("evaluate", "inference"):
         return "it sums training updates; evaluate and inference jobs send no update"
     agg: AggregationSpec | None = sections.get("aggregation")
     if agg is not None and agg.strategy in ZONE_INCOMPATIBLE:
@@ -496,8 +497,9 @@ class SourceSpec(_Strict):
 
 
 # "train": federated training rounds; "evaluate": score a finished model on a dataset (loss,
-# accuracy), "inference": its predictions for every row (trainer.scoring)
-JobKind = Literal["train", "evaluate", "inference"]
+# accuracy), "inference": its predictions for every row (trainer.scoring); "sweep": a
+# hyperparameter search whose trials are training jobs (trainer.sweep)
+JobKind = Literal["train", "evaluate", "inference", "sweep"]
 
 
 class JobSpec(_Strict):
@@ -519,6 +521,22 @@ class JobSpec(_Strict):
     privacy: PrivacySpec = PrivacySpec()
     requirements: RequirementsSpec = RequirementsSpec()
     tracking: TrackingSpec = TrackingSpec()
+    # kind: sweep only: the search; the sections above are each trial's base spec
+    sweep: SweepSpec | None = None
+
+    @model_validator(mode="after")
+    def _sweep_section(self) -> JobSpec:
+        if (self.kind == "sweep") != (self.sweep is not None):
+            raise ValueError("a 'sweep' section goes with kind: sweep, and only with it")
+        if self.sweep is None:
+            return self
+        if self.sweep.objective == "rounds_to_target" and (
+            self.sweep.target is None and self.rounds.target is None
+        ):
+            raise ValueError(
+                "objective rounds_to_target needs a target: sweep.target or rounds.target"
+            )
+        return self
 
     @field_validator("privacy")
     @classmethod
@@ -531,7 +549,7 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _scoring_model(self) -> JobSpec:
-        if self.kind == "train":
+        if self.kind in ("train", "sweep"):
             if self.source is not None:
                 raise ValueError("'source' is for evaluate and inference jobs")
         elif (self.source is None) == (self.model.checkpoint is None):
@@ -545,10 +563,22 @@ class JobSpec(_Strict):
     @property
     def scoring(self) -> bool:
         """An evaluate or inference job: one pass of a finished model over the dataset."""
-        return self.kind != "train"
+        return self.kind in ("evaluate", "inference")
+
+    def trial_base(self) -> dict[str, Any]:
+        """A sweep's trials' spec before their parameters: this spec as a training job. With
+        objective rounds_to_target, trials stop at the target (no round is paid past it)."""
+        data = self.to_dict()
+        data.pop("sweep", None)
+        data["kind"] = "train"
+        sweep = self.sweep
+        if sweep is not None and sweep.objective == "rounds_to_target" and sweep.target:
+            data["rounds"]["target"] = {"metric": "accuracy", "value": sweep.target}
+        return data
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        # a spec without a sweep stores no `sweep: null` (specs stored before sweeps existed)
+        return self.model_dump(mode="json", exclude={"sweep"} if self.sweep is None else None)
 
     def replace(self, **changes: Any) -> JobSpec:
         """A copy with top-level sections replaced, re-validated."""
@@ -568,7 +598,7 @@ def parse_spec(data: Any, source: str = "spec") -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError([("<root>", "a job spec is a mapping of sections")], source)
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
@@ -577,6 +607,25 @@ def parse_spec(data: Any, source: str = "spec") -> JobSpec:
                 reason = "unknown key"
             problems.append((_field_path(err["loc"]), reason))
         raise SpecError(problems, source) from None
+    if spec.sweep is not None:
+        _check_corners(spec, source)
+    return spec
+
+
+def _check_corners(spec: JobSpec, source: str) -> None:
+    """Every corner of a sweep's space must give a valid trial spec; a bad one is named by
+    its parameter, before any trial runs."""
+    assert spec.sweep is not None
+    for name, params in corner_params(spec.sweep.space):
+        try:
+            parse_spec(apply_params(spec.trial_base(), params))
+        except SpecError as exc:
+            field, reason = exc.problems[0]
+            shown = f"{name}={params[name]}"
+            raise SpecError(
+                [(f"sweep.space.{name}", f"the trial with {shown} is invalid: {field}: {reason}")],
+                source,
+            ) from None
 
 
 def load_spec(path: str | Path) -> JobSpec:

@@ -34,9 +34,19 @@ SUFFIX = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx
           "hf": ".hf.zip"}  # fmt: skip
 
 
+def model_job(job: Job) -> Job:
+    """The job whose model section describes `job`'s model: a sweep's model is its best
+    trial's (marketplace/sweeps), whose width or layers may differ from the sweep's base."""
+    if job.kind == "sweep" and job.model_file:
+        best = job.children.filter(model_file=job.model_file).first()
+        if best is not None:
+            return best
+    return job
+
+
 def formats_for(job: Job) -> list[str]:
     """The formats this job's architecture exports to, in the order pages list them."""
-    spec = job.parsed_spec
+    spec = model_job(job).parsed_spec
     return [f for f in FORMATS if f != "hf" or hf_refusal(spec.model) is None]
 
 
@@ -45,7 +55,7 @@ def check_format(job: Job, fmt: str) -> None:
         raise BadFormat(
             f"format: unknown format {fmt!r}; one of {', '.join(FORMATS)}.", parameter="format"
         )
-    reason = hf_refusal(job.parsed_spec.model) if fmt == "hf" else None
+    reason = hf_refusal(model_job(job).parsed_spec.model) if fmt == "hf" else None
     if reason:
         raise BadFormat(f"format: {reason}.", parameter="format")
 
@@ -61,7 +71,7 @@ def job_model_download(job: Job, fmt: str = "safetensors") -> Download:
     content_type = "application/zip" if fmt == "hf" else "application/octet-stream"
     if default_storage.exists(cached):
         return Download(files.get(cached), name, content_type)
-    model = TrainedModel.from_bytes(files.get(job.model_file), job.parsed_spec.model)
+    model = TrainedModel.from_bytes(files.get(job.model_file), model_job(job).parsed_spec.model)
     try:
         exported = export_model(model, fmt)
     except ExportError as exc:

@@ -76,6 +76,10 @@ class Job(models.Model):
     # why the job ended: its target reached, max_rounds run, a plateau (rounds.early_stopping,
     # trainer.schedule.plateau_reason) or its budget; "" while it runs
     stop_reason = models.CharField(max_length=300, blank=True)
+    # a sweep's trial: the sweep job whose escrow funds it (marketplace/sweeps/)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -96,7 +100,8 @@ class Job(models.Model):
 
     @property
     def kind(self) -> str:
-        """ "train", or a scoring job's "evaluate" / "inference" (one round, no training)."""
+        """ "train", a scoring job's "evaluate" / "inference" (one round, no training), or
+        "sweep" (no rounds of its own: its trials are child training jobs)."""
         return self.parsed_spec.kind
 
     @property

@@ -24,6 +24,7 @@ from marketplace.jobs.models import Job
 from marketplace.rounds.lifecycle import open_round
 from marketplace.rounds.models import Round
 from marketplace.server.routing import PREPARE_JOB
+from marketplace.sweeps.queue import enqueue_sweep
 from trainer.models import build_model, read_weights
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,15 @@ def enqueue_preparation(job_id: object) -> None:
 
 
 def prepare_job(job_id: object) -> Round | None:
-    """Build the seed's model and open round 1; None when there is nothing to do."""
+    """Build the seed's model and open round 1; None when there is nothing to do. A sweep
+    has no model of its own: it starts its first trials (marketplace/sweeps), and the
+    tick's re-sending of a lost preparation re-sends a lost sweep step the same way."""
+    job = Job.objects.filter(pk=job_id).only("spec", "status").first()
+    if job is not None and job.kind == "sweep":
+        if job.is_active:
+            with transaction.atomic():
+                enqueue_sweep(job.pk)
+        return None
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id).first()
         if job is None or not job.is_active or Round.objects.filter(job=job).exists():

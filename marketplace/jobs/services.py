@@ -12,6 +12,7 @@ from marketplace.ledger.services import release_escrow
 from marketplace.rounds.lifecycle import round_deadline
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
 from marketplace.rounds.signals import bump_work_generation
+from marketplace.sweeps.queue import enqueue_sweep
 
 
 def _locked(job: Job) -> Job:
@@ -41,14 +42,21 @@ def resume_job(job: Job) -> Job:
     Round.objects.filter(job=job, status=RoundStatus.OPEN).update(deadline=round_deadline(job))
     transaction.on_commit(bump_work_generation)
     job_changed(job.pk)
+    if job.kind == "sweep":  # a paused sweep started no trials: it may start them now
+        enqueue_sweep(job.pk)
     return job
 
 
 @transaction.atomic
 def cancel_job(job: Job) -> Job:
+    """A sweep's running trials are cancelled with it (first: their escrow returns to the
+    sweep's, which then goes back to the buyer)."""
     job = _locked(job)
     if not job.is_active:
         raise Conflict(f"The job is already {job.status}.")
+    for child in Job.objects.select_for_update().filter(parent=job).order_by("created_at"):
+        if child.is_active:
+            _end(child, JobStatus.CANCELLED)
     _end(job, JobStatus.CANCELLED)
     return job
 
@@ -65,11 +73,12 @@ def fail_job(job: Job, error: str) -> Job:
     return job
 
 
-def stop_job(job: Job, reason: str) -> Job:
-    """End a job its budget can no longer pay for (the caller holds the job's lock), saying
-    why in `error`; its unspent escrow goes back to the buyer."""
+def stop_job(job: Job, reason: str, stop_reason: str = "") -> Job:
+    """End a job its budget can no longer pay for, or a sweep's trial its pruner stops
+    (stop_reason "pruned"); the caller holds the job's lock. Says why in `error`; its
+    unspent escrow goes back to the buyer (a trial's to its sweep)."""
     if job.is_active:
-        _end(job, JobStatus.STOPPED, reason)
+        _end(job, JobStatus.STOPPED, reason, stop_reason or reason)
     return job
 
 
@@ -81,12 +90,15 @@ def cancel_outstanding(job: Job) -> None:
     )
 
 
-def _end(job: Job, status: str, error: str = "") -> None:
+def _end(job: Job, status: str, error: str = "", stop_reason: str = "") -> None:
     """Stop an active job's outstanding work and, unless a round is still aggregating,
-    release its unspent escrow."""
+    release its unspent escrow. A sweep's trial tells its sweep (which starts the next)."""
     job.status, job.error, job.finished_at = status, error or job.error, timezone.now()
-    job.save(update_fields=["status", "error", "finished_at", "updated_at"])
+    job.stop_reason = stop_reason or job.stop_reason
+    job.save(update_fields=["status", "error", "stop_reason", "finished_at", "updated_at"])
     job_changed(job.pk)
+    if job.parent_id:
+        enqueue_sweep(job.parent_id)
     cancel_outstanding(job)
     Round.objects.filter(job=job, status=RoundStatus.OPEN).update(
         status=RoundStatus.CANCELLED, closed_at=timezone.now()

@@ -35,7 +35,7 @@ from marketplace.jobs.model_files import checkpoint_name, receive_model_files
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.jobs.preparation import enqueue_preparation
 from marketplace.jobs.privacy import settle_noise
-from marketplace.ledger.services import check_credit, hold_budget
+from marketplace.ledger.services import check_credit, fund_child, hold_budget
 from marketplace.nodes.models import Node
 from marketplace.rounds import resharding
 from marketplace.rounds.lifecycle import quorum_units, schema_misfit
@@ -173,6 +173,7 @@ def submit_job(
     model_checkpoint: UploadedFile | None = None,
     dataset_upload_id: object = None,
     dataset_tokenizer: UploadedFile | None = None,
+    parent: Job | None = None,
 ) -> Job:
     """Validate and store a job, holding its budget in escrow. With `federated_dataset`,
     nodes holding that named local dataset train on it; the job's own dataset is then only
@@ -180,21 +181,33 @@ def submit_job(
     and initial weights (jobs/model_files.py). `dataset_upload_id`: a finished chunked
     upload (marketplace/uploads) as the dataset instead of `dataset_upload` inline; its file
     is checked like an inline one, the job keeps its own copy, and the upload is used up.
-    `dataset_tokenizer`: a text dataset's tokenizer.json (jobs/dataset_files.py)."""
+    `dataset_tokenizer`: a text dataset's tokenizer.json (jobs/dataset_files.py).
+
+    A sweep (`kind: sweep`) is checked as its trials' base spec would be, and stored with its
+    dataset but no shards: its trials are submitted here too, each with `parent` (the
+    sweep, which funds it from its escrow and whose dataset file it reads)."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
     if spec.scoring and federated_dataset:
         raise _spec_error([("kind", f"a {spec.kind} job scores an uploaded dataset, not a "
                             "federated one")])  # fmt: skip
-    check_credit(buyer, budget)
+    if spec.kind == "sweep":
+        _check_sweep(spec, federated_dataset, model_config, model_checkpoint, dataset_tokenizer)
+    stored_sweep = spec if spec.kind == "sweep" else None
+    if stored_sweep is not None:  # every check below is the trials' base spec's
+        spec = parse_spec(spec.trial_base())
+    if parent is None:
+        check_credit(buyer, budget)
     cap = model_cap(tier, budget)
     chunked = None
     if dataset_upload_id is not None:
         if dataset_upload is not None:
             raise InvalidDataset("Give the dataset inline or as an upload id, not both.")
         chunked = uploads.dataset_upload(buyer, dataset_upload_id)
+    # a trial reads its sweep's stored dataset, as a finished chunked upload is read
+    stored_file = chunked.stored_name if chunked else parent.dataset_file if parent else ""
     with (
         tempfile.TemporaryDirectory(prefix="gpuflex-upload-") as tmp,
-        files.local_copy(chunked.stored_name) if chunked else nullcontext() as assembled,
+        files.local_copy(stored_file) if stored_file else nullcontext() as assembled,
     ):
         # evaluate / inference from a finished job: its model section and final weights
         source = scoring.resolve_source(buyer, spec, Path(tmp))
@@ -204,10 +217,10 @@ def submit_job(
         )  # fmt: skip
         spec = received.spec
         tokenizer = receive_tokenizer(spec, dataset_tokenizer, Path(tmp))
+        shown_name = chunked.filename if chunked else (spec.dataset.path or "") if parent else ""
         dataset, local_path = _load(
-            spec, dataset_upload, tokenizer, Path(tmp), assembled,
-            chunked.filename if chunked else "",
-        )  # fmt: skip
+            spec, dataset_upload, tokenizer, Path(tmp), assembled, shown_name
+        )
         if spec.scoring:  # every row, in the file's order
             scoring.check_data(spec, source, dataset)
             dataset = scoring.rows_dataset(dataset)
@@ -236,6 +249,8 @@ def submit_job(
             else scoring.scoring_plans(spec, dataset) if spec.scoring
             else _plan(spec, dataset)
         )  # fmt: skip
+        if stored_sweep is not None:
+            plans = []  # checked; each trial cuts its own shards
         # a target ε without a noise multiplier: the noise that keeps max_rounds within it
         rows = min((plan.size for plan in plans), default=None)
         spec, privacy_problems = settle_noise(
@@ -243,11 +258,13 @@ def submit_job(
         )
         if privacy_problems:
             raise _spec_error(privacy_problems)
-        stored_spec = spec
+        stored_spec = stored_sweep or spec
         if dataset_upload is not None or chunked is not None:
             named = chunked.filename if chunked else dataset_upload.name  # type: ignore[union-attr]
             shown = Path(named or "dataset").name
-            stored_spec = spec.replace(dataset=spec.dataset.model_copy(update={"path": shown}))
+            stored_spec = stored_spec.replace(
+                dataset=stored_spec.dataset.model_copy(update={"path": shown})
+            )
         return _store(
             buyer=buyer,
             spec=stored_spec,
@@ -263,7 +280,31 @@ def submit_job(
             max_price=_max_price(spec, max_price_per_gpu_hour),
             federated_dataset=federated_dataset,
             chunked=chunked,
+            parent=parent,
         )
+
+
+def _check_sweep(
+    spec: JobSpec,
+    federated_dataset: str,
+    model_config: UploadedFile | None,
+    model_checkpoint: UploadedFile | None,
+    dataset_tokenizer: UploadedFile | None,
+) -> None:
+    """What a sweep cannot take (yet): its trials are submitted from the sweep's stored
+    spec and dataset, which keep no model files, tokenizer or silos."""
+    problems = []
+    if federated_dataset:
+        problems.append(("federated_dataset", "a sweep's trials train on an uploaded or "
+                         "built-in dataset, not a federated one"))  # fmt: skip
+    if model_config is not None or model_checkpoint is not None or spec.model.checkpoint:
+        problems.append(("model.checkpoint", "a sweep's trials start from the seed's weights; "
+                         "uploaded model files are not passed on to them"))  # fmt: skip
+    if dataset_tokenizer is not None or spec.dataset.tokenizer:
+        problems.append(("dataset.tokenizer", "a sweep's trials do not take a tokenizer "
+                         "upload; use byte-level tokens"))  # fmt: skip
+    if problems:
+        raise _spec_error(problems)
 
 
 def _check_silos(name: str, input_shape: list[int], num_classes: int) -> None:
@@ -340,6 +381,7 @@ def _store(
     max_price: Decimal,
     federated_dataset: str,
     chunked: Upload | None = None,
+    parent: Job | None = None,
 ) -> Job:
     job_id = uuid.uuid4()
     base = files.job_dir(job_id)
@@ -379,8 +421,12 @@ def _store(
                 gpu_required=spec.requirements.gpu_required,
                 isolation_full=spec.requirements.isolation == "full",
                 proximal_mu=build_strategy(spec.aggregation).proximal_mu,
+                parent=parent,
             )
-            hold_budget(job)  # re-checked under the account's lock
+            if parent is not None:
+                fund_child(parent, job)  # from the sweep's escrow
+            else:
+                hold_budget(job)  # re-checked under the account's lock
             if chunked is not None:
                 uploads.use_upload(chunked, job.pk)
             Shard.objects.bulk_create(shard_rows)

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from marketplace.accounts.models import User
-from marketplace.jobs.models import Job
+from marketplace.jobs.models import ACTIVE_STATUSES, Job
 from marketplace.ledger import accounts, reservations
 from marketplace.ledger.errors import (
     IdempotencyConflict,
@@ -96,18 +96,38 @@ def hold_budget(job: Job) -> Transaction:
         ) from None
 
 
+def fund_child(parent: Job, child: Job) -> Transaction:
+    """A sweep's trial is funded from the sweep's escrow (marketplace/sweeps), with the
+    child's `budget`; the caller holds the sweep's lock."""
+    return post(
+        f"fund:{child.pk}",
+        TxKind.HOLD,
+        [(accounts.job_escrow(parent), -child.budget), (accounts.job_escrow(child), child.budget)],
+        memo=f"budget of trial {child.name} from sweep {parent.name}",
+        job=child,
+    )
+
+
 def release_escrow(job: Job) -> Transaction | None:
     """Unspent escrow back to the buyer, once, when a job ends for any reason; its open
-    reservations go with it (the job charges nothing more)."""
+    reservations go with it (the job charges nothing more). A sweep's trial returns it to
+    its sweep while the sweep runs: its later trials may spend it (what a pruned trial did
+    not use, for one)."""
     reservations.release_job(job.pk)
     escrow = accounts.job_escrow(job)
     left = balance(escrow)
     if left <= 0:
         return None
+    parent = (
+        Job.objects.filter(pk=job.parent_id, status__in=ACTIVE_STATUSES).first()
+        if job.parent_id
+        else None
+    )
+    to = accounts.job_escrow(parent) if parent else accounts.buyer_credit(job.buyer_id)
     return post(
         f"release:{job.pk}",
         TxKind.RELEASE,
-        [(escrow, -left), (accounts.buyer_credit(job.buyer_id), left)],
+        [(escrow, -left), (to, left)],
         memo=f"unspent budget of job {job.name} ({job.status})",
         job=job,
     )

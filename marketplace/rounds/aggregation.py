@@ -44,6 +44,7 @@ from marketplace.rounds.scheduling import online_candidates
 from marketplace.rounds.scoring import finish_scoring
 from marketplace.rounds.secagg import secagg_contribution, secagg_label, secure
 from marketplace.rounds.weighting import weigh
+from marketplace.sweeps.queue import enqueue_sweep
 from trainer.aggregation import ClientUpdate, build_strategy
 from trainer.artifacts import ArtifactStore
 from trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -345,6 +346,8 @@ def run_aggregation(round_id: int) -> None:
             cancel_outstanding(job)
             release_escrow(job)
         enqueue_tracking(job, rnd.number)  # sent on commit; a tracker never fails the round
+        if job.parent_id:  # a sweep's trial: its sweep records the round, may prune it
+            enqueue_sweep(job.parent_id, job.pk, rnd.number)
         job_changed(job.pk)  # the round's close, pushed to the job page (and the SDK)
     log.info("job %s round %s: %s", job.pk, rnd.number, rnd.metrics)
 

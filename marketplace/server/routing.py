@@ -15,7 +15,9 @@ from typing import Any
 AGGREGATE_ROUND = "marketplace.jobs.tasks.aggregate_round"  # its historical name
 # building a submitted job's model is the same kind of heavy work (jobs/preparation.py)
 PREPARE_JOB = "marketplace.jobs.tasks.prepare_job"
-HEAVY = (AGGREGATE_ROUND, PREPARE_JOB)
+# a sweep's step submits its next trials, loading their dataset as a submission does
+ADVANCE_SWEEP = "marketplace.sweeps.tasks.advance_sweep"
+HEAVY = (AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP)
 KINDS = ("all", "maintenance", "aggregation")
 
 

@@ -24,6 +24,7 @@ from marketplace.rounds.aggregation import provenance_name
 from marketplace.rounds.models import Round
 from marketplace.rounds.selectors import leased_nodes, node_work, rounds_of
 from marketplace.rounds.sizing import measurement
+from marketplace.sweeps.selectors import best_trial, trial_rows
 from trainer.adapt import health
 from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
 from trainer.spec import JobSpec, SpecError
@@ -178,7 +179,21 @@ def live_payload(job: Job) -> dict[str, Any]:
         "privacy": privacy_summary(job),
         "error": job.error,
         "stop_reason": job.stop_reason,
+        "trials": sweep_trials(job),
     }
+
+
+def sweep_trials(job: Job) -> dict[str, Any] | None:
+    """A sweep's trials table and best trial, for the page to redraw as trials move; None
+    for other jobs."""
+    if job.kind != "sweep":
+        return None
+    rows = [
+        row | {"url": reverse("web:job", args=[row["job"]]) if row["job"] else ""}
+        for row in trial_rows(job)
+    ]
+    best = best_trial(job)
+    return {"rows": rows, "best": best.number if best else None}
 
 
 def provenance(job: Job) -> dict[str, Any]:
@@ -187,7 +202,7 @@ def provenance(job: Job) -> dict[str, Any]:
     Replaying every round from artifacts (`gpuflex` verify) is heavier; the page checks the
     chain itself, which detects any altered, missing or reordered record.
     """
-    if not job.rounds_done:
+    if not job.rounds_done or job.kind == "sweep":  # a sweep's rounds are its trials' own
         return {"records": [], "ok": None, "problems": [], "head": ""}
     try:
         chain = ProvenanceChain.from_json(files.get(provenance_name(job)).decode())

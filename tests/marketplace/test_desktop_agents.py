@@ -151,3 +151,30 @@ def test_real_agents_train_then_evaluate_then_predict(
     assert table.column("row").to_pylist() == list(range(1797))
     labels = predict(model, in_row_order(data)[0]).labels.tolist()
     assert table.column("prediction").to_pylist() == labels
+
+
+def test_real_agents_run_a_sweeps_trials_to_its_best(
+    live_server, make_user, submit, buyer, tmp_path, monkeypatch
+) -> None:
+    """kind: sweep end to end: its trials are training jobs the real agents' sandboxed
+    runners train like any other; the sweep reports its best trial and takes its model."""
+    from marketplace.sweeps.models import SweepTrial
+    from tests.marketplace.test_sweep_jobs import sweep_spec
+
+    _, provider_key = make_user("provider")
+    spec = sweep_spec(trials=3, parallel=2)
+    spec["rounds"] = {"max_rounds": 2, "target": {"metric": "accuracy", "value": 0.99}}
+    spec["sharding"] = {"method": "stratified", "num_shards": 2}
+    sweep = submit(spec=spec, tier="platform", budget="30")
+    _run_to_completion(sweep["id"], live_server.url, provider_key, tmp_path, monkeypatch,
+                       "platform")  # fmt: skip
+    trials = list(SweepTrial.objects.filter(sweep_id=sweep["id"]).select_related("job"))
+    assert len(trials) == 3 and {t.state for t in trials} <= {"completed", "pruned"}
+    for t in trials:  # scheduled to the agents like any job
+        assert t.job is not None and t.job.parent_id is not None
+        done = Task.objects.filter(round__job=t.job, status="done").select_related("node")
+        assert done.exists() and {d.node.name for d in done} <= {"agent-0", "agent-1"}
+    detail = buyer.get(f"/api/v1/jobs/{sweep['id']}/").json()
+    best = detail["best_trial"]
+    assert best is not None and detail["trials"][best]["state"] == "completed"
+    assert detail["model_hash"] == Job.objects.get(pk=detail["trials"][best]["job"]).model_hash

@@ -233,7 +233,7 @@ class LedgerMachine(RuleBasedStateMachine):
             assert tx is None
             return
         assert Decimal(tx.details["gross"]) == expected.gross  # never capped
-        assert tx.details["shortfall"] == "0"
+        assert Decimal(tx.details["shortfall"]) == 0
         self.escrow[job_id] -= expected.gross
         self.earnings[node.owner_id] += expected.net
         self.results.append(result)

@@ -81,7 +81,9 @@ def assert_round_one_aggregated(job_id: str, agents) -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_spec_runs_or_is_refused_by_field(path: Path, buyer, make_agent) -> None:
     text = path.read_text()
-    response = post(buyer, text, tier="platform")
+    sweep = yaml.safe_load(text).get("kind") == "sweep"
+    # a sweep funds several trials at once from its budget
+    response = post(buyer, text, tier="platform", budget="40" if sweep else "10")
     if path.name in REFUSED_EXAMPLES:
         assert refused_fields(response) == {REFUSED_EXAMPLES[path.name]}
         assert not Job.objects.exists()
@@ -89,7 +91,10 @@ def test_every_example_spec_runs_or_is_refused_by_field(path: Path, buyer, make_
     assert response.status_code == 201, response.content
     shards = yaml.safe_load(text).get("sharding", {}).get("num_shards") or 4
     agents = [make_agent(kind="platform") for _ in range(shards)]
-    assert_round_one_aggregated(response.json()["id"], agents)
+    job_id = response.json()["id"]
+    if sweep:  # its trials are the jobs that train: the first one's round 1
+        job_id = str(Job.objects.get(parent_id=job_id, sweep_trial__number=0).pk)
+    assert_round_one_aggregated(job_id, agents)
 
 
 @pytest.mark.django_db(transaction=True)

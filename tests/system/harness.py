@@ -106,6 +106,16 @@ class System:
     def report(self, job_id: str) -> dict[str, Any]:
         return json.loads(manage(self.cluster, "job_report", job_id).strip().splitlines()[-1])
 
+    def wait_idle(self, names: list[str] | None = None, timeout: float = 240) -> None:
+        """Submit only once every agent is up and polling: on a loaded machine an agent still
+        starting (torch import, benchmark) would otherwise see its peers take every task."""
+        names = names if names is not None else [plan.name for plan in self.nodes]
+        wait_for(
+            lambda: all(self.agent_status(n).get("state") == "idle" for n in names),
+            timeout,
+            "the agents to be idle",
+        )
+
     def agent_status(self, name: str) -> dict[str, Any]:
         path = Path(self.cluster.agent_dirs(name)["GPUFLEX_NODE_DATA_DIR"]) / "status.json"
         try:

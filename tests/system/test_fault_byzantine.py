@@ -19,7 +19,7 @@ import pytest
 
 from desktop.journal import Journal
 from marketplace.demo.cluster import NodePlan
-from tests.system.harness import PRICE, SPEC, System, log_tail, wait_for
+from tests.system.harness import PRICE, SPEC, System, log_tail
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("system")]
 
@@ -41,12 +41,7 @@ def _spec(aggregation: dict) -> dict:
 
 
 def _wait_idle(s: System, names: list[str]) -> None:
-    """Submit only once every agent is up and polling, so that each takes one task a round."""
-    wait_for(
-        lambda: all(s.agent_status(n).get("state") == "idle" for n in names),
-        120,
-        "the agents to be idle",
-    )
+    s.wait_idle(names, timeout=120)
 
 
 def _turn(s: System, attack: str) -> None:

@@ -15,6 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("system")]
 def test_agents_ride_out_a_web_server_restart(system) -> None:
     s = system()
     s.start()
+    s.wait_idle()
     job_id = s.submit()
     wait_for(lambda: s.job(job_id)["rounds_done"] >= 1, 180, "round 1 to finish")
 

@@ -45,6 +45,7 @@ def test_a_job_survives_losing_a_web_server_and_a_worker(system, services) -> No
     for plan in s.nodes:
         s.cluster.configure_agent(plan, s.provider_key)
         s.cluster.start_agent(plan)
+    s.wait_idle()
     job_id = s.submit()
     wait_for(lambda: s.job(job_id)["rounds_done"] >= 2, 240, "round 2 to finish")
 

@@ -20,7 +20,7 @@ from trainer.sim.naive import run_naive_sync
 from trainer.sim.network import FIXED_COSTS, PROFILES, FixedCosts, UnknownProfile
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import prepare
-from trainer.spec import SpecError, load_spec
+from trainer.spec import JobSpec, SpecError, load_spec
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,8 +127,19 @@ def _summary(result: SimResult, costs: FixedCosts) -> str:
     )
 
 
+def _training(path: Path) -> JobSpec:
+    """The simulator trains one spec: a sweep's many trials run through the marketplace."""
+    spec = load_spec(path)
+    if spec.kind == "sweep":
+        raise ValueError(
+            f"{path} is a kind: sweep spec; its trials run through the marketplace (gpuflex "
+            "submit), or in process with `python -m bench.run --only sweep`"
+        )
+    return spec
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    spec = load_spec(args.spec)
+    spec = _training(args.spec)
     seed = spec.seed if args.seed is None else args.seed
     setup = prepare(spec, args.nodes, args.network, seed, args.spec.parent, _costs(args))
     bar, progress = _progress_bar(args.rounds or spec.rounds.max_rounds, not args.json)
@@ -155,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    spec = load_spec(args.spec)
+    spec = _training(args.spec)
     seed = spec.seed if args.seed is None else args.seed
     costs = _costs(args)
     results = compare(

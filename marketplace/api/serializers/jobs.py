@@ -12,6 +12,7 @@ from marketplace.jobs.privacy import privacy_summary
 from marketplace.jobs.selectors import federated_status, job_node_states, scoring_result
 from marketplace.ledger.selectors import job_costs
 from marketplace.rounds.models import Round
+from marketplace.sweeps.selectors import best_trial, trial_rows
 
 
 class SpecField(serializers.JSONField):
@@ -65,13 +66,36 @@ class JobSubmitSerializer(serializers.Serializer):
     )
 
 
+class TrialSerializer(serializers.Serializer):
+    """One trial of a sweep: a child training job with the sampled parameters."""
+
+    number = serializers.IntegerField()
+    job = serializers.UUIDField(allow_null=True, help_text="the trial's training job")
+    params = serializers.DictField(help_text="the sampled parameters, by the space's names")
+    state = serializers.CharField(help_text="running, completed, pruned or failed")
+    rounds = serializers.IntegerField(help_text="rounds the trial's job has run")
+    value = serializers.FloatField(allow_null=True, help_text="the objective, once completed")
+    cost = serializers.CharField(help_text="credits spent on the trial's work")
+    error = serializers.CharField(allow_blank=True)
+
+
 class JobSerializer(serializers.ModelSerializer):
     max_rounds = serializers.IntegerField(read_only=True)
     current_round = serializers.SerializerMethodField()
     last_metrics = serializers.SerializerMethodField()
     costs = serializers.SerializerMethodField()
     privacy = serializers.SerializerMethodField()
-    kind = serializers.CharField(read_only=True, help_text="train, evaluate or inference")
+    kind = serializers.CharField(read_only=True, help_text="train, evaluate, inference or sweep")
+    trials = serializers.SerializerMethodField(
+        help_text="a sweep's trials (number, job, params, state, rounds, value, cost); else null"
+    )
+    best_trial = serializers.SerializerMethodField(
+        help_text="a sweep's best completed trial's number; else null"
+    )
+    parent = serializers.UUIDField(
+        source="parent_id", read_only=True, allow_null=True,
+        help_text="a sweep's trial: the sweep's id; else null",
+    )  # fmt: skip
     result = serializers.SerializerMethodField(
         help_text="a finished scoring job's result: evaluate: accuracy, correct, total, loss "
         "(the mean), loss_sum; inference: rows and the predictions' URL (Parquet); else null"
@@ -100,6 +124,9 @@ class JobSerializer(serializers.ModelSerializer):
             "model_hash",
             "error",
             "stop_reason",
+            "parent",
+            "trials",
+            "best_trial",
             "created_at",
             "updated_at",
             "finished_at",
@@ -120,6 +147,15 @@ class JobSerializer(serializers.ModelSerializer):
         """Money as decimal strings: budget, held, spent (with fees, bonuses and the cost of
         redundancy shown apart), refunded."""
         return job_costs(job).to_dict()
+
+    @extend_schema_field(TrialSerializer(many=True, allow_null=True))
+    def get_trials(self, job: Job) -> list[dict] | None:
+        return trial_rows(job) if job.kind == "sweep" else None
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_best_trial(self, job: Job) -> int | None:
+        best = best_trial(job) if job.kind == "sweep" else None
+        return best.number if best else None
 
     def get_result(self, job: Job) -> dict | None:
         return scoring_result(job)

@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "marketplace.rounds",
     "marketplace.ledger",
     "marketplace.uploads",
+    "marketplace.sweeps",
     "marketplace.api",
     "marketplace.web",
 ]

@@ -27,6 +27,7 @@ from marketplace.ledger.selectors import balances
 from marketplace.nodes.selectors import benchmark_of, online_nodes
 from marketplace.rounds.aggregation import provenance_name
 from marketplace.rounds.scoring import predictions_file
+from marketplace.sweeps.selectors import best_trial, trial_rows
 from marketplace.web import estimate, jobview
 from marketplace.web.access import buyer_required
 from marketplace.web.forms import JobForm
@@ -178,6 +179,8 @@ def job_detail(request: HttpRequest, pk: str) -> HttpResponse:
         "spec_json": jobview.spec_yaml(job),
         "model_formats": formats_for(job),
         "scoring": scoring_result(job),
+        "trials": trial_rows(job) if job.kind == "sweep" else [],
+        "best_trial": best_trial(job) if job.kind == "sweep" else None,
     }
     return render(request, "web/job.html", context)
 

@@ -134,6 +134,21 @@
     el("epsilon-bar").style.width = (p.epsilon ? Math.min(100, 100 * spent / p.epsilon) : 0) + "%";
   }
 
+  function drawTrials(d) {
+    // a sweep's trials table: new trials, states, rounds and values as they move
+    const body = el("trial-rows");
+    if (!body || !d.trials) return;
+    const rows = d.trials.rows.map(function (t) {
+      const params = Object.keys(t.params).map(function (k) { return esc(k) + "=" + esc(t.params[k]); }).join(", ");
+      const num = t.url ? '<a href="' + esc(t.url) + '">' + t.number + "</a>" : String(t.number);
+      return "<tr" + (t.number === d.trials.best ? ' class="best"' : "") + "><td>" + num + "</td>" +
+        '<td class="small">' + params + '</td><td><span class="badge ' + esc(t.state) + '">' + esc(t.state) + "</span>" +
+        (t.error ? ' <span class="muted small">' + esc(t.error.slice(0, 80)) + "</span>" : "") + "</td>" +
+        "<td>" + t.rounds + "</td><td>" + (t.value == null ? "—" : esc(t.value)) + "</td><td>" + esc(t.cost) + "</td></tr>";
+    });
+    body.innerHTML = rows.length ? rows.join("") : '<tr><td colspan="6" class="muted">No trial started yet.</td></tr>';
+  }
+
   function drawStatus(d) {
     const badge = el("job-status");
     badge.textContent = d.status;
@@ -156,6 +171,7 @@
     drawNodes(d);
     drawTopology(d);
     drawCost(d);
+    drawTrials(d);
   }
 
   function active(d) { return d.status === "running" || d.status === "paused"; }
