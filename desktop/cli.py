@@ -367,7 +367,9 @@ def cmd_update(args: argparse.Namespace) -> int:
         current = updater.installed_version(install_dir)
         if not args.apply:
             newest = updater.check(source)
-            print(f"update available: {current} -> {newest}" if newest else f"up to date ({current})")
+            print(
+                f"update available: {current} -> {newest}" if newest else f"up to date ({current})"
+            )
             return 0
         newest = updater.apply(source)
     except updater.UpdateError as exc:

@@ -21,8 +21,13 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tufup.client import Client
 
 APP_NAME = "gpuflex"  # the archive name in the repository: gpuflex-0.2.0.tar.gz
 VERSION_FILE = "VERSION"
@@ -61,7 +66,9 @@ def installed_version(install_dir: Path) -> str:
     try:
         return (install_dir / VERSION_FILE).read_text().strip()
     except FileNotFoundError:
-        raise UpdateError(f"{install_dir} is not a GPUFlex bundle: no {VERSION_FILE} file") from None
+        raise UpdateError(
+            f"{install_dir} is not a GPUFlex bundle: no {VERSION_FILE} file"
+        ) from None
 
 
 def source_for(install_dir: Path, cache_dir: Path, url: str | None = None) -> UpdateSource:
@@ -133,7 +140,7 @@ def _fresh(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def _swap_in(version: str):  # noqa: ANN202 - tufup's install callable
+def _swap_in(version: str) -> Callable[..., None]:
     def install(src_dir: Path, dst_dir: Path, **_: object) -> None:
         src_dir, dst_dir = Path(src_dir), Path(dst_dir)
         got = installed_version(src_dir)
@@ -152,10 +159,10 @@ def _swap_in(version: str):  # noqa: ANN202 - tufup's install callable
     return install
 
 
-def _client(source: UpdateSource):  # noqa: ANN202 - tufup is imported lazily (optional extra)
+def _client(source: UpdateSource) -> Client:
     try:
         from tuf.api.exceptions import DownloadError, RepositoryError
-        from tufup.client import Client
+        from tufup.client import Client  # an optional extra: imported when used
     except ImportError as exc:
         raise UpdateError("updates need the 'update' extra: pip install 'gpuflex[update]'") from exc
 

@@ -17,13 +17,17 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tufup.repo import Repository
 
 APP_NAME = "gpuflex"  # = desktop.updater.APP_NAME; not imported: this runs without the app
 KEYS = "keystore"
 REPO = "repository"
 
 
-def _repository(pub: Path):  # noqa: ANN202 - tufup is imported lazily
+def _repository(pub: Path) -> Repository:
     from tufup.repo import Repository
 
     # tufup keeps its config file in the working directory: the publisher folder

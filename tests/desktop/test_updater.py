@@ -20,13 +20,15 @@ import pytest
 
 pytest.importorskip("tufup")
 
-from desktop import updater  # noqa: E402
+from desktop import updater
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _repo_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("update_repo", ROOT / "installers" / "update_repo.py")
+    spec = importlib.util.spec_from_file_location(
+        "update_repo", ROOT / "installers" / "update_repo.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
