@@ -34,6 +34,7 @@ VERSION_FILE = "VERSION"
 TRUSTED_ROOT = Path("update") / "root.json"  # inside the bundle
 URL_FILE = Path("update") / "url.txt"  # inside the bundle: where its publisher serves updates
 URL_ENV = "GPUFLEX_UPDATE_URL"
+PACKAGED = Path("update") / "packaged"  # written by a system package (.deb): apt updates it
 
 
 class UpdateError(Exception):
@@ -166,6 +167,9 @@ def _client(source: UpdateSource) -> Client:
     except ImportError as exc:
         raise UpdateError("updates need the 'update' extra: pip install 'gpuflex[update]'") from exc
 
+    if (source.install_dir / PACKAGED).exists():
+        kind = (source.install_dir / PACKAGED).read_text().strip()
+        raise UpdateError(f"installed by a system package ({kind}): update it with apt")
     if not os.access(source.install_dir.parent, os.W_OK):
         raise UpdateError(
             f"{source.install_dir.parent} is not writable: a system install (.deb) is "
