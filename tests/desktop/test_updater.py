@@ -168,6 +168,6 @@ def test_bundle_without_trusted_root_is_refused(world: dict) -> None:
 
 def test_a_system_package_install_is_left_to_apt(world: dict) -> None:
     (world["installed"] / "update" / "packaged").write_text("deb\n")
-    with pytest.raises(updater.UpdateError, match="system package .deb.: update it with apt"):
+    with pytest.raises(updater.UpdateError, match=r"system package \(deb\): update it with apt"):
         updater.apply(world["source"])
     assert (world["installed"] / "VERSION").read_text().strip() == "0.1.0"
