@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -25,9 +26,10 @@ PREFIX = Path("opt") / PACKAGE
 PROGRAMS = ("gpuflex-node", "gpuflex-tray")
 # What the bundle does not carry: glibc (PyInstaller never bundles it) and the X/GL/font
 # libraries Qt's xcb platform plugin loads from the system.
+# The bundle's binaries need at least the glibc they were built against.
 DEPENDS = (
-    "libc6 (>= 2.36), libgl1, libegl1, libfontconfig1, libxkbcommon0, libxkbcommon-x11-0, "
-    "libxcb-cursor0, libdbus-1-3"
+    f"libc6 (>= {platform.libc_ver()[1] or '2.31'}), libgl1, libegl1, libfontconfig1, "
+    "libxkbcommon0, libxkbcommon-x11-0, libxcb-cursor0, libdbus-1-3"
 )
 RECOMMENDS = "bubblewrap"  # task isolation; without it tasks run with rlimits only
 

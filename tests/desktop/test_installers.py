@@ -55,3 +55,30 @@ def test_built_bundle_starts() -> None:
     tray = subprocess.run([str(BUNDLE.with_name("gpuflex-tray")), "--version"],
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert tray.returncode == 0 and "gpuflex-tray" in tray.stdout
+
+
+def test_inno_setup_script_installs_per_user_and_cleans_up() -> None:
+    # Inno Setup itself runs only on Windows (.github/workflows/installers.yml)
+    iss = (INSTALLERS / "windows" / "gpuflex.iss").read_text()
+    for section in ("[Setup]", "[Files]", "[Icons]", "[Registry]", "[UninstallRun]"):
+        assert section in iss
+    assert "PrivilegesRequired=lowest" in iss  # so that the signed self-update needs no admin
+    assert '#define BundleDir "..\\..\\dist\\gpuflex"' in iss
+    assert "uninsdeletevalue" in iss  # the start-at-login value goes with the app
+
+
+def test_macos_dmg_script_is_valid_shell() -> None:
+    script = INSTALLERS / "macos" / "build_dmg.sh"
+    assert os.access(script, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert "hdiutil create" in text and "GPUFlex.app" in text
+
+
+def test_ci_workflow_builds_on_each_platform() -> None:
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "installers.yml").read_text())
+    runners = {job["runs-on"] for job in workflow["jobs"].values()}
+    assert {"ubuntu-latest", "windows-latest", "macos-latest"} <= runners
+    steps = str(workflow["jobs"])
+    assert "gpuflex.iss" in steps and "build_dmg.sh" in steps and "make package" in steps
