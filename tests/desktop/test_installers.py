@@ -82,3 +82,19 @@ def test_ci_workflow_builds_on_each_platform() -> None:
     assert {"ubuntu-latest", "windows-latest", "macos-latest"} <= runners
     steps = str(workflow["jobs"])
     assert "gpuflex.iss" in steps and "build_dmg.sh" in steps and "make package" in steps
+
+
+@pytest.mark.skipif(not BUNDLE.exists(), reason="no bundle built (make package)")
+def test_built_bundle_carries_the_updater(tmp_path: Path) -> None:
+    # the frozen app imports tufup and reads its own install folder: without a trusted root
+    # (GPUFLEX_UPDATE_ROOT unset at build) it refuses before any network access; with one,
+    # it fails to reach the closed port
+    assert (BUNDLE.parent / "VERSION").read_text().strip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["GPUFLEX_NODE_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([str(BUNDLE), "update", "--url", "http://127.0.0.1:9"],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 1
+    shipped = (BUNDLE.parent / "update" / "root.json").exists()
+    reason = "update server unreachable" if shipped else "no trusted root metadata in the bundle"
+    assert reason in out.stderr, out.stderr
