@@ -25,11 +25,11 @@ PACKAGE = "gpuflex"
 PREFIX = Path("opt") / PACKAGE
 PROGRAMS = ("gpuflex-node", "gpuflex-tray")
 # What the bundle does not carry: glibc (PyInstaller never bundles it) and the X/GL/font
-# libraries Qt's xcb platform plugin loads from the system.
+# libraries Qt's xcb platform plugin loads from the system (the build warns for icccm, keysyms).
 # The bundle's binaries need at least the glibc they were built against.
 DEPENDS = (
     f"libc6 (>= {platform.libc_ver()[1] or '2.31'}), libgl1, libegl1, libfontconfig1, "
-    "libxkbcommon0, libxkbcommon-x11-0, libxcb-cursor0, libdbus-1-3"
+    "libxkbcommon0, libxkbcommon-x11-0, libxcb-cursor0, libxcb-icccm4, libxcb-keysyms1, libdbus-1-3"
 )
 RECOMMENDS = "bubblewrap"  # task isolation; without it tasks run with rlimits only
 
