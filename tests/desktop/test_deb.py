@@ -140,3 +140,44 @@ def test_built_deb_installs_runs_and_purges(tmp_path: Path) -> None:
     deb = BUILT[-1]
     version = deb.name.split("_")[1]
     _install_run_remove(deb, _fresh_root(tmp_path), version)
+
+
+CHROOT = os.environ.get("GPUFLEX_TEST_CHROOT", "")
+
+
+@pytest.mark.skipif(
+    not (BUILT and CHROOT and os.geteuid() == 0),
+    reason="needs the built .deb, root, and GPUFLEX_TEST_CHROOT: a Debian root made by "
+    "debootstrap (installers/README.md); apt in it fetches the package's Depends",
+)
+def test_built_deb_in_a_debian_chroot() -> None:
+    root = Path(CHROOT)
+    deb = BUILT[-1]
+
+    def chroot(*cmd: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
+               "HOME": "/root"}  # fmt: skip
+        return subprocess.run(["chroot", str(root), *cmd], capture_output=True, text=True,
+                              env=env, timeout=900)  # fmt: skip
+
+    chroot("apt-get", "purge", "-y", "-qq", "gpuflex")  # a fresh start if an earlier run failed
+    shutil.copyfile(deb, root / "tmp" / deb.name)
+    try:
+        done = chroot(
+            "apt-get", "install", "-y", "-qq", "--no-install-recommends", f"/tmp/{deb.name}"
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        for program in ("gpuflex-node", "gpuflex-tray"):
+            assert (
+                chroot("sh", "-c", f"command -v {program}").stdout.strip() == f"/usr/bin/{program}"
+            )
+        out = chroot("gpuflex-node", "--version")
+        assert out.returncode == 0 and out.stdout.startswith("gpuflex-node "), out.stderr
+        assert (root / "usr/share/applications/gpuflex-tray.desktop").is_file()
+    finally:
+        (root / "tmp" / deb.name).unlink(missing_ok=True)
+        gone = chroot("apt-get", "purge", "-y", "-qq", "gpuflex")
+    assert gone.returncode == 0, gone.stderr
+    assert not (root / "opt" / "gpuflex").exists()
+    assert not (root / "usr" / "bin" / "gpuflex-node").exists()
+    assert not (root / "usr/share/applications/gpuflex-tray.desktop").exists()
