@@ -98,7 +98,9 @@ def stage(bundle: Path, root: Path, version: str, arch: str) -> None:
     (debian / "control").chmod(0o644)
 
 
-def build(bundle: Path, out_dir: Path, version: str | None = None, compression: str = "xz") -> Path:
+def build(
+    bundle: Path, out_dir: Path, version: str | None = None, compression: str = "zstd"
+) -> Path:
     version = version or (bundle / "VERSION").read_text().strip()
     arch = subprocess.run(
         ["dpkg", "--print-architecture"], capture_output=True, text=True, check=True
@@ -122,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bundle", type=Path, default=Path("dist") / "gpuflex")
     p.add_argument("--out", type=Path, default=Path("dist"))
     p.add_argument("--version", help="default: the bundle's VERSION file")
-    p.add_argument("--compression", default="xz", choices=("xz", "gzip", "zstd", "none"))
+    # zstd: dpkg reads it from Debian 12 and Ubuntu 21.10 on, and packs a 900 MB bundle in
+    # seconds where xz takes half an hour on two busy cores; --compression xz for older ones
+    p.add_argument("--compression", default="zstd", choices=("xz", "gzip", "zstd", "none"))
     args = p.parse_args(argv)
     os.umask(0o022)
     print(build(args.bundle.resolve(), args.out.resolve(), args.version, args.compression))
