@@ -27,7 +27,7 @@ $(VENV)/.dev-installed: pyproject.toml contracts/package-lock.json | $(PY)
 	touch $@
 
 # Debian packages the tests use: installed when running as root and missing.
-DEB_PACKAGES := bubblewrap chromium nginx-light
+DEB_PACKAGES := bubblewrap chromium nginx-light desktop-file-utils
 system-deps:
 	scripts/ensure-debian-packages.sh $(DEB_PACKAGES)
 
@@ -55,11 +55,19 @@ format: dev
 test: lint system-deps
 	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
-# The desktop bundle (tray app and gpuflex-node) for this platform; then starts it.
+# The desktop bundle (tray app and gpuflex-node) for this platform; on Debian also the .deb
+# and the AppImage's AppDir (installers/README.md). Then the tests that need what it built.
+PACKAGE_TESTS := tests/desktop/test_installers.py tests/desktop/test_deb.py tests/desktop/test_appdir.py
 package: dev
 	$(PY) -m pip install -q --disable-pip-version-check "pyinstaller==6.22.3"
 	$(VENV)/bin/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller installers/gpuflex.spec
 	dist/gpuflex/gpuflex-node --version
+	if command -v dpkg-deb >/dev/null; then \
+	  scripts/ensure-debian-packages.sh desktop-file-utils && \
+	  $(PY) installers/linux/build_deb.py --bundle dist/gpuflex --out dist && \
+	  $(PY) installers/linux/build_appdir.py --bundle dist/gpuflex --out dist; fi
+	$(PY) installers/bundle_sizes.py dist/gpuflex
+	$(PY) -m pytest -p no:cacheprovider -q $(PACKAGE_TESTS)
 
 screenshots: dev
 	QT_QPA_PLATFORM=offscreen $(PY) -m desktop.gui.screenshots docs/screenshots

@@ -354,6 +354,34 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return run_probe(args.rest)
 
 
+def cmd_update(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from desktop import updater
+    from desktop.config import Paths
+
+    try:
+        install_dir = Path(args.install_dir).resolve() if args.install_dir else None
+        install_dir = install_dir or updater.running_bundle_dir()
+        source = updater.source_for(install_dir, Paths.default().cache / "update", args.url)
+        current = updater.installed_version(install_dir)
+        if not args.apply:
+            newest = updater.check(source)
+            print(
+                f"update available: {current} -> {newest}" if newest else f"up to date ({current})"
+            )
+            return 0
+        newest = updater.apply(source)
+    except updater.UpdateError as exc:
+        print(f"gpuflex-node update: {exc}", file=sys.stderr)
+        return 1
+    if newest:
+        print(f"updated {current} -> {newest}: restart gpuflex-node and gpuflex-tray to run it")
+    else:
+        print(f"up to date ({current})")
+    return 0
+
+
 def cmd_task(args: argparse.Namespace) -> int:
     from desktop.task_runner import main as run_task
 
@@ -365,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="gpuflex-node", description="GPUFlex contributor agent")
     p.add_argument("--version", action="version", version=f"gpuflex-node {__version__}")
-    commands = "info,bench,login,run,status,pause,resume,stop,logs,settings,datasets,service"
+    commands = "info,bench,login,run,status,pause,resume,stop,logs,settings,datasets,service,update"
     sub = p.add_subparsers(dest="command", required=True, metavar="{" + commands + "}")
 
     s = sub.add_parser("info", help="detected hardware")
@@ -467,6 +495,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("action", choices=("show", "install", "uninstall"))
     s.add_argument("--start", action="store_true", help="with install: enable and start now")
     s.set_defaults(fn=cmd_service)
+    s = sub.add_parser("update", help="check for (or --apply) a signed update of this bundle")
+    s.add_argument("--apply", action="store_true", help="download, verify and install it")
+    s.add_argument("--url", help="the update repository (default: $GPUFLEX_UPDATE_URL, or the "
+                   "bundle's update/url.txt)")  # fmt: skip
+    s.add_argument("--install-dir", help="the bundle folder (default: the running bundle's)")
+    s.set_defaults(fn=cmd_update)
 
     # what the sandbox runs inside a PyInstaller bundle (no `python -m` there)
     s = sub.add_parser("_zygote")  # the warm task worker, in a frozen app (desktop/warm.py)

@@ -55,3 +55,57 @@ def test_built_bundle_starts() -> None:
     tray = subprocess.run([str(BUNDLE.with_name("gpuflex-tray")), "--version"],
                           capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert tray.returncode == 0 and "gpuflex-tray" in tray.stdout
+
+
+def test_inno_setup_script_installs_per_user_and_cleans_up() -> None:
+    # Inno Setup itself runs only on Windows (.github/workflows/installers.yml)
+    iss = (INSTALLERS / "windows" / "gpuflex.iss").read_text()
+    for section in ("[Setup]", "[Files]", "[Icons]", "[Registry]", "[UninstallRun]"):
+        assert section in iss
+    assert "PrivilegesRequired=lowest" in iss  # so that the signed self-update needs no admin
+    assert '#define BundleDir "..\\..\\dist\\gpuflex"' in iss
+    assert "uninsdeletevalue" in iss  # the start-at-login value goes with the app
+
+
+def test_macos_dmg_script_is_valid_shell() -> None:
+    script = INSTALLERS / "macos" / "build_dmg.sh"
+    assert os.access(script, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    assert "hdiutil create" in text and "GPUFlex.app" in text
+
+
+def test_ci_workflow_builds_on_each_platform() -> None:
+    yaml = pytest.importorskip("yaml")
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "installers.yml").read_text())
+    runners = {job["runs-on"] for job in workflow["jobs"].values()}
+    assert {"ubuntu-latest", "windows-latest", "macos-latest"} <= runners
+    steps = str(workflow["jobs"])
+    assert "gpuflex.iss" in steps and "build_dmg.sh" in steps and "make package" in steps
+
+
+@pytest.mark.skipif(not BUNDLE.exists(), reason="no bundle built (make package)")
+def test_built_bundle_carries_the_updater(tmp_path: Path) -> None:
+    # the frozen app imports tufup and reads its own install folder: without a trusted root
+    # (GPUFLEX_UPDATE_ROOT unset at build) it refuses before any network access; with one,
+    # it fails to reach the closed port
+    assert (BUNDLE.parent / "VERSION").read_text().strip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["GPUFLEX_NODE_CACHE_DIR"] = str(tmp_path)
+    out = subprocess.run([str(BUNDLE), "update", "--url", "http://127.0.0.1:9"],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 1
+    shipped = (BUNDLE.parent / "update" / "root.json").exists()
+    reason = "update server unreachable" if shipped else "no trusted root metadata in the bundle"
+    assert reason in out.stderr, out.stderr
+
+
+@pytest.mark.skipif(not BUNDLE.exists(), reason="no bundle built (make package)")
+def test_built_bundle_loads_what_tasks_import(tmp_path: Path) -> None:
+    # the warm task worker imports torch, torch._dynamo and the trainer, then says it is
+    # ready: the trimmed bundle (installers/gpuflex.spec) still holds all a task loads
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    out = subprocess.run([str(BUNDLE), "_zygote", str(tmp_path)], stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert '"zygote": "ready"' in out.stdout, out.stdout + out.stderr[-3000:]
