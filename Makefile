@@ -27,7 +27,10 @@ $(VENV)/.dev-installed: pyproject.toml contracts/package-lock.json | $(PY)
 	touch $@
 
 # Debian packages the tests use: installed when running as root and missing.
-DEB_PACKAGES := bubblewrap chromium nginx-light desktop-file-utils
+# APPIMAGE_PACKAGES build our AppImage runtime (installers/linux/runtime) and the squashfs
+# image: `make package` needs them, and tests/desktop/test_appimage.py builds a tiny AppImage.
+APPIMAGE_PACKAGES := gcc libsquashfuse-dev libfuse3-dev zlib1g-dev libzstd-dev liblzma-dev liblz4-dev squashfs-tools
+DEB_PACKAGES := bubblewrap chromium nginx-light desktop-file-utils $(APPIMAGE_PACKAGES)
 system-deps:
 	scripts/ensure-debian-packages.sh $(DEB_PACKAGES)
 
@@ -55,15 +58,16 @@ format: dev
 test: lint system-deps
 	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
-# The desktop bundle (tray app and gpuflex-node) for this platform; on Debian also the .deb
-# and the AppImage's AppDir (installers/README.md). Then the tests that need what it built.
-PACKAGE_TESTS := tests/desktop/test_installers.py tests/desktop/test_deb.py tests/desktop/test_appdir.py
+# The desktop bundle (tray app and gpuflex-node) for this platform; on Debian also the .deb,
+# the AppImage's AppDir and the AppImage (installers/README.md). Then the tests that need
+# what it built.
+PACKAGE_TESTS := tests/desktop/test_installers.py tests/desktop/test_deb.py tests/desktop/test_appdir.py tests/desktop/test_appimage.py
 package: dev
 	$(PY) -m pip install -q --disable-pip-version-check "pyinstaller==6.22.3"
 	$(VENV)/bin/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller installers/gpuflex.spec
 	dist/gpuflex/gpuflex-node --version
 	if command -v dpkg-deb >/dev/null; then \
-	  scripts/ensure-debian-packages.sh desktop-file-utils && \
+	  scripts/ensure-debian-packages.sh desktop-file-utils $(APPIMAGE_PACKAGES) && \
 	  $(PY) installers/linux/build_deb.py --bundle dist/gpuflex --out dist && \
 	  $(PY) installers/linux/build_appdir.py --bundle dist/gpuflex --out dist; fi
 	$(PY) installers/bundle_sizes.py dist/gpuflex

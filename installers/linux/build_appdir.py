@@ -1,26 +1,37 @@
-"""Build the AppImage's AppDir from a bundle folder (dist/gpuflex), and the AppImage if the
-AppImage runtime is at hand.
+"""Build the AppImage's AppDir from a bundle folder (dist/gpuflex), then the AppImage.
 
     python installers/linux/build_appdir.py --bundle dist/gpuflex --out dist
-    python installers/linux/build_appdir.py ... --runtime runtime-x86_64   # + GPUFlex.AppImage
+    python installers/linux/build_appdir.py ... --runtime runtime-x86_64   # a given runtime
 
-A type-2 AppImage is the AppImage runtime (a small static ELF that mounts or extracts what
-follows it) with a squashfs image of the AppDir appended. The runtime is not packaged by
-Debian or PyPI (appimagetool and the `appimage` PyPI tools download it from GitHub at run
-time), so without `--runtime` this stops at the AppDir, which AppRun runs the same way the
-AppImage's `--appimage-extract-and-run` would (installers/README.md).
+A type-2 AppImage is the AppImage runtime (a small ELF that mounts or extracts what follows
+it) with a squashfs image of the AppDir appended. The official runtime is published only on
+GitHub, so without `--runtime` this builds our own (installers/linux/runtime/runtime.c, on
+Debian's libsquashfuse) when gcc and the libraries are here; otherwise it stops at the
+AppDir and says which package is missing (installers/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 NAME = "GPUFlex"
+RUNTIME_BUILD = HERE / "runtime" / "build.sh"
+# what building the runtime and the image needs: library (for gcc -l) -> Debian package
+RUNTIME_LIBS = {
+    "squashfuse_ll": "libsquashfuse-dev",
+    "fuse3": "libfuse3-dev",
+    "zstd": "libzstd-dev",
+    "z": "zlib1g-dev",
+    "lzma": "liblzma-dev",
+    "lz4": "liblz4-dev",
+}
 
 # AppRun: the tray app by default; `GPUFlex.AppImage node ARGS` (or a symlink named
 # gpuflex-node, which the runtime passes as $ARGV0) runs the agent's CLI.
@@ -49,16 +60,40 @@ def build_appdir(bundle: Path, out_dir: Path) -> Path:
     return appdir
 
 
+def runtime_missing() -> str | None:
+    """Why our runtime cannot be built here (naming the Debian package), or None."""
+    for tool, package in (("gcc", "gcc"), ("mksquashfs", "squashfs-tools")):
+        if not shutil.which(tool):
+            return f"{tool} not found (Debian package {package})"
+    if not Path("/usr/include/squashfuse/ll.h").is_file():
+        return "squashfuse's headers not found (Debian package libsquashfuse-dev)"
+    for lib, package in RUNTIME_LIBS.items():
+        found = [
+            subprocess.run(["gcc", f"-print-file-name=lib{lib}.{ext}"], capture_output=True,
+                           text=True).stdout.strip()
+            for ext in ("a", "so")
+        ]  # fmt: skip
+        if not any(path.startswith("/") for path in found):  # gcc echoes the name if not found
+            return f"lib{lib} not found (Debian package {package})"
+    return None
+
+
+def build_runtime(out: Path) -> Path:
+    """Compile runtime/runtime.c into `out` (runtime/build.sh; see runtime_missing)."""
+    subprocess.run([str(RUNTIME_BUILD), str(out)], check=True)
+    return out
+
+
 def build_appimage(appdir: Path, runtime: Path, out_dir: Path) -> Path:
     """runtime + squashfs(AppDir): the type-2 AppImage format."""
     image = out_dir / f"{NAME}.squashfs"
     image.unlink(missing_ok=True)
     subprocess.run(
         ["mksquashfs", str(appdir), str(image), "-root-owned", "-noappend", "-comp", "zstd",
-         "-quiet"],
+         "-quiet", "-no-progress"],
         check=True,
     )  # fmt: skip
-    appimage = out_dir / f"{NAME}-x86_64.AppImage"
+    appimage = out_dir / f"{NAME}-{platform.machine()}.AppImage"
     with appimage.open("wb") as out:
         out.write(runtime.read_bytes())
         with image.open("rb") as payload:
@@ -72,14 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", type=Path, default=Path("dist") / "gpuflex")
     p.add_argument("--out", type=Path, default=Path("dist"))
-    p.add_argument("--runtime", type=Path, help="the AppImage type-2 runtime for this arch")
+    p.add_argument("--runtime", type=Path, help="a type-2 runtime (default: build ours)")
     args = p.parse_args(argv)
-    appdir = build_appdir(args.bundle.resolve(), args.out.resolve())
+    out = args.out.resolve()
+    appdir = build_appdir(args.bundle.resolve(), out)
     print(appdir)
     if args.runtime:
-        print(build_appimage(appdir, args.runtime, args.out.resolve()))
+        print(build_appimage(appdir, args.runtime, out))
+    elif missing := runtime_missing():
+        print(f"AppImage not assembled: cannot build the AppImage runtime: {missing}")
     else:
-        print("no --runtime: AppImage not assembled (the runtime is not packaged here)")
+        with tempfile.TemporaryDirectory() as tmp:
+            runtime = build_runtime(Path(tmp) / "runtime")
+            print(build_appimage(appdir, runtime, out))
     return 0
 
 
