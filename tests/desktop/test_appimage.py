@@ -157,6 +157,16 @@ def test_extract_a_glob(appimage: Path, tmp_path: Path) -> None:
 
 
 @needs_runtime
+def test_extract_does_not_follow_a_planted_squashfs_root(appimage: Path, tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "squashfs-root").symlink_to(tmp_path / "elsewhere")
+    out = _run([str(appimage), "--appimage-extract"], tmp_path, cwd=tmp_path / "work")
+    assert out.returncode != 0
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+@needs_runtime
 def test_plain_run_mounts_with_fuse(appimage: Path, tmp_path: Path) -> None:
     if not Path("/dev/fuse").exists():
         pytest.skip("no /dev/fuse: the plain run needs FUSE")

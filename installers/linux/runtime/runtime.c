@@ -166,7 +166,8 @@ static int extract(const char *self, off_t offset, const char *dest, const char 
         return -1;
     }
     if (mkdir(dest, 0755) < 0 && errno != EEXIST) { perror(dest); return -1; }
-    int root = open(dest, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* O_NOFOLLOW: a squashfs-root symlink planted in a shared folder is not written through */
+    int root = open(dest, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     sqfs_traverse trv;
     sqfs_err err = SQFS_OK;
     if (root < 0 || sqfs_traverse_open(&trv, &fs, sqfs_inode_root(&fs)) != SQFS_OK) {
