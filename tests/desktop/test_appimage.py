@@ -8,6 +8,7 @@ them the tests skip, naming the missing package.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import platform
@@ -33,7 +34,16 @@ _spec.loader.exec_module(build_appdir)
 MISSING = build_appdir.runtime_missing() if platform.system() == "Linux" else "not Linux"
 needs_runtime = pytest.mark.skipif(MISSING is not None, reason=f"AppImage runtime: {MISSING}")
 
-APPRUN = '#!/bin/sh\necho "args: $*"\necho "appdir: $APPDIR"\necho "argv0: $ARGV0"\n'
+# prints what the runtime gave it, and reads files from the image (through a symlink, and one
+# of several blocks) so that the FUSE mount is read, not only listed
+APPRUN = """#!/bin/sh
+echo "args: $*"
+echo "appdir: $APPDIR"
+echo "argv0: $ARGV0"
+cat "$APPDIR/usr/lib/private"
+sha256sum "$APPDIR/usr/share/big" | cut -d' ' -f1
+"""
+BIG = os.urandom(300_000)
 DESKTOP = (
     "[Desktop Entry]\nType=Application\nName=Tiny\nExec=tiny\nIcon=tiny\nCategories=Utility;\n"
 )
@@ -69,7 +79,7 @@ def appdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (appdir / ".DirIcon").symlink_to("tiny.svg")
     (appdir / "usr" / "share" / "private").write_text("0640\n")
     (appdir / "usr" / "share" / "private").chmod(0o640)
-    (appdir / "usr" / "share" / "big").write_bytes(os.urandom(300_000))  # several blocks
+    (appdir / "usr" / "share" / "big").write_bytes(BIG)  # several squashfs blocks
     (appdir / "usr" / "lib").symlink_to("share")
     return appdir
 
@@ -125,6 +135,7 @@ def test_extract_and_run_passes_arguments_and_cleans_up(
     assert lines[0] == "args: a b c"
     assert lines[1].startswith(f"appdir: {tmp_path}/appimage_extracted_")
     assert lines[2] == f"argv0: {appimage}"
+    assert lines[3:] == ["0640", hashlib.sha256(BIG).hexdigest()]
     assert list(tmp_path.iterdir()) == []  # the extracted copy is gone
 
     # AppRun's exit status is the AppImage's
@@ -176,6 +187,7 @@ def test_plain_run_mounts_with_fuse(appimage: Path, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "args: x y"
+    assert lines[3:] == ["0640", hashlib.sha256(BIG).hexdigest()]  # read through FUSE
     mount_point = lines[1].removeprefix("appdir: ")
     assert mount_point.startswith(f"{tmp_path}/.mount_")
     assert mount_point not in Path("/proc/self/mounts").read_text()  # unmounted after
