@@ -34,6 +34,9 @@
 
 #undef _POSIX_C_SOURCE /* squashfuse's config.h sets its own; glibc's features are fixed above */
 #include <squashfuse/ll.h>
+#if FUSE_USE_VERSION < 30 /* the session calls below are libfuse 3's */
+#error "needs a libsquashfuse built against FUSE 3 (libfuse3), as Debian 12's is"
+#endif
 
 #define RUNTIME_VERSION "gpuflex-appimage-runtime 1 (AppImage type 2)"
 
