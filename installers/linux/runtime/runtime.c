@@ -129,7 +129,10 @@ static int extract_entry(sqfs *fs, int root, const char *path, sqfs_inode_id id)
     sqfs_inode inode;
     if (sqfs_inode_get(fs, &inode, id) != SQFS_OK) { errno = EIO; return -1; }
     char rel[PATH_MAX], *leaf;
-    snprintf(rel, sizeof rel, "%s", path);
+    if (snprintf(rel, sizeof rel, "%s", path) >= (int)sizeof rel) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
     int dir = open_parent(root, rel, &leaf);
     if (dir < 0) return -1;
     /* permission bits only: setuid/setgid/sticky bits from an image are not honoured */
@@ -328,7 +331,7 @@ static int mount_and_run(const char *self, off_t offset, const char *argv0, int 
 
 static const char HELP[] =
     "AppImage options (the rest are passed to the app):\n"
-    "  --appimage-extract [GLOB]   extract the contents (or those matching GLOB) to ./squashfs-root\n"
+    "  --appimage-extract [GLOB]   extract the contents (or what matches GLOB) to ./squashfs-root\n"
     "  --appimage-extract-and-run  extract to a temporary folder, run, and delete it (no FUSE)\n"
     "  --appimage-offset           print the offset of the squashfs image in this file\n"
     "  --appimage-version          print the runtime's version\n"
