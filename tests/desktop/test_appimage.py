@@ -8,11 +8,13 @@ them the tests skip, naming the missing package.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import platform
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -192,6 +194,39 @@ def test_plain_run_mounts_with_fuse(appimage: Path, tmp_path: Path) -> None:
     assert mount_point.startswith(f"{tmp_path}/.mount_")
     assert mount_point not in Path("/proc/self/mounts").read_text()  # unmounted after
     assert list(tmp_path.iterdir()) == []  # and its folder removed
+
+
+@needs_runtime
+@pytest.mark.parametrize("mode", ["fuse", "extract-and-run"])
+def test_sigterm_reaches_apprun_and_the_runtime_cleans_up(
+    runtime: Path, tmp_path: Path, mode: str
+) -> None:
+    sleeper = tmp_path / "Sleeper.AppDir"
+    sleeper.mkdir()
+    (sleeper / "AppRun").write_text('#!/bin/sh\necho "$APPDIR"\nexec sleep 600\n')
+    (sleeper / "AppRun").chmod(0o755)
+    image = build_appdir.build_appimage(sleeper, runtime, tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cmd = [str(image)] if mode == "fuse" else [str(image), "--appimage-extract-and-run"]
+    # its own session, so that a failing run leaves no AppRun behind (killpg below)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(run_dir), start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stdout
+        appdir = proc.stdout.readline().strip()  # AppRun is running once it has printed this
+        if not appdir and mode == "fuse":
+            pytest.skip(f"FUSE mounting is refused here: {proc.communicate(timeout=60)[1]}")
+        proc.terminate()  # SIGTERM to the runtime, which passes it on to AppRun
+        proc.wait(timeout=60)  # a hang guard only
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == 128 + 15  # AppRun's status: killed by SIGTERM
+    assert appdir.startswith(str(run_dir))
+    assert appdir not in Path("/proc/self/mounts").read_text()
+    assert list(run_dir.iterdir()) == []  # mount point or extracted copy removed
 
 
 def _fuse_closed_to_others() -> bool:
