@@ -101,7 +101,8 @@ def test_zero_costs_reproduce_the_pure_model(spec) -> None:
     # marketplace sends it, rather than as per-node deltas; and round 1's download is the spec
     # itself, a few bytes longer with each spec field added: download_codec, weighting,
     # elastic, tracking, and the models a buyer brings and the isolation a job requires)
-    expected = [0.7358975858190046, 1.2302807352713754, 1.724663884723746]  # zones, privacy
+    # (and since: zones, privacy, secure aggregation, sweeps)
+    expected = [0.7377863257261551, 1.232169475178526, 1.7265526246308966]
     assert aware.sim_time_per_round == pytest.approx(expected, rel=1e-12)
 
 
