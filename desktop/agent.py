@@ -1325,12 +1325,9 @@ class Agent:
             session = SecAggSession(self.client, rec.task, stop=self._stop, log=self._info)
             try:
                 data = session.masked_update(data)
-            except (SecAggDropped, ProtocolError) as exc:
-                self._finish_failed(rec, "cancelled", f"secure aggregation: {exc}")
-                return
-            except ApiError as exc:
-                if isinstance(exc, Unavailable):
-                    raise
+            except Unavailable:
+                raise  # the server is away: the task waits, as for any other request
+            except (SecAggDropped, ProtocolError, ApiError) as exc:
                 self._finish_failed(rec, "cancelled", f"secure aggregation: {exc}")
                 return
         t0 = time.monotonic()
@@ -1352,9 +1349,9 @@ class Agent:
         if session is not None:
             try:
                 session.unmask()
+            except Unavailable:
+                raise
             except (SecAggDropped, ProtocolError, ApiError) as exc:
-                if isinstance(exc, Unavailable):
-                    raise
                 self._warn(f"task {rec.id}: secure aggregation's unmasking failed ({exc})")
         residual = self._folder(rec.id) / "residual.next.safetensors"
         if os.path.lexists(residual):  # only once the server has the update it complements
