@@ -18,13 +18,28 @@ from typing import Any
 
 import httpx
 
-from marketplace.client import Client, GPUFlexError
+from marketplace.client import Client, GPUFlexError, missing_spec_files, server_url
 
 SETTINGS = "marketplace.server.settings.base"
 
 
 def build_client(args: argparse.Namespace) -> Client:
     return Client(args.server, args.key)
+
+
+class CliError(Exception):
+    """A mistake in the command line or the files it names: one line on stderr, exit 2."""
+
+
+def _job_id(client: Client, ref: str) -> str:
+    """The full id of the job `ref` names: its id, or a unique start of it (the web's 8)."""
+    return client.resolve_job(ref)
+
+
+def _need_file(path: str | None, what: str) -> None:
+    if path is not None and not os.path.isfile(path):
+        problem = "is a folder, not a file" if os.path.isdir(path) else "does not exist"
+        raise CliError(f"{what} {path} {problem}")
 
 
 # -- server commands ---------------------------------------------------------------------
@@ -48,7 +63,39 @@ def _exec(cmd: list[str], env: dict[str, str]) -> int:
     return 0  # not reached
 
 
+# the management commands that run without a database: everything else reads one
+NEEDS_NO_DATABASE = frozenset(
+    {"migrate", "makemigrations", "check", "help", "version", "collectstatic", "diffsettings",
+     "--help", "-h", "--version"}
+)  # fmt: skip
+
+
+def missing_database(command: str | None, env: dict[str, str]) -> str | None:
+    """Why `gpuflex manage COMMAND` cannot run here, or None: with the default settings and
+    no DATABASE_URL the database is the data folder's SQLite file, and a command that reads
+    it must find it (run elsewhere it would create an empty `.gpuflex/` and fail on its
+    missing tables)."""
+    if command in NEEDS_NO_DATABASE or command is None:
+        return None
+    if env.get("DATABASE_URL") or env.get("DJANGO_SETTINGS_MODULE", SETTINGS) != SETTINGS:
+        return None
+    data = Path(env.get("GPUFLEX_DATA_DIR") or Path.cwd() / ".gpuflex").resolve()
+    if (data / "gpuflex.sqlite3").is_file():
+        return None
+    return (
+        f"no marketplace database in {data} (the data folder: GPUFLEX_DATA_DIR, by default "
+        "./.gpuflex). Run it from the folder the server ran in, set GPUFLEX_DATA_DIR to "
+        "that server's data folder (the demo's: GPUFLEX_DATA_DIR=.gpuflex-demo/server), or "
+        "set DATABASE_URL; `gpuflex manage migrate` creates a new one"
+    )
+
+
 def cmd_manage(args: argparse.Namespace) -> int:
+    words = [a for a in args.rest if not a.startswith("-")] or args.rest
+    command = words[0] if words else None
+    if (problem := missing_database(command, dict(os.environ))) is not None:
+        print(f"gpuflex manage {command}: {problem}", file=sys.stderr)
+        return 2
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS)
     from marketplace.manage import main as manage
 
@@ -154,7 +201,29 @@ class UploadBar:
             self.bar.close()
 
 
+def _check_submit_files(args: argparse.Namespace) -> None:
+    """Every file the command will read exists, before anything is sent: the spec, the
+    files given as options, and those the spec names beside it (paths relative to it)."""
+    _need_file(args.spec, "the spec file")
+    _need_file(args.dataset, "the --dataset file")
+    _need_file(args.checkpoint, "the --checkpoint file")
+    _need_file(args.model_config, "the --model-config file")
+    given = {"dataset.path": args.dataset, "model.checkpoint": args.checkpoint,
+             "model.config": args.model_config}  # fmt: skip
+    missing = missing_spec_files(Path(args.spec), federated=bool(args.federated))
+    for field, path in missing.items():
+        if given.get(field) is None:
+            option = {"dataset.path": " or pass --dataset FILE",
+                      "model.checkpoint": " or pass --checkpoint FILE",
+                      "model.config": " or pass --model-config FILE"}.get(field, "")  # fmt: skip
+            raise CliError(
+                f"the spec's {field} names {path.name!r}, which is not at {path} (paths in a "
+                f"spec are relative to the spec file): put it there{option}"
+            )
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
+    _check_submit_files(args)
     bar = UploadBar(f"uploading {os.path.basename(args.dataset or '')}")
     with build_client(args) as client:
         try:
@@ -172,6 +241,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
         finally:
             bar.close()
         print(f"submitted {job['id']} ({job['name']}, {job.get('kind', 'train')})")
+        if args.max_price is None and job.get("max_price_per_gpu_hour") is not None:
+            print(
+                f"max price {job['max_price_per_gpu_hour']} per GPU-hour: the market's "
+                "median asking price of the nodes that fit (--max-price sets another)"
+            )
         if args.follow:
             job = _progress(client, job, args.interval)
             print(f"{job['id']}: {job['status']} after {job['rounds_done']} round(s)")
@@ -182,6 +256,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_upload(args: argparse.Namespace) -> int:
+    _need_file(args.file, "the file")
     bar = UploadBar(f"uploading {os.path.basename(args.file)}")
     with build_client(args) as client:
         try:
@@ -243,9 +318,18 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def cmd_jobs_action(args: argparse.Namespace) -> int:
+    """`gpuflex jobs cancel|pause|resume JOB`."""
+    with build_client(args) as client:
+        job_id = _job_id(client, args.job)
+        job = getattr(client, args.jobs_command)(job_id)
+    print(f"{job['id']}: {job['status']} after {job['rounds_done']} round(s)")
+    return 0
+
+
 def cmd_predictions(args: argparse.Namespace) -> int:
     with build_client(args) as client:
-        path = client.predictions(args.job, args.output)
+        path = client.predictions(_job_id(client, args.job), args.output)
     print(f"predictions: {path}")
     return 0
 
@@ -262,7 +346,7 @@ def _epsilon(privacy: dict[str, Any] | None) -> str:
 
 def cmd_download(args: argparse.Namespace) -> int:
     with build_client(args) as client:
-        model, record = client.download(args.job, args.output, args.format)
+        model, record = client.download(_job_id(client, args.job), args.output, args.format)
     print(f"model: {model}\nprovenance: {record}")
     return 0
 
@@ -278,7 +362,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from marketplace.verify import dumps, format_verification
 
     with build_client(args) as client:
-        result = client.verify(args.job, _chain_url(args), args.output)
+        result = client.verify(_job_id(client, args.job), _chain_url(args), args.output)
     print(dumps(result) if args.json else format_verification(result))
     return 0 if result.ok else 1
 
@@ -322,8 +406,9 @@ def cmd_contributions(args: argparse.Namespace) -> int:
 
 def cmd_jobs_export(args: argparse.Namespace) -> int:
     with build_client(args) as client:
-        where = client.export(args.job, args.to, args.target)
-    print(f"{args.job} logged to {args.to}: {where}")
+        job_id = _job_id(client, args.job)
+        where = client.export(job_id, args.to, args.target)
+    print(f"{job_id} logged to {args.to}: {where}")
     return 0
 
 
@@ -402,7 +487,12 @@ def parser() -> argparse.ArgumentParser:
     j.add_argument(
         "--budget", required=True, help="credits to hold in escrow; unspent credit comes back"
     )
-    j.add_argument("--max-price", default="1.00", help="per GPU-hour")
+    j.add_argument(
+        "--max-price",
+        default=None,
+        help="the most a node may ask per GPU-hour (default: the market's price, the median "
+        "asking price of the online nodes that fit the job)",
+    )
     j.add_argument(
         "--federated", metavar="NAME",
         help="federated: train on the nodes' local dataset NAME, which never leaves them "
@@ -430,7 +520,7 @@ def parser() -> argparse.ArgumentParser:
     x = jobs_sub.add_parser(
         "export", help="log a job's params, per-round metrics and model to a tracker"
     )
-    x.add_argument("job")
+    x.add_argument("job", help="the job's id, or its first characters")
     x.add_argument("--to", choices=["mlflow", "tensorboard", "wandb"], required=True)
     x.add_argument(
         "--target",
@@ -438,6 +528,12 @@ def parser() -> argparse.ArgumentParser:
         "runs/JOB); wandb: folder for the offline run (default .)",
     )
     x.set_defaults(func=cmd_jobs_export)
+    for action, what in (("cancel", "cancel a job: it ends, and its unspent escrow returns"),
+                         ("pause", "pause a job: no new work is leased until it resumes"),
+                         ("resume", "resume a paused job")):  # fmt: skip
+        a = jobs_sub.add_parser(action, help=what)
+        a.add_argument("job", help="the job's id, or its first characters (8, as the web shows)")
+        a.set_defaults(func=cmd_jobs_action)
 
     ex = sub.add_parser("examples", help="write the files the examples/ specs train on")
     ex_sub = ex.add_subparsers(dest="examples_command", required=True)
@@ -461,7 +557,7 @@ def parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_demo)
 
     d = sub.add_parser("download", help="download a job's model and provenance record")
-    d.add_argument("job")
+    d.add_argument("job", help="the job's id, or its first characters")
     d.add_argument("-o", "--output", default=".")
     d.add_argument(
         "--format",
@@ -474,7 +570,7 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser(
         "verify", help="check a job's model against the chain (model, provenance, anchor)"
     )
-    v.add_argument("job")
+    v.add_argument("job", help="the job's id, or its first characters")
     v.add_argument("--chain-url", default="", help="JSON-RPC URL (env GPUFLEX_CHAIN_URL)")
     v.add_argument("-o", "--output", default=".", help="where the download goes")
     v.add_argument("--json", action="store_true")
@@ -505,22 +601,53 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_contributions)
 
     r = sub.add_parser("predictions", help="download an inference job's predictions (Parquet)")
-    r.add_argument("job")
+    r.add_argument("job", help="the job's id, or its first characters")
     r.add_argument("-o", "--output", default=None, help="default JOB.predictions.parquet")
     r.set_defaults(func=cmd_predictions)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every failure is one line on stderr and an exit status, never a traceback: 2 for a
+    mistake (the command's, its files', the server's answer), 130 when interrupted, 141
+    (as a shell reports SIGPIPE) when the reader of our output went away (`| head`)."""
     args = parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit past our handler
+        return status
     except GPUFlexError as exc:
         print(f"gpuflex: {exc.detail} ({exc.status} {exc.code})", file=sys.stderr)
         return 2
     except httpx.TransportError as exc:
-        print(f"gpuflex: cannot reach the marketplace: {exc}", file=sys.stderr)
+        url = server_url(getattr(args, "server", None))
+        print(f"gpuflex: cannot reach the marketplace at {url} ({exc or type(exc).__name__}); "
+              "point the CLI at yours with --server URL or GPUFLEX_SERVER=URL",
+              file=sys.stderr)  # fmt: skip
         return 2
+    except CliError as exc:
+        print(f"gpuflex {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
+    except OSError as exc:  # a file it could not read or write
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"gpuflex {args.command}: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"gpuflex {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _silence_stdout() -> None:
+    """Whatever is still buffered for a closed pipe goes nowhere, so the interpreter's own
+    flush at exit does not fail with a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # not a real file (a test's capture): nothing to silence
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 import time
+import uuid
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,7 +52,8 @@ class Client:
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        server = (server or os.environ.get("GPUFLEX_SERVER") or DEFAULT_SERVER).rstrip("/")
+        server = server_url(server)
+        self.server = server
         key = api_key or os.environ.get("GPUFLEX_API_KEY", "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx.Client(
@@ -95,7 +97,7 @@ class Client:
         dataset: str | Path | None = None,
         budget: str,
         tier: str = "hybrid",
-        max_price_per_gpu_hour: str = "1.00",
+        max_price_per_gpu_hour: str | None = None,
         federated: str = "",
         progress: Progress | None = None,
         chunked_above: int | None = None,
@@ -113,14 +115,17 @@ class Client:
         weights, or the model an evaluate / inference job scores), `model_config` (an hf_*
         model's config.json) and `uploads` ({form field: path}) name others. A dataset larger
         than `chunked_above` bytes (CHUNKED_ABOVE), or one the server finds too large to take
-        inline, goes as a chunked upload first (`upload`, reporting to `progress`)."""
+        inline, goes as a chunked upload first (`upload`, reporting to `progress`).
+        `max_price_per_gpu_hour` None: the server sets the market's price, the median asking
+        price of the online nodes that fit the job (the job's `max_price_per_gpu_hour`)."""
         text = json.dumps(spec) if isinstance(spec, dict) else Path(spec).read_text("utf-8")
         form = {
             "spec": text,
             "tier": tier,
             "budget": str(budget),
-            "max_price_per_gpu_hour": str(max_price_per_gpu_hour),
         }
+        if max_price_per_gpu_hour is not None:  # else the market's price (the server's)
+            form["max_price_per_gpu_hour"] = str(max_price_per_gpu_hour)
         if federated:
             form["federated_dataset"] = federated
         named = {} if isinstance(spec, dict) else spec_files(Path(spec), federated=bool(federated))
@@ -230,6 +235,25 @@ class Client:
 
     def jobs(self) -> list[dict[str, Any]]:
         return list(self._pages("jobs/"))
+
+    def resolve_job(self, ref: str) -> str:
+        """A job's full id from its id or a unique start of it (the 8 characters the web
+        shows). GPUFlexError 404 `not_found` when none of your jobs' ids starts so, 400
+        `ambiguous_id` (naming them) when several do."""
+        ref = ref.strip().lower()
+        with contextlib.suppress(ValueError):
+            return str(uuid.UUID(ref))
+        found = self._json("GET", "jobs/", params={"id_prefix": ref, "limit": 5})
+        ids = [job["id"] for job in found["results"]]
+        if not ids:
+            raise GPUFlexError(404, "not_found", f"none of your jobs has an id starting with "
+                               f"{ref!r} (`gpuflex jobs` lists them)")  # fmt: skip
+        if len(ids) > 1:
+            shown = ", ".join(i[: len(ref) + 4] + "…" for i in ids)
+            more = " and more" if found.get("count", len(ids)) > len(ids) else ""
+            raise GPUFlexError(400, "ambiguous_id", f"{ref!r} starts the ids of several of your "
+                               f"jobs ({shown}{more}); give more of the id")  # fmt: skip
+        return ids[0]
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"jobs/{job_id}/")
@@ -403,6 +427,12 @@ class Client:
         return self._json("GET", "market/capacity")
 
 
+def server_url(server: str | None = None) -> str:
+    """The marketplace a client talks to: `server`, else $GPUFLEX_SERVER, else the local
+    default (DEFAULT_SERVER)."""
+    return (server or os.environ.get("GPUFLEX_SERVER") or DEFAULT_SERVER).rstrip("/")
+
+
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
@@ -459,6 +489,20 @@ def spec_files(spec_path: Path, federated: bool = False) -> dict[str, Path]:
     dataset (unless built in, or federated: the nodes hold that), tokenizer.json, and an
     hf_* model's config.json and checkpoint. A spec that does not parse names none here;
     the server reports its problems."""
+    return {field: path for field, path in _named_files(spec_path, federated).items()
+            if path.is_file()}  # fmt: skip
+
+
+def missing_spec_files(spec_path: Path, federated: bool = False) -> dict[str, Path]:
+    """{spec field: path} for the files a spec file names that are not beside it (a dataset
+    moved or not written yet): `gpuflex submit` names them before sending anything."""
+    fields = {"dataset": "dataset.path", "dataset_tokenizer": "dataset.tokenizer",
+              "model_config": "model.config", "model_checkpoint": "model.checkpoint"}  # fmt: skip
+    named = _named_files(spec_path, federated)
+    return {fields[f]: path for f, path in named.items() if not path.is_file()}
+
+
+def _named_files(spec_path: Path, federated: bool) -> dict[str, Path]:
     from trainer.spec import SpecError, load_spec
 
     try:
@@ -471,9 +515,5 @@ def spec_files(spec_path: Path, federated: bool = False) -> dict[str, Path]:
         "model_config": spec.model.config if isinstance(spec.model.config, str) else None,
         "model_checkpoint": spec.model.checkpoint,
     }
-    found = {}
-    for field, name in named.items():
-        path = (spec_path.parent / name).expanduser() if name else None
-        if path is not None and path.is_file():
-            found[field] = path
-    return found
+    return {field: (spec_path.parent / name).expanduser()
+            for field, name in named.items() if name}  # fmt: skip

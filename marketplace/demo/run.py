@@ -147,17 +147,31 @@ def _serve(cluster: Cluster, people: dict[str, Any], summary: dict[str, Any], ou
     from marketplace.demo.summary import print_summary
 
     print_summary(summary, lambda line: print(line, file=out))
-    print(f"\nthe marketplace stays up at {cluster.url}/ (API: {cluster.url}/api/v1/docs/)",
-          file=out)  # fmt: skip
-    for login in people.values():
-        print(f"  log in as {login.username:9} password {PASSWORD}  ({login.role}; API key "
-              f"{login.key})", file=out)  # fmt: skip
+    for line in serve_lines(cluster.url, list(people.values()), PASSWORD):
+        print(line, file=out)
     print("Ctrl-C stops it.", file=out, flush=True)
     try:
         while True:
             time.sleep(0.5)
     except KeyboardInterrupt:
         pass
+
+
+def serve_lines(url: str, people: list[Any], password: str) -> list[str]:
+    """What `demo --serve` says once the job is done: where the marketplace is, the logins,
+    and how to point the `gpuflex` CLI at it as the buyer."""
+    lines = [f"\nthe marketplace stays up at {url}/ (API: {url}/api/v1/docs/)"]
+    for login in people:
+        lines.append(f"  log in as {login.username:9} password {password}  ({login.role}; "
+                     f"API key {login.key})")  # fmt: skip
+    buyer = next((p for p in people if p.role == "buyer"), None)
+    if buyer is not None:
+        lines += [
+            "point the gpuflex CLI at it, as the buyer (another terminal):",
+            f"  export GPUFLEX_SERVER={url} GPUFLEX_API_KEY={buyer.key}",
+            "  gpuflex jobs      # or: gpuflex --server URL --key KEY jobs",
+        ]
+    return lines
 
 
 def main(args: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import Count, Prefetch, QuerySet
 
 from marketplace.accounts.models import User
+from marketplace.jobs.market import why_no_node
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node, NodeState
 from marketplace.nodes.selectors import online_nodes
@@ -78,13 +79,13 @@ def job_node_states(job: Job) -> dict:
             reasons.append({"state": r["state"], "reason": reason, "nodes": r["n"]})
     reasons.sort(key=lambda x: (-x["nodes"], x["state"], x["reason"]))
     total = sum(counts.values())
-    return {"nodes": total, "counts": counts, "reasons": reasons,
-            "summary": _node_summary(total, counts, reasons)}  # fmt: skip
+    # no node: why, in figures (the price cap against the cheapest node that fits, or the
+    # requirement no node meets), the one sentence every surface shows
+    summary = why_no_node(job) if total == 0 else _node_summary(counts, reasons)
+    return {"nodes": total, "counts": counts, "reasons": reasons, "summary": summary}
 
 
-def _node_summary(total: int, counts: dict[str, int], reasons: list[dict]) -> str:
-    if total == 0:
-        return "no node online can take this job (price, memory or tier)"
+def _node_summary(counts: dict[str, int], reasons: list[dict]) -> str:
     parts = [f"{n} {state}" for state, n in counts.items() if n and state in ("working", "idle")]
     for r in reasons:
         noun = "node" if r["nodes"] == 1 else "nodes"

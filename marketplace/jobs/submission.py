@@ -31,6 +31,7 @@ from marketplace.jobs.dataset_files import (
 )
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
 from marketplace.jobs.limits import describe_cap, model_cap
+from marketplace.jobs.market import ANY_PRICE, market_price
 from marketplace.jobs.model_files import checkpoint_name, receive_model_files
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.jobs.preparation import enqueue_preparation
@@ -39,6 +40,7 @@ from marketplace.ledger.services import check_credit, fund_child, hold_budget
 from marketplace.nodes.models import Node
 from marketplace.rounds import resharding
 from marketplace.rounds.lifecycle import quorum_units, schema_misfit
+from marketplace.rounds.planning import JobNeeds
 from marketplace.uploads import services as uploads
 from marketplace.uploads.models import Upload
 from trainer.aggregation import build_strategy, round_size_problems
@@ -142,9 +144,11 @@ def _load(
         shown = assembled_name or assembled.name
         return load_uploaded_dataset(spec, assembled, shown, tokenizer), assembled
     if upload is None:
+        path = spec.dataset.path
+        named = f" (the spec's dataset.path names {path!r})" if path else ""
         raise InvalidDataset(
-            f"Dataset kind {kind!r} needs an uploaded file in the 'dataset' field, or a "
-            "finished upload's id in 'dataset_upload'."
+            f"Dataset kind {kind!r} needs its file uploaded{named}: send it in the 'dataset' "
+            "field, or a finished upload's id in 'dataset_upload'."
         )
     limit = settings.GPUFLEX["MAX_DATASET_BYTES"]
     if upload.size is not None and upload.size > limit:
@@ -167,7 +171,7 @@ def submit_job(
     dataset_upload: UploadedFile | None = None,
     tier: str = Tier.HYBRID,
     budget: Decimal,
-    max_price_per_gpu_hour: Decimal,
+    max_price_per_gpu_hour: Decimal | None = None,
     federated_dataset: str = "",
     model_config: UploadedFile | None = None,
     model_checkpoint: UploadedFile | None = None,
@@ -185,7 +189,10 @@ def submit_job(
 
     A sweep (`kind: sweep`) is checked as its trials' base spec would be, and stored with its
     dataset but no shards: its trials are submitted here too, each with `parent` (the
-    sweep, which funds it from its escrow and whose dataset file it reads)."""
+    sweep, which funds it from its escrow and whose dataset file it reads).
+
+    `max_price_per_gpu_hour` None: the market's price for it (jobs/market.py), the median
+    asking price of the online nodes that fit its requirements and tier."""
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
     if spec.scoring and federated_dataset:
         raise _spec_error([("kind", f"a {spec.kind} job scores an uploaded dataset, not a "
@@ -265,6 +272,9 @@ def submit_job(
             stored_spec = stored_spec.replace(
                 dataset=stored_spec.dataset.model_copy(update={"path": shown})
             )
+        min_memory_gb = max(spec.requirements.min_memory_gb, _memory_gb(spec, footprint))
+        if max_price_per_gpu_hour is None:
+            max_price_per_gpu_hour = market_price(_needs(spec, min_memory_gb), tier)
         return _store(
             buyer=buyer,
             spec=stored_spec,
@@ -274,7 +284,7 @@ def submit_job(
             plans=plans,
             checkpoint=received.checkpoint,
             footprint=footprint,
-            min_memory_gb=max(spec.requirements.min_memory_gb, _memory_gb(spec, footprint)),
+            min_memory_gb=min_memory_gb,
             tier=tier,
             budget=budget,
             max_price=_max_price(spec, max_price_per_gpu_hour),
@@ -357,6 +367,13 @@ def _check_round_size(spec: JobSpec, shards: int) -> None:
     problems = round_size_problems(spec.aggregation, quorum_units(quorum, shards), source)
     if problems:
         raise _spec_error(problems)
+
+
+def _needs(spec: JobSpec, min_memory_gb: float) -> JobNeeds:
+    """What the job will ask of a node (its row's NEEDS_FIELDS), any price."""
+    r = spec.requirements
+    return JobNeeds(ANY_PRICE, min_memory_gb, r.min_vram_gb, r.min_fp32_tflops,
+                    r.gpu_required, r.isolation == "full")  # fmt: skip
 
 
 def _max_price(spec: JobSpec, given: Decimal) -> Decimal:

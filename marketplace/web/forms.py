@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django import forms
 from django.contrib.auth import password_validation
@@ -104,7 +105,6 @@ class JobForm(forms.Form):
         min_value=Decimal("0"),
         max_digits=10,
         decimal_places=4,
-        initial=Decimal("1.00"),
     )
     federated_dataset = forms.RegexField(
         regex=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
@@ -116,6 +116,18 @@ class JobForm(forms.Form):
         "then only evaluated on. Verified by statistical checks, not replicas.",
         error_messages={"invalid": "A dataset name: letters, digits, '_', '.', '-'."},
     )
+
+    def __init__(self, *args: Any, market_price: Decimal, online: bool, **kwargs: Any) -> None:
+        """`market_price`: the default cap, the market's price now (jobs/market.py)."""
+        super().__init__(*args, **kwargs)
+        field = self.fields["max_price_per_gpu_hour"]
+        field.initial = market_price
+        field.help_text = (
+            f"By default the median asking price of the nodes online now ({market_price}): "
+            "about half of them take the job. Lower waits for cheaper nodes; higher uses more."
+            if online
+            else f"No node is online now; {market_price} is the top of the usual range."
+        )
 
 
 class PriceForm(forms.Form):

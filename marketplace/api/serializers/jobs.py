@@ -55,7 +55,13 @@ class JobSubmitSerializer(serializers.Serializer):
         help_text="credits held in escrow from your balance while the job runs",
     )
     max_price_per_gpu_hour = serializers.DecimalField(
-        max_digits=10, decimal_places=4, min_value=Decimal("0")
+        max_digits=10,
+        decimal_places=4,
+        min_value=Decimal("0"),
+        required=False,
+        allow_null=True,
+        help_text="the most a node may ask per reference GPU-hour; left out: the market's "
+        "price, the median asking price of the online nodes that fit the job",
     )
     federated_dataset = serializers.CharField(
         required=False,

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
@@ -41,6 +43,8 @@ from marketplace.rounds.scoring import predictions_file
 from marketplace.rounds.selectors import rounds_of
 from trainer.export import FORMATS
 
+_ID_PREFIX = re.compile(r"[0-9a-f-]+")
+
 
 class BuyerView(APIView):
     permission_classes = [IsBuyer]
@@ -56,7 +60,25 @@ class JobListView(generics.ListAPIView):
     throttle_classes = [KeyRateThrottle, SubmitThrottle]  # submissions per buyer
 
     def get_queryset(self):
-        return jobs_of(self.request.user).order_by("-created_at")
+        jobs = jobs_of(self.request.user).order_by("-created_at")
+        prefix = self.request.query_params.get("id_prefix")
+        if prefix is not None:
+            jobs = jobs.filter(id__startswith=_id_prefix(prefix))
+        return jobs
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "id_prefix",
+                str,
+                required=False,
+                description="only jobs whose id starts with this (hex digits and hyphens, as "
+                "the web shows the first 8): how `gpuflex` resolves a short id",
+            )
+        ]
+    )
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
 
     @extend_schema(request=JobSubmitSerializer, responses={201: JobSerializer, **errors(402, 413)})
     def post(self, request: Request) -> Response:
@@ -70,7 +92,7 @@ class JobListView(generics.ListAPIView):
             dataset_upload_id=data.get("dataset_upload"),
             tier=data["tier"],
             budget=data["budget"],
-            max_price_per_gpu_hour=data["max_price_per_gpu_hour"],
+            max_price_per_gpu_hour=data.get("max_price_per_gpu_hour"),
             federated_dataset=data["federated_dataset"],
             model_config=data.get("model_config"),
             model_checkpoint=data.get("model_checkpoint"),
@@ -78,6 +100,16 @@ class JobListView(generics.ListAPIView):
         )
         job = jobs_of(request.user).get(pk=job.pk)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+
+def _id_prefix(text: str) -> str:
+    """A job id's start as the database compares it: lowercase hex digits and hyphens."""
+    prefix = text.strip().lower()
+    if not prefix or len(prefix) > 36 or not _ID_PREFIX.fullmatch(prefix):
+        raise serializers.ValidationError(
+            {"id_prefix": ["The start of a job id: 1 to 36 hex digits and hyphens."]}
+        )
+    return prefix
 
 
 class JobDetailView(generics.RetrieveAPIView):

@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served locally (SPECTACULAR_SETTINGS)
     "axes",  # web login lockout (AXES_* below)
     "marketplace.accounts",
     "marketplace.nodes",
@@ -394,6 +395,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    # Swagger UI's and ReDoc's scripts from the server itself (drf-spectacular-sidecar's
+    # static files), not a CDN: /api/v1/docs/ works offline and behind a strict firewall
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "NodeStateEnum": "marketplace.nodes.models.NodeState",
         "JobStatusEnum": "marketplace.jobs.models.JobStatus",

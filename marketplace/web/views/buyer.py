@@ -18,6 +18,7 @@ from marketplace.events.stream import event_stream
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, InvalidSpec, MarketplaceError
 from marketplace.jobs.export import formats_for, job_model_download
+from marketplace.jobs.market import market_price
 from marketplace.jobs.models import Job
 from marketplace.jobs.selectors import jobs_of, scoring_result
 from marketplace.jobs.services import cancel_job, pause_job, resume_job
@@ -124,7 +125,10 @@ def _submit(request: HttpRequest, form: JobForm) -> tuple[Job | None, list[dict]
 
 @buyer_required
 def job_new(request: HttpRequest) -> HttpResponse:
-    form = JobForm(request.POST or None, request.FILES or None)
+    form = JobForm(
+        request.POST or None, request.FILES or None,
+        market_price=market_price(), online=online_nodes().exists(),
+    )  # fmt: skip
     problems: list[dict] = []
     error = ""
     status, retry_after = 400, None
