@@ -92,3 +92,52 @@ def test_serve_in_development_mode_runs_without_a_secret_key(calls, monkeypatch)
     calls.clear()
     monkeypatch.setenv("GPUFLEX_DEV", "1")
     assert cli.main(["serve"]) == 0 and len(calls) == 2
+
+
+def test_manage_outside_a_data_folder_says_where_and_creates_nothing(tmp_path) -> None:
+    """#37 item 9: `gpuflex manage reconcile` run in the clone created an empty `.gpuflex/`
+    and failed with `OperationalError: no such table: ledger_entry`."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE", "GPUFLEX_DATA_DIR")}  # fmt: skip
+    command = [sys.executable, "-m", "marketplace.cli", "manage", "reconcile"]
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1, run.stderr
+    assert f"no marketplace database in {tmp_path / '.gpuflex'}" in run.stderr
+    assert "GPUFLEX_DATA_DIR=.gpuflex-demo/server" in run.stderr
+    assert not (tmp_path / ".gpuflex").exists()
+
+
+def test_demo_serve_says_how_to_point_the_cli_at_it() -> None:
+    from marketplace.demo.accounts import Login
+    from marketplace.demo.run import serve_lines
+
+    people = [Login("operator", "operator", "gfx_u_op"), Login("buyer", "buyer", "gfx_u_buy")]
+    text = "\n".join(serve_lines("http://127.0.0.1:8123", people, "pw"))
+    assert "export GPUFLEX_SERVER=http://127.0.0.1:8123 GPUFLEX_API_KEY=gfx_u_buy" in text
+    assert "log in as buyer" in text and "http://127.0.0.1:8123/api/v1/docs/" in text
+
+
+def test_the_demos_line_names_the_jobs_own_time() -> None:
+    """#37 item 11: "completed after 5 rounds in 102.1 s" was the whole demo's run time."""
+    from marketplace.demo.summary import print_summary
+
+    summary = {
+        "job_id": "j", "status": "completed", "rounds": 5, "wall_s": 102.1,
+        "submit_to_end_s": 26.0, "accuracy_per_round": [0.9], "nodes": [],
+        "bytes_up_per_node": {}, "bytes_down_per_node": {}, "utilization": None,
+        "verified_contributions": 0, "buyer_budget": "1", "buyer_cost": "0",
+        "redundancy_cost": "0", "quality_bonus": "0", "buyer_refund": "1",
+        "provider_earnings_total": "0", "platform_fee": "0", "ledger_balanced": True,
+        "ledger_problems": [], "provenance_verified": True, "model_path": "m",
+        "model_hash": "0" * 64,
+    }  # fmt: skip
+    lines: list[str] = []
+    print_summary(summary, lines.append)
+    assert "job j: completed after 5 rounds in 26.0 s from submission" in lines[1]
+    assert "the demo ran 102.1 s, start-up included" in lines[1]
