@@ -33,6 +33,8 @@ from marketplace.uploads.errors import (
 )
 from marketplace.uploads.models import Upload, UploadStatus
 from marketplace.uploads.selectors import quota_used, upload_of
+from trainer.datasets.base import DatasetError
+from trainer.datasets.tabular import check_csv_head
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +128,36 @@ def write_chunk(
             _discard(upload_of(owner, upload_id, lock=True))
         raise Conflict(f"Upload {upload_id} lost its received bytes on the server; start a "
                        "new upload.")  # fmt: skip
+    if start == 0 and (problem := head_problem(upload)) is not None:
+        # refused from its first chunk, not after gigabytes: the session and its bytes go now
+        with transaction.atomic():
+            _discard(upload_of(owner, upload_id, lock=True))
+        raise InvalidDataset(
+            f"The upload was refused at its first chunk and its bytes removed: {problem}. "
+            "Fix the file and upload it again."
+        )
     return upload
+
+
+# how much of a file's start the early format check reads (far more than a CSV field may be)
+HEAD_BYTES = 4 * 2**20
+
+
+def head_problem(upload: Upload) -> str | None:
+    """What the start of the upload's file already shows is wrong, for the formats whose
+    start says something on its own (CSV: the text, the header, the field size, the rows'
+    widths); None for the others, checked whole when a job uses the file."""
+    if not upload.filename.lower().endswith(".csv"):
+        return None
+    path = partial.partial_path(upload.pk)
+    with path.open("rb") as fh:
+        head = fh.read(HEAD_BYTES)
+    whole = upload.received >= upload.size and len(head) == upload.size
+    try:
+        check_csv_head(head, whole, upload.filename)
+    except DatasetError as exc:
+        return str(exc)
+    return None
 
 
 def _write_chunk(

@@ -69,8 +69,9 @@ def send_all(client, upload_id: str, data: bytes, chunk: int = 300) -> None:
 
 def test_chunks_in_order_then_finish_stores_the_file(buyer) -> None:
     data = payload(1000)
-    up = create(buyer, data, "my data.csv").json()
-    assert up["status"] == "open" and up["received"] == 0 and up["filename"] == "my_data.csv"
+    # (binary: not named .csv, which would be refused at its first chunk as not UTF-8)
+    up = create(buyer, data, "my data.npz").json()
+    assert up["status"] == "open" and up["received"] == 0 and up["filename"] == "my_data.npz"
     send_all(buyer, up["id"], data)
     assert media_files() == []  # nothing in storage before the file is checked
     done = finish(buyer, up["id"])
@@ -271,7 +272,7 @@ def test_a_job_takes_a_finished_upload_as_its_dataset(
 def test_submission_checks_the_uploads_format_and_state(buyer, make_user) -> None:
     from tests.marketplace.helpers import client_for
 
-    bad = finished(buyer, b"a,b,label\n1,2\n3,x,1\n")
+    bad = finished(buyer, b"a,b,label\n1,2,0\n3,x,1\n")  # 'x': found at submission
     r = submit_with(buyer, bad)
     assert r.status_code == 400 and r.json()["error"] == "invalid_dataset", r.content
     assert Upload.objects.get(pk=bad).status == UploadStatus.COMPLETE  # kept: nothing used
@@ -290,3 +291,41 @@ def test_submission_checks_the_uploads_format_and_state(buyer, make_user) -> Non
     r = submit_with(buyer, finished(buyer, csv_bytes(61)), **both)
     assert r.status_code == 400 and "not both" in r.json()["detail"]
     assert not Job.objects.exists()
+
+
+def test_a_csv_is_refused_at_its_first_chunk_and_its_bytes_removed(buyer, own_upload_dir) -> None:
+    """#37 item 4: a 1 GiB CSV with an over-long field was uploaded whole before it was
+    refused, and its bytes stayed for days."""
+    import csv
+
+    limit = csv.field_size_limit()
+    data = b"a,b,label\n1," + b"9" * (limit + 10) + b",0\n" + csv_bytes(20_000)[10:]
+    up = create(buyer, data, "big.csv").json()
+    first = 256 * 1024  # of 600 kB: the rest is never sent
+    r = put(buyer, up["id"], data, 0, first - 1, len(data))
+    assert r.status_code == 400 and r.json()["error"] == "invalid_dataset", r.content
+    detail = r.json()["detail"]
+    assert "refused at its first chunk and its bytes removed" in detail
+    assert f"big.csv: cannot read CSV: field larger than field limit ({limit})" in detail
+    assert not Upload.objects.filter(pk=up["id"]).exists()
+    assert not partial.partial_path(up["id"]).exists() and list(own_upload_dir.iterdir()) == []
+    assert buyer.get(f"/api/v1/uploads/{up['id']}/").status_code == 404
+
+    # a row whose width is not the header's, and a header naming a column twice
+    narrow = b"a,b,label\n1,2,0\n1,2\n" + csv_bytes()
+    twice = b"a,a,label\n" + csv_bytes()[10:]
+    for bad, said in ((narrow, "row 2 has 2 fields"), (twice, "duplicate column names ['a']")):
+        up = create(buyer, bad, "rows.csv").json()
+        r = put(buyer, up["id"], bad, 0, 99, len(bad))
+        assert r.status_code == 400 and said in r.json()["detail"], r.content
+        assert not Upload.objects.filter(pk=up["id"]).exists()
+
+
+def test_a_good_csv_cut_anywhere_passes_its_first_chunk(buyer) -> None:
+    # a quoted field with a newline, cut inside it: only whole records are judged
+    data = b'a,b,label\n1,2,"x\ny"\n' + csv_bytes()[10:]
+    for cut in (12, 16, 18, 40):
+        up = create(buyer, data, f"cut{cut}.csv").json()
+        assert put(buyer, up["id"], data, 0, cut - 1, len(data)).status_code == 200
+    other = create(buyer, payload(), "data.bin").json()  # not a CSV: judged when used
+    assert put(buyer, other["id"], payload(), 0, 99, 1000).status_code == 200

@@ -107,9 +107,11 @@
 
   function showProgress(phase, done, total) {
     const pct = total ? Math.round(100 * done / total) : 100;
+    const file = form.elements.dataset.files[0];
     document.getElementById("upload-progress").hidden = false;
     document.getElementById("upload-progress").querySelector(".bar span").style.width = pct + "%";
-    document.getElementById("upload-phase").textContent = phase;
+    // "uploading rows.csv: 40%": which file, when the page has been left for a while
+    document.getElementById("upload-phase").textContent = phase + (file ? " " + file.name : "");
     document.getElementById("upload-pct").textContent = pct;
   }
 
