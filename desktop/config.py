@@ -61,7 +61,9 @@ class Settings:
     # an operator's token (gfx_e_…) that enrolls this machine as a platform node; the
     # marketplace registers a platform node only with one (docs/agent-api.md, Registration)
     enrollment_token: str = ""
-    price_per_gpu_hour: str = "0.40"  # a decimal string, as the API carries money
+    # in the realistic range the README names (1.20-3.00 per reference GPU-hour), near the
+    # middle: the median asking price is what buyers are offered by default
+    price_per_gpu_hour: str = "1.80"  # a decimal string, as the API carries money
     # work policy (BOINC's computing preferences)
     # "only when idle" is the default (issue #17): a machine nobody sits at (a server, no
     # display) is always idle, so headless agents work at once
