@@ -10,6 +10,7 @@ from django.contrib.auth import password_validation
 from django.contrib.auth.forms import AuthenticationForm
 
 from marketplace.accounts.models import Role, User
+from marketplace.jobs.market import shown_price
 from marketplace.jobs.models import Tier
 
 EXAMPLE_SPEC = """\
@@ -122,11 +123,12 @@ class JobForm(forms.Form):
         super().__init__(*args, **kwargs)
         field = self.fields["max_price_per_gpu_hour"]
         field.initial = market_price
+        price = shown_price(market_price)
         field.help_text = (
-            f"By default the median asking price of the nodes online now ({market_price}): "
-            "about half of them take the job. Lower waits for cheaper nodes; higher uses more."
+            f"By default the median asking price of the nodes online now ({price}): about "
+            "half of them take the job. Lower waits for cheaper nodes; higher uses more."
             if online
-            else f"No node is online now; {market_price} is the top of the usual range."
+            else f"No node is online now; {price} is the top of the usual range."
         )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.test import Client
 
 from marketplace.jobs.market import PRICE_WITHOUT_MARKET, market_price, shown_price
 from marketplace.jobs.models import Job
@@ -49,6 +50,11 @@ def test_a_job_no_node_takes_says_why_in_figures(buyer, make_agent, submit) -> N
         "no node online at or under 1.00; the cheapest that fits asks 1.20 (raise the job's "
         "max price to use it)"
     )
+    # the job page says the same, where the buyer watches the job
+    web = Client()
+    web.force_login(Job.objects.get(pk=job["id"]).buyer)
+    page = web.get(f"/jobs/{job['id']}/").content.decode()
+    assert "no node online at or under 1.00; the cheapest that fits asks 1.20" in page
     big = submit(SMALL_SPEC | {"requirements": {"min_vram_gb": 100}}, max_price_per_gpu_hour="5")
     said = summary(buyer, big["id"])
     assert said.startswith("no node online has what the job requires:") and "100 GB" in said
@@ -64,8 +70,6 @@ def test_prices_are_shown_as_people_write_them() -> None:
 
 
 def test_the_submit_form_defaults_to_the_market_price(buyer, make_agent) -> None:
-    from django.test import Client
-
     from marketplace.accounts.models import User
 
     for price in ("1.20", "2.00"):
@@ -74,5 +78,5 @@ def test_the_submit_form_defaults_to_the_market_price(buyer, make_agent) -> None
     client.force_login(User.objects.filter(role="buyer").first())
     page = client.get("/jobs/new/").content.decode()
     assert 'name="max_price_per_gpu_hour" value="1.6000"' in page
-    assert "median asking price of the nodes online now (1.6000)" in page
+    assert "median asking price of the nodes online now (1.60)" in page
     assert Job.objects.count() == 0

@@ -57,7 +57,11 @@
     }
     el("timeline").innerHTML = parts.join("");
     const open = d.rounds.find(function (r) { return r.status === "open"; });
-    text("timeline-note", d.status === "running" && open ? "Round " + open.number + " is training now." :
+    // no node online can take the job: say why (the price cap against the cheapest node that
+    // fits, in figures) rather than that its round trains
+    const stranded = d.node_states && d.node_states.nodes === 0;
+    text("timeline-note", d.status === "running" && open ? "Round " + open.number +
+      (stranded ? " waits: " + d.node_states.summary + "." : " is training now.") :
       (d.stop_reason ? "Ended: " + d.stop_reason + "." :
         (d.reached_target ? "Stopped early: the target was reached." : "")));
     text("stat-rounds", String(d.rounds_done));
