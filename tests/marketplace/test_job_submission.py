@@ -145,7 +145,8 @@ def test_corrupt_npz_is_refused(buyer) -> None:
 def test_user_dataset_needs_an_upload(buyer) -> None:
     response = post(buyer, csv_spec())
     assert response.status_code == 400
-    assert "needs an uploaded file" in response.json()["detail"]
+    detail = response.json()["detail"]
+    assert "needs its file uploaded" in detail and "dataset.path names 'data.csv'" in detail
 
 
 def test_builtin_dataset_takes_no_upload(buyer) -> None:
@@ -179,8 +180,12 @@ def test_model_that_does_not_fit_the_data(buyer) -> None:
     assert nothing_stored()
 
 
-def test_missing_price_is_a_field_error(buyer) -> None:
+def test_missing_budget_and_a_bad_price_are_field_errors(buyer) -> None:
+    # a missing price is the market's (test_market_price.py); a missing budget is not guessed
     response = buyer.post("/api/v1/jobs/", {"spec": SMALL_SPEC}, format="json")
+    assert response.status_code == 400 and "budget" in response.json()["detail"]
+    body = {"spec": SMALL_SPEC, "budget": "1", "max_price_per_gpu_hour": "-1"}
+    response = buyer.post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 400
     assert "max_price_per_gpu_hour" in response.json()["detail"]
 
