@@ -289,7 +289,11 @@ def test_every_operation_documents_its_error_answers(schema: dict[str, Any]) -> 
                 if code.startswith("4"):
                     assert response["content"]["application/json"]["schema"] == error
     jobs = schema["paths"]["/api/v1/jobs/"]["get"]["parameters"]
-    assert {p["name"]: p["schema"].get("minimum") for p in jobs} == {"limit": 1, "offset": 0}
+    assert {p["name"]: p["schema"].get("minimum") for p in jobs} == {
+        "limit": 1,
+        "offset": 0,
+        "id_prefix": None,  # the short id `gpuflex` resolves
+    }
     earnings = schema["paths"]["/api/v1/ledger/earnings"]["get"]["parameters"]
     assert earnings[0]["name"] == "days" and earnings[0]["schema"]["maximum"] == 366
 
