@@ -239,6 +239,7 @@ def test_a_half_sent_request_is_closed_after_the_timeout(serve) -> None:
         assert read_all(sock) == b""
     wait_for(lambda: service.server.active == 0, what="every connection closed")
     assert service.aggregator.rounds[ROUND].held == {}
+    service.server.timeout_s = 30.0  # an honest member, on a loaded machine too
     assert exchange(service, head(length=len(body)) + body)[0] == 202  # and it still serves
 
 
@@ -246,12 +247,13 @@ def test_many_half_open_connections_hold_a_bounded_number_of_threads(serve) -> N
     """The issue: 300 half-sent requests held 304 threads."""
     service = serve()  # the defaults: the deadlines are far off in this test
     limit = service.server.max_connections
+    earlier = set(threading.enumerate())  # other tests' connection threads may still end
     socks = [connect(service) for _ in range(limit + 40)]
     try:
         for sock in socks:
             sock.sendall(b"PUT /zone/v1/rounds/7/tasks/0a1 HTTP/1.1\r\nX-Half: ")
         wait_for(lambda: service.server.refused == 40, what="the connections over the limit")
-        conns = [t for t in threading.enumerate() if t.name == "gpuflex-zone-conn"]
+        conns = [t for t in set(threading.enumerate()) - earlier if t.name == "gpuflex-zone-conn"]
         assert len(conns) == service.server.active == limit
         # answered 503 and closed at once (the answer may be lost to a reset: the client's
         # bytes were never read), never left waiting
