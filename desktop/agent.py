@@ -806,7 +806,10 @@ class Agent:
 
         assert self.client is not None
         hold = float(s.extra.get("zone_max_hold_s", 30.0))
-        self.zone = ZoneService(ZoneAggregator(self.client, s.zone, max_hold_s=hold), s.zone_listen)
+        spool = self.paths.cache / "zone-uploads"  # members' bodies on disk (/tmp may be RAM)
+        spool.mkdir(parents=True, exist_ok=True)
+        aggregator = ZoneAggregator(self.client, s.zone, max_hold_s=hold, spool_dir=spool)
+        self.zone = ZoneService(aggregator, s.zone_listen)
         self.zone.start()
         self._info(f"zone {s.zone}: aggregating on {s.zone_listen}")
 

@@ -519,8 +519,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from desktop.config import CredentialsDamaged
+
     args = build_parser().parse_args(argv)
-    return int(args.fn(args) or 0)
+    try:
+        return int(args.fn(args) or 0)
+    except CredentialsDamaged as exc:  # the owner needs the file's name, not a traceback
+        print(exc, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import stat
@@ -19,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
+
+from desktop import shared_file
+
+log = logging.getLogger(__name__)
 
 APP = "gpuflex"
 KEYRING_SERVICE = "gpuflex"
@@ -113,24 +118,61 @@ class Settings:
 def load_settings(paths: Paths | None = None) -> Settings:
     paths = paths or Paths.default()
     try:
-        return Settings.from_dict(json.loads(paths.settings_file.read_text(encoding="utf-8")))
+        return _parse_settings(paths.settings_file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return Settings()
     except (OSError, ValueError, TypeError):
-        # a damaged file must not stop the agent; keep it for the owner to look at
-        paths.settings_file.replace(paths.settings_file.with_suffix(".broken"))
-        return Settings()
+        pass
+    # damaged: looked at again under the lock (a writer renames a whole file into place, so
+    # this is not a half-written one), then moved aside for the owner and the defaults used:
+    # a damaged settings file must not stop the agent
+    with shared_file.locked(paths.settings_file):
+        try:
+            return _parse_settings(paths.settings_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return Settings()
+        except (OSError, ValueError, TypeError) as exc:
+            broken = paths.settings_file.with_suffix(".broken")
+            with contextlib.suppress(FileNotFoundError):
+                paths.settings_file.replace(broken)
+            log.warning("the settings file %s is damaged (%s): moved to %s, defaults used",
+                        paths.settings_file, exc, broken)  # fmt: skip
+            return Settings()
+
+
+def _parse_settings(text: str) -> Settings:
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return Settings.from_dict(data)
 
 
 def save_settings(settings: Settings, paths: Paths | None = None) -> None:
+    """Written whole, under the settings file's lock, through a temporary file of this
+    writer's own (lanes and the CLI may save at the same moment)."""
     paths = paths or Paths.default()
-    paths.config.mkdir(parents=True, exist_ok=True)
-    tmp = paths.settings_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(settings.to_dict(), indent=2), encoding="utf-8")
-    tmp.replace(paths.settings_file)
+    text = json.dumps(settings.to_dict(), indent=2)
+    with shared_file.locked(paths.settings_file):
+        try:  # keep the owner's permissions on it; a new one is readable as before
+            mode = stat.S_IMODE(os.stat(paths.settings_file).st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+        shared_file.write_atomic(paths.settings_file, text, mode)
 
 
 # -------------------------------------------------------------------------- credentials
+
+
+class CredentialsDamaged(RuntimeError):
+    """The credentials file exists but its keys cannot be read; the message names it."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.path = path
+        super().__init__(
+            f"the credentials file {path} {why}: its keys were not read and it was left as "
+            "it is; repair it, or move it away and log in again (the node then registers as "
+            "a new node)"
+        )
 
 
 class Credentials:
@@ -173,28 +215,40 @@ class Credentials:
                 return
             except Exception:
                 self.use_keyring = False  # locked or broken keyring: fall back for good
-        data = self._read_file()
-        if value is None:
-            data.pop(name, None)
-        else:
-            data[name] = value
-        self._write_file(data)
+        # read, change and write under the file's lock: two lanes registering at once each
+        # keep their node key (a damaged file raises here and is never overwritten)
+        with shared_file.locked(self.file):
+            data = self._read_file()
+            if value is None:
+                data.pop(name, None)
+            else:
+                data[name] = value
+            # created 0600 from the start: never a moment where another user could read it
+            shared_file.write_atomic(self.file, json.dumps(data), stat.S_IRUSR | stat.S_IWUSR)
 
     def _read_file(self) -> dict[str, str]:
+        """The stored keys; {} only when there is no file yet. Anything else that keeps the
+        keys from being read is CredentialsDamaged, never an empty store: a node that lost
+        its key would register as a new node, without its trust or its earnings history."""
         try:
-            return dict(json.loads(self.file.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
+            text = self.file.read_text(encoding="utf-8")
+        except FileNotFoundError:
             return {}
-
-    def _write_file(self, data: dict[str, str]) -> None:
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.file.with_suffix(".tmp")
-        # created 0600 from the start: never a moment where another user could read it
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, stat.S_IRUSR | stat.S_IWUSR)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        os.chmod(tmp, stat.S_IRUSR | stat.S_IWUSR)
-        tmp.replace(self.file)
+        except OSError as exc:
+            raise CredentialsDamaged(self.file, f"cannot be read ({exc.strerror})") from None
+        except UnicodeDecodeError:
+            raise CredentialsDamaged(self.file, "is damaged: it is not UTF-8 text") from None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            why = f"is damaged: it is not valid JSON ({exc})"
+            raise CredentialsDamaged(self.file, why) from None
+        if not isinstance(data, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in data.items()
+        ):
+            why = "is damaged: it is not a JSON object of names to keys"
+            raise CredentialsDamaged(self.file, why)
+        return data
 
     # Node keys are per server: one machine may contribute to a staging and a live marketplace
     def node_key(self, server: str) -> str | None:

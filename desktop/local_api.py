@@ -35,7 +35,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from desktop import __version__, autostart
 from desktop.agent import Agent
-from desktop.config import InvalidSettings, apply_changes
+from desktop.config import CredentialsDamaged, InvalidSettings, apply_changes
 from desktop.control import endpoint_file, make_run_dir, write_private
 from desktop.local_datasets import DatasetRefused
 
@@ -207,12 +207,17 @@ class LocalApi:
 
     def _status(self, body: Any, query: dict[str, list[str]]) -> Any:
         creds = self.agent.credentials
+        login: dict[str, Any] = {"backend": creds.backend}
+        try:
+            login["provider_key"] = bool(creds.provider_key())
+        except CredentialsDamaged as exc:  # the status still answers, and says what is wrong
+            login |= {"provider_key": False, "problem": str(exc)}
         return {
             **self.agent.status().to_dict(),
             "pid": os.getpid(),
             "version": __version__,
             "running": self.agent.running,
-            "login": {"backend": creds.backend, "provider_key": bool(creds.provider_key())},
+            "login": login,
         }
 
     def _pause(self, body: dict[str, Any], query: dict[str, list[str]]) -> Any:

@@ -66,12 +66,18 @@ def encode_update(
     return encode_state(tensors, meta)
 
 
+def max_payload_bytes(reference: Mapping[str, Tensor]) -> int:
+    """The most bytes an update of `reference` can take in any codec (the header, and 8
+    bytes a value): a receiver refuses a longer body before reading it."""
+    return 8 + 65536 + 8 * sum(t.numel() for t in reference.values())
+
+
 def decode_any(
     data: bytes, reference: Mapping[str, Tensor], max_norm: float | None = None
 ) -> tuple[dict[str, Tensor], dict[str, str]]:
     """Decode an update in whatever codec its metadata names, validated against `reference`."""
     numel = sum(t.numel() for t in reference.values())
-    limit = 8 + 65536 + 8 * numel
+    limit = max_payload_bytes(reference)
     if len(data) > limit:
         raise UpdateRejected("corrupt", f"payload of {len(data)} bytes exceeds {limit} bytes")
     tensors, meta = decode_state(data)

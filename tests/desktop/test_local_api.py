@@ -195,3 +195,23 @@ def test_a_stale_endpoint_file_reads_as_not_running(isolated_dirs) -> None:
     endpoint_file(isolated_dirs).write_text(json.dumps({"transport": "unix", "path": str(sock),
                                                         "pid": 1}))  # fmt: skip
     assert not ControlClient(isolated_dirs).running()
+
+
+def test_a_damaged_credentials_file_stops_the_agent_saying_so_and_the_status_still_answers(
+    market, logged_in, isolated_dirs, fake_bench
+) -> None:
+    """Issue #32: a damaged credentials.json used to read as 'no keys', and the node would
+    register as a new one; now the agent stops in ERROR naming the file, which it leaves."""
+    creds = Credentials(isolated_dirs)
+    creds.file.write_text('{"provider_key": "gfx_u_')  # cut short
+    d = open_daemon(isolated_dirs, logged_in, fake_bench).start()
+    try:
+        client = ControlClient(isolated_dirs)
+        wait_for(lambda: client.status()["state"] == "error")
+        st = client.status()
+        assert "credentials file" in st["reason"] and str(creds.file) in st["reason"]
+        assert st["login"]["provider_key"] is False and str(creds.file) in st["login"]["problem"]
+    finally:
+        d.close()
+    assert market.registrations == []
+    assert creds.file.read_text() == '{"provider_key": "gfx_u_'

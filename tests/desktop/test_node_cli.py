@@ -37,6 +37,17 @@ def test_login_with_an_operator_token_makes_a_platform_node(isolated_dirs: Paths
     assert s.kind == "platform" and s.enrollment_token == "gfx_e_op"
 
 
+def test_a_damaged_credentials_file_is_named_not_a_traceback(isolated_dirs: Paths,
+                                                              capsys) -> None:  # fmt: skip
+    creds = Credentials(isolated_dirs)
+    creds.file.parent.mkdir(parents=True, exist_ok=True)
+    creds.file.write_text("{damaged")
+    for argv in (["status"], ["login", "--key", "gfx_u_cli"]):
+        assert main(argv) == 2
+        assert f"the credentials file {creds.file} is damaged" in capsys.readouterr().err
+    assert creds.file.read_text() == "{damaged"  # left for the owner to repair
+
+
 def test_status_without_an_agent(isolated_dirs: Paths, capsys) -> None:
     assert main(["status", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -79,3 +79,125 @@ def test_a_new_nodes_price_is_in_the_realistic_range() -> None:
     from decimal import Decimal
 
     assert Decimal("1.20") <= Decimal(Settings().price_per_gpu_hour) <= Decimal("3.00")
+
+
+# ------------------------------------------------------ credentials shared by lanes (#32)
+
+WRITERS = 16  # lanes registering at the same moment
+
+
+def _register_lanes(config_dir: str, first: int, count: int, barrier) -> None:
+    """One writer (a thread, or a process's main thread): its lanes' node keys and ids, each
+    set as the agent sets them (desktop.agent._register), all released together."""
+    from pathlib import Path
+
+    from desktop.config import Credentials, Paths
+
+    root = Path(config_dir)
+    creds = Credentials(Paths(config=root, data=root, cache=root), use_keyring=False)
+    barrier.wait()
+    for lane in range(first, first + count):
+        creds.set_node_key(f"https://m#gpu{lane}", f"gfx_n_{lane}")
+        creds.set_node_id(f"https://m#gpu{lane}", str(lane))
+
+
+def test_lanes_registering_at_once_in_threads_all_keep_their_keys(isolated_dirs: Paths) -> None:
+    """Issue #32: two lanes read-modified-wrote credentials.json through one temporary file
+    with no lock, and one lane's node key was lost."""
+    import threading
+
+    Credentials(isolated_dirs, use_keyring=False).set_provider_key("gfx_u_owner")
+    barrier = threading.Barrier(WRITERS)
+    errors: list[BaseException] = []
+
+    def lane(i: int) -> None:
+        try:
+            _register_lanes(str(isolated_dirs.config), i * 4, 4, barrier)
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+
+    threads = [threading.Thread(target=lane, args=(i,)) for i in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    creds = Credentials(isolated_dirs, use_keyring=False)
+    assert creds.provider_key() == "gfx_u_owner"
+    for lane_no in range(WRITERS * 4):
+        assert creds.node_key(f"https://m#gpu{lane_no}") == f"gfx_n_{lane_no}", lane_no
+        assert creds.node_id(f"https://m#gpu{lane_no}") == str(lane_no)
+    assert stat.S_IMODE(os.stat(creds.file).st_mode) == 0o600
+    # every writer's temporary file went: renamed into place, none left behind
+    assert sorted(p.name for p in creds.file.parent.iterdir()) == [
+        "credentials.json", "credentials.json.lock"]  # fmt: skip
+
+
+def test_agents_in_several_processes_registering_at_once_all_keep_their_keys(
+    isolated_dirs: Paths,
+) -> None:
+    """The same across processes (two agents, or the CLI beside the agent): the file lock."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a test process's threads
+    procs = 4
+    barrier = ctx.Barrier(procs)
+    workers = [
+        ctx.Process(target=_register_lanes, args=(str(isolated_dirs.config), i * 8, 8, barrier))
+        for i in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(120)
+    assert [w.exitcode for w in workers] == [0] * procs
+    creds = Credentials(isolated_dirs, use_keyring=False)
+    for lane_no in range(procs * 8):
+        assert creds.node_key(f"https://m#gpu{lane_no}") == f"gfx_n_{lane_no}", lane_no
+
+
+def test_a_damaged_credentials_file_is_an_error_naming_it_never_an_empty_store(
+    isolated_dirs: Paths,
+) -> None:
+    import pytest
+
+    from desktop.config import CredentialsDamaged
+
+    c = Credentials(isolated_dirs, use_keyring=False)
+    c.set_node_key("https://m", "gfx_n_1")
+    for damaged in ('{"node_key:https://m": "gfx_n_1"', "[1, 2]", '{"a": 1}', "", "\xff"):
+        c.file.write_bytes(damaged.encode("latin-1"))
+        with pytest.raises(CredentialsDamaged, match=r"credentials file .*credentials\.json"):
+            c.node_key("https://m")
+        # a write never replaces it with a store that lost the other keys
+        with pytest.raises(CredentialsDamaged, match="is damaged"):
+            c.set_node_key("https://other", "gfx_n_2")
+        assert c.file.read_bytes() == damaged.encode("latin-1")
+
+
+def test_settings_saved_from_many_threads_are_always_whole(isolated_dirs: Paths) -> None:
+    """Lanes and the tray save settings at once: each save is whole (never a half-written or
+    a vanished temporary file), and a reader meanwhile never sees a damaged one."""
+    import threading
+
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def saver(i: int) -> None:
+        try:
+            barrier.wait()
+            for n in range(10):
+                save_settings(Settings(node_name=f"lane{i}-{n}"), isolated_dirs)
+                assert load_settings(isolated_dirs).node_name.startswith("lane")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=saver, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert load_settings(isolated_dirs).node_name.endswith("-9")
+    assert not isolated_dirs.settings_file.with_suffix(".broken").exists()
+    assert not [p for p in isolated_dirs.config.iterdir() if p.name.endswith(".tmp")]
