@@ -1,7 +1,8 @@
 """What the job page shows, as plain data: rounds, per-node table, topology, cost, provenance.
 
-The page renders it once and then polls `live_payload` as JSON every second, so the first
-paint and the updates come from the same functions.
+The page renders `live_payload` once and then redraws it each time the server pushes a new one
+(or it polls), so the first paint and the updates come from the same functions: every panel of
+the page, provenance and node states included, changes without a reload.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from django.urls import reverse
 from marketplace.jobs import files
 from marketplace.jobs.models import ACTIVE_STATUSES, Job
 from marketplace.jobs.privacy import privacy_summary
-from marketplace.jobs.selectors import federated_status, job_node_states
+from marketplace.jobs.selectors import federated_status, node_states_of
 from marketplace.ledger.selectors import job_costs
 from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import network_of
@@ -82,7 +83,8 @@ def _health_scores(nodes: list[Node], spec: JobSpec | None) -> dict[int, float]:
 
 def node_rows(job: Job) -> list[dict[str, Any]]:
     work = {w["node_id"]: w for w in node_work(job)}
-    working = leased_nodes(job)
+    ended = job.status not in ACTIVE_STATUSES
+    working = set() if ended else leased_nodes(job)
     ids = set(work) | working
     nodes = list(Node.objects.filter(pk__in=ids).order_by("pk"))
     scores = _health_scores(nodes, _spec(job))
@@ -102,8 +104,10 @@ def node_rows(job: Job) -> list[dict[str, Any]]:
                 "band": rtt_band(None if rtt is None else float(rtt)),
                 "results": w.get("accepted", 0),
                 "share": round((w.get("samples") or 0) / total_samples, 4),
-                "state": "working" if node.pk in working else node.state,
-                "reason": "" if node.pk in working else node.state_reason,
+                # on an ended job a node's own state (busy elsewhere, or gone) says nothing of
+                # this job: what it did here is done
+                "state": "done" if ended else "working" if node.pk in working else node.state,
+                "reason": "" if ended or node.pk in working else node.state_reason,
                 "isolation": (node.hardware or {}).get("isolation") or "unknown",
             }
         )
@@ -171,7 +175,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "model_url": reverse("web:job-model", args=[job.pk]),
         "rounds": round_rows(list(rounds_of(job))),
         "nodes": rows,
-        "node_states": job_node_states(job),
+        "node_states": node_states_of(job),
         "federated": federated_status(job),
         "sandbox": sandbox_note(job, rows) if rows or job.isolation_full else "",
         "topology": topology(rows),
@@ -180,6 +184,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "error": job.error,
         "stop_reason": job.stop_reason,
         "trials": sweep_trials(job),
+        "provenance": provenance(job),
     }
 
 
@@ -196,18 +201,25 @@ def sweep_trials(job: Job) -> dict[str, Any] | None:
     return {"rows": rows, "best": best.number if best else None}
 
 
+# the provenance table shows the latest records only: a long job's payload, pushed on every
+# change, stays small; the downloadable JSON holds them all
+PROVENANCE_ROWS = 200
+
+
 def provenance(job: Job) -> dict[str, Any]:
-    """The provenance chain as stored, and whether it checks out (links and record hashes).
+    """The provenance chain as stored, and whether it checks out (links and record hashes):
+    part of the live payload, so the table grows as rounds close.
 
     Replaying every round from artifacts (`gpuflex` verify) is heavier; the page checks the
     chain itself, which detects any altered, missing or reordered record.
     """
+    empty = {"records": [], "ok": None, "problems": [], "head": "", "count": 0, "url": ""}
     if not job.rounds_done or job.kind == "sweep":  # a sweep's rounds are its trials' own
-        return {"records": [], "ok": None, "problems": [], "head": ""}
+        return empty
     try:
         chain = ProvenanceChain.from_json(files.get(provenance_name(job)).decode())
     except (OSError, ProvenanceError, ValueError, KeyError) as exc:
-        return {"records": [], "ok": False, "problems": [f"unreadable: {exc}"], "head": ""}
+        return empty | {"ok": False, "problems": [f"unreadable: {exc}"]}
     report = verify_chain(chain)
     records = [
         {
@@ -221,7 +233,14 @@ def provenance(job: Job) -> dict[str, Any]:
         }
         for r in chain
     ]
-    return {"records": records, "ok": report.ok, "problems": report.problems, "head": chain.head}
+    return {
+        "records": records[-PROVENANCE_ROWS:],
+        "count": len(records),
+        "ok": report.ok,
+        "problems": report.problems,
+        "head": chain.head,
+        "url": reverse("web:job-provenance", args=[job.pk]),
+    }
 
 
 def spec_yaml(job: Job) -> str:

@@ -1,6 +1,6 @@
 /* The job page: renders the live payload, then again each time the server pushes a new one
-   (live.js), so that charts, the rounds timeline, the node table, the topology and the cost
-   grow without a reload. */
+   (live.js), so that every panel (charts, the rounds timeline, the node table and node states,
+   the topology, the cost and the provenance chain) changes without a reload. */
 "use strict";
 
 (function () {
@@ -149,6 +149,30 @@
     body.innerHTML = rows.length ? rows.join("") : '<tr><td colspan="6" class="muted">No trial started yet.</td></tr>';
   }
 
+  function drawProvenance(d) {
+    // the chain grows by a record as each round closes, and is verified again each time
+    const p = d.provenance;
+    if (!p) return;
+    const badge = el("provenance-status");
+    const verdict = p.ok === true ? ["ok", "chain verified"] : p.ok === false ? ["bad", "verification failed"] :
+      ["", "no rounds yet"];
+    badge.className = "badge " + verdict[0];
+    badge.textContent = verdict[1];
+    const has = p.records.length > 0;
+    el("provenance-note").hidden = !has;
+    el("provenance-table").hidden = !has;
+    el("provenance-empty").hidden = has;
+    text("provenance-head", p.head.slice(0, 16) + "…");
+    text("provenance-shown", p.count > p.records.length ?
+      " · the latest " + p.records.length + " of " + p.count + " records" : "");
+    el("provenance-rows").innerHTML = p.records.map(function (r) {
+      return "<tr><td>" + esc(r.round) + "</td><td>" + esc(r.strategy) + '</td><td class="num">' +
+        esc(r.contributions) + '</td><td class="mono">' + esc(r.output) + '</td><td class="mono">' +
+        esc(r.hash) + "</td></tr>";
+    }).join("");
+    el("provenance-problems").innerHTML = p.problems.map(function (x) { return "<li>" + esc(x) + "</li>"; }).join("");
+  }
+
   function drawStatus(d) {
     const badge = el("job-status");
     badge.textContent = d.status;
@@ -172,6 +196,7 @@
     drawTopology(d);
     drawCost(d);
     drawTrials(d);
+    drawProvenance(d);
   }
 
   function active(d) { return d.status === "running" || d.status === "paused"; }
