@@ -26,6 +26,7 @@ from marketplace.rounds.models import Round
 from marketplace.rounds.selectors import leased_nodes, node_work, rounds_of
 from marketplace.rounds.sizing import measurement
 from marketplace.sweeps.selectors import best_trial, trial_rows
+from marketplace.web.labels import short_labels
 from trainer.adapt import health
 from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
 from trainer.spec import JobSpec, SpecError
@@ -131,16 +132,24 @@ def sandbox_note(job: Job, rows: list[dict[str, Any]]) -> str:
             "spec's requirements to keep tasks off them.")  # fmt: skip
 
 
+# characters of a node's name under its circle on the network map (10px text): more would run
+# into the next node or off the map; the full name is its tooltip
+TOPOLOGY_LABEL_CHARS = 12
+
+
 def topology(rows: list[dict[str, Any]], size: int = 320) -> dict[str, Any]:
-    """Server in the middle, nodes on a circle around it; positions in an SVG viewBox."""
+    """Server in the middle, nodes on a circle around it; positions in an SVG viewBox, and a
+    label per node short enough to fit that still tells the nodes apart."""
     centre = size / 2
     radius = size / 2 - 36
+    labels = short_labels([row["name"] for row in rows], TOPOLOGY_LABEL_CHARS)
     nodes = []
     for i, row in enumerate(rows):
         angle = 2 * math.pi * i / max(len(rows), 1) - math.pi / 2
         nodes.append(
             row
             | {
+                "label": labels[i],
                 "x": round(centre + radius * math.cos(angle), 1),
                 "y": round(centre + radius * math.sin(angle), 1),
             }

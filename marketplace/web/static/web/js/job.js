@@ -92,9 +92,12 @@
     svg += '<circle class="server" cx="' + c + '" cy="' + c + '" r="26"></circle>' +
       '<text class="server-label" x="' + c + '" y="' + (c + 4) + '">server</text>';
     t.nodes.forEach(function (n) {
-      svg += '<circle class="node ' + esc(n.state) + '" cx="' + n.x + '" cy="' + n.y + '" r="16"></circle>' +
+      // a label that fits and tells the nodes apart (jobview.topology), the full name as tooltip
+      const tip = "<title>" + esc(n.name) + (n.rtt_ms == null ? "" : ", " + n.rtt_ms + " ms") + "</title>";
+      svg += '<g class="topo-node" data-name="' + esc(n.name) + '">' +
+        '<circle class="node ' + esc(n.state) + '" cx="' + n.x + '" cy="' + n.y + '" r="16">' + tip + "</circle>" +
         '<text x="' + n.x + '" y="' + (n.y + 4) + '">' + esc(n.rtt_ms == null ? "?" : Math.round(n.rtt_ms)) + "</text>" +
-        '<text x="' + n.x + '" y="' + (n.y + 30) + '">' + esc(n.name.slice(0, 14)) + "</text>";
+        '<text class="node-label" x="' + n.x + '" y="' + (n.y + 30) + '">' + esc(n.label || n.name) + tip + "</text></g>";
     });
     if (!t.nodes.length) {
       svg += '<text x="' + c + '" y="' + (c + 50) + '" fill="#646b82">no nodes yet</text>';
