@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from django.urls import reverse
 
+from desktop.money import amount
 from marketplace.jobs import files
 from marketplace.jobs.models import ACTIVE_STATUSES, Job
 from marketplace.jobs.privacy import privacy_summary
@@ -161,8 +162,10 @@ def cost_summary(job: Job) -> dict[str, Any]:
     costs = job_costs(job)
     fields = ("budget", "held", "spent", "provider_share", "platform_fee", "bonus",
               "redundancy_cost", "refunded")  # fmt: skip
-    summary = {f: str(getattr(costs, f)) for f in fields}
+    summary: dict[str, Any] = {f: str(getattr(costs, f)) for f in fields}
     summary["fraction"] = float(costs.spent / costs.budget) if costs.budget else 0.0
+    # as every surface shows money (desktop/money.py): small jobs cost fractions of a cent
+    summary["shown"] = {f: amount(getattr(costs, f)) for f in fields}
     return {"available": True} | summary
 
 

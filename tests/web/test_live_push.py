@@ -192,6 +192,9 @@ def test_the_pushed_payload_carries_provenance_and_the_ended_jobs_nodes(
         "completed: 3 nodes worked on this job; none works on it now"
     )
     assert {n["state"] for n in last["nodes"]} == {"done"}
+    # money as every surface shows it: the digits it has, never rounded to 0.00
+    spent = last["cost"]["shown"]["spent"]
+    assert Decimal(spent) == Decimal(last["cost"]["spent"]).quantize(Decimal(spent)) > 0
     _close(response)
 
 

@@ -113,7 +113,7 @@
       el("cost-kv").innerHTML = "<dt>Budget</dt><dd>" + esc(cost.budget) + "</dd>";
       return;
     }
-    text("stat-cost", cost.spent);  // as the ledger gives it: small jobs cost fractions of a cent
+    text("stat-cost", cost.shown.spent);  // with the digits it has: small jobs cost fractions of a cent
     text("stat-budget", "of " + Number(cost.budget).toFixed(2) + " budget");
     const bar = el("cost-bar");
     bar.style.width = Math.min(100, 100 * cost.fraction) + "%";
@@ -122,7 +122,7 @@
       ["provider_share", "Paid to providers"], ["platform_fee", "Platform fee"], ["bonus", "Bonuses"],
       ["redundancy_cost", "Verification replicas"], ["refunded", "Refunded"]];
     el("cost-kv").innerHTML = labels.filter(function (l) { return cost[l[0]] != null; }).map(function (l) {
-      return "<dt>" + l[1] + "</dt><dd>" + esc(cost[l[0]]) + "</dd>";
+      return "<dt>" + l[1] + "</dt><dd>" + esc(cost.shown[l[0]]) + "</dd>";
     }).join("");
   }
 
