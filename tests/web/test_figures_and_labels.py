@@ -55,6 +55,7 @@ def test_market_names_cpu_nodes_and_shows_their_benchmark(make_user, make_node) 
     benchmarks = _cells(html, "benchmark")
     assert "0.000610 – 0.00277 TFLOP/s" in benchmarks and "80.0 TFLOP/s" in benchmarks
     assert "0.00 TFLOP/s" not in html
+    assert 'data-testid="device-models">2<' in html  # CPU and RTX 4090, each kind once
 
 
 def test_market_capacity_names_cpu_nodes(make_user, make_node) -> None:
