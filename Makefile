@@ -14,6 +14,7 @@ help:
 	@echo "make test            - lint (ruff) and the whole test suite"
 	@echo "make bench           - benchmarks; JSON and a Markdown table under bench/results/"
 	@echo "make web-screenshots - laptop and phone screenshots of the web pages into docs/"
+	@echo "make screenshots     - the contributor app's windows (this machine, measured) into docs/"
 
 $(PY):
 	python3 -m venv $(VENV)

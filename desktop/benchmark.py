@@ -102,6 +102,33 @@ def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, reps: int) -
     return 2 * n**3 / s / 1e12
 
 
+MATMUL_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def matmul_sizes(device: torch.device) -> tuple[dict[str, int], int]:
+    """(matrix side per dtype, repetitions): one setting per kind of device, whatever the
+    mode, so that the quick run (the tray's first-run wizard, the agent) and the full one
+    (`gpuflex-node bench`) advertise the same figures for the same machine. They differed
+    4.5x on one CPU when the quick run timed 256x256 matrices three times and the full one
+    1024x1024 ten times: small matrices leave a CPU's vector units and caches half idle."""
+    if device.type == "cpu":
+        # big enough for a CPU's BLAS to run at its rate (256 measured a quarter of it), small
+        # enough for about a second; CPUs emulate fp16 matmul about 100x slower than fp32: a
+        # smaller size tells as much
+        return {"fp32": 1024, "fp16": 256, "bf16": 1024}, 3
+    return {name: 8192 for name in MATMUL_DTYPES}, 10
+
+
+def matmul_figures(device: torch.device) -> dict[str, float | None]:
+    """Matmul TFLOP/s at fp32/fp16/bf16 (None where the device lacks the dtype): the figures
+    buyers compare nodes by and billing takes its speed from. The one measurement of them,
+    for every caller and mode (see matmul_sizes)."""
+    sizes, reps = matmul_sizes(device)
+    return {
+        name: matmul_tflops(device, dt, sizes[name], reps) for name, dt in MATMUL_DTYPES.items()
+    }
+
+
 def memory_gbps(device: torch.device, nbytes: int, reps: int) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)
@@ -167,14 +194,11 @@ def run_benchmark(
     dev = best_device(device)
     on_cpu = dev.type == "cpu"
     started = time.perf_counter()
-    # Sizes: big enough to saturate the device, small enough that --quick stays ~1 s on a CPU
-    n = (256 if on_cpu else 2048) if quick else (1024 if on_cpu else 8192)
+    # the advertised matmul figures: the same measurement in both modes (matmul_figures);
+    # --quick saves its time on the memory copies and the training models only
+    flops = matmul_figures(dev)
     reps = 3 if quick else 10
     mem_bytes = (16 if quick else 256) * 2**20 if on_cpu else (256 if quick else 2048) * 2**20
-    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-    # CPUs emulate fp16 matmul about 100x slower than fp32: a smaller size tells as much
-    size = {name: n // 4 if on_cpu and name == "fp16" else n for name in dtypes}
-    flops = {name: matmul_tflops(dev, dt, size[name], reps) for name, dt in dtypes.items()}
     bw = memory_gbps(dev, mem_bytes, reps)
     xfer = transfer_gbps(dev, mem_bytes, reps)
     models = ["mlp"] if quick else list(REFERENCE_MODELS)

@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import sys
+import time
 from typing import Any
 
 from desktop import __version__
@@ -33,21 +34,43 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from desktop.bench_result import load_cached
     from desktop.benchmark import benchmark
     from desktop.config import Paths
     from desktop.hardware import detect
 
     hw = detect()
-    if not args.json:
-        print(f"benchmarking {hw.primary_gpu.name if hw.primary_gpu else hw.cpu_name}…",
-              file=sys.stderr)  # fmt: skip
-    result, cached = benchmark(hw, Paths.default().cache, quick=args.quick, force=args.force)
+    cache = Paths.default().cache
+    # the cache first: a cached result is shown as what it is, never as "benchmarking…"
+    result = None if args.force else load_cached(cache, hw, args.quick)
+    cached = result is not None
+    if result is None:
+        if not args.json:
+            print(f"benchmarking {hw.primary_gpu.name if hw.primary_gpu else hw.cpu_name}…",
+                  file=sys.stderr)  # fmt: skip
+        result, _ = benchmark(hw, cache, quick=args.quick, force=True)
     if args.json:
         _print_json({**result.to_dict(), "cached": cached})
+    elif cached:
+        print(f"the cached result for this hardware, measured {_when(result.created)} "
+              "(--force to measure again)", file=sys.stderr)  # fmt: skip
+        print(result.summary())
     else:
         print(result.summary())
-        print("(from cache; --force to re-run)" if cached else f"took {result.duration_s:.1f} s")
+        print(f"took {result.duration_s:.1f} s")
     return 0
+
+
+def _when(epoch_s: float) -> str:
+    """ "2026-11-28 12:40 (3 h ago)": when a cached figure was measured, in local time."""
+    ago = max(0.0, time.time() - epoch_s)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if ago >= size:
+            span = f"{ago / size:.0f} {unit} ago"
+            break
+    else:
+        span = "just now"
+    return f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(epoch_s))} ({span})"
 
 
 def cmd_login(args: argparse.Namespace) -> int:
@@ -77,11 +100,31 @@ def cmd_login(args: argparse.Namespace) -> int:
     return 0
 
 
+class _RequestsAtDebug(logging.Filter):
+    """httpx logs every request at INFO: a heartbeat every few seconds, a claim each poll,
+    burying what the agent says about its work. They are routine, so DEBUG: shown only when
+    the log is at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
+def quiet_routine_requests() -> None:
+    """The HTTP client's request lines (heartbeats, claims, uploads) at DEBUG, once."""
+    httpx_log = logging.getLogger("httpx")
+    if not any(isinstance(f, _RequestsAtDebug) for f in httpx_log.filters):
+        httpx_log.addFilter(_RequestsAtDebug())
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from desktop.agent import Agent
     from desktop.config import load_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    quiet_routine_requests()
     settings = load_settings()
     if args.server:
         settings.server_url = args.server

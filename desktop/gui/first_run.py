@@ -3,6 +3,8 @@ to the agent."""
 
 from __future__ import annotations
 
+import html
+import time
 from dataclasses import replace
 
 from PySide6.QtWidgets import (
@@ -33,7 +35,14 @@ class MeasurePage(QWizardPage):
         super().__init__()
         self.bridge = bridge
         self.setTitle("Your hardware")
-        self.setSubTitle("GPUFlex measures what this computer can do; buyers see these figures.")
+        # what is true of these figures: the agent registers with this very result (the same
+        # cache), the market shows its fp32 figure, and billing takes the node's speed from
+        # it, checked against what its tasks show (docs/money.md)
+        self.setSubTitle(
+            "GPUFlex measures what this computer can do, as gpuflex-node bench does. Your "
+            "node offers these figures to the marketplace: buyers see its fp32 TFLOP/s beside "
+            "your price, and work is paid by its speed, checked against what your tasks show."
+        )
         lay = QVBoxLayout(self)
         self.text = QLabel("Detecting…")
         self.text.setWordWrap(True)
@@ -50,22 +59,28 @@ class MeasurePage(QWizardPage):
             return
         paths = self.bridge.client.paths  # the agent's own folders: one benchmark cache
 
-        def measure() -> tuple[HardwareReport, BenchmarkResult]:
-            hw, result, _ = probe(paths.cache, quick=True)
+        def measure() -> tuple[HardwareReport, BenchmarkResult, bool]:
+            # quick: the same matmul measurement as `gpuflex-node bench` (run_benchmark),
+            # fewer training models; a result already cached for this hardware is reused
+            hw, result, cached = probe(paths.cache, quick=True)
             assert result is not None  # measured: probe's default
-            return hw, result
+            return hw, result, cached
 
         self._worker = Worker(measure, self)
         self._worker.done.connect(self._done)
         self._worker.failed.connect(lambda exc: self.text.setText(f"Measuring failed: {exc}"))
         self._worker.start()
 
-    def _done(self, result: tuple[HardwareReport, BenchmarkResult]) -> None:
-        self.result = result
-        hw, bench = result
+    def _done(self, result: tuple[HardwareReport, BenchmarkResult, bool]) -> None:
+        hw, bench, cached = result
+        self.result = (hw, bench)
         self.bar.setRange(0, 1)
         self.bar.setValue(1)
-        self.text.setText(f"<pre>{hw.summary()}\n\n{bench.summary()}</pre>")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(bench.created))
+        note = f"Measured {when}" + (", earlier on this hardware." if cached else ".")
+        self.text.setText(
+            f"<pre>{html.escape(hw.summary())}\n\n{html.escape(bench.summary())}</pre><p>{note}</p>"
+        )
         self.completeChanged.emit()
 
     def isComplete(self) -> bool:

@@ -3,8 +3,10 @@
     QT_QPA_PLATFORM=offscreen python -m desktop.gui.screenshots [docs/screenshots]
 
 The windows are the real widgets attached to a real local API (desktop.local_api), served
-by an agent that is never started and holds a demo status (an RTX 4090 node mid-task), so
-the pictures show the product as an owner sees it rather than this GPU-less build machine.
+by an agent that is never started. Its hardware and benchmark are the machine's that renders
+them, detected and measured as the agent does (desktop.probe); the task it trains, its
+earnings and its log are an example snapshot, since no marketplace is involved. The folder's
+README.md, written beside the pictures, says so and names the machine.
 """
 
 from __future__ import annotations
@@ -18,33 +20,36 @@ from pathlib import Path
 from desktop.agent import Agent, AgentStatus, LogEntry, State, TaskStatus
 from desktop.bench_result import BenchmarkResult
 from desktop.config import Credentials, Paths, Settings
-from desktop.hardware import GpuInfo, HardwareReport
+from desktop.hardware import HardwareReport
+from desktop.probe import probe
 
 
-def demo_status() -> AgentStatus:
-    hw = HardwareReport(
-        cpu_name="AMD Ryzen 9 7950X 16-Core Processor", cpu_cores=16, cpu_threads=32,
-        ram_total_mb=65536, os="Linux 6.8", python="3.11.7", torch_version="2.13.0",
-        torch_cuda="12.8", accelerator="cuda",
-        gpus=[GpuInfo(0, "nvidia", "NVIDIA GeForce RTX 4090", 24564, "cuda", driver="570.86",
-                      compute_capability="8.9", temperature_c=64.0, utilization_pct=97.0)],
-    )  # fmt: skip
-    bench = BenchmarkResult(
-        fingerprint="demo", device="cuda:0", device_name="NVIDIA GeForce RTX 4090", quick=False,
-        matmul_tflops={"fp32": 71.8, "fp16": 151.2, "bf16": 149.7}, memory_gbps=912.4,
-        h2d_gbps=24.6, d2h_gbps=26.1,
-        train_samples_per_s={"mlp": 1_450_000.0, "cnn": 212_000.0, "transformer": 48_300.0},
-        peak_ratio={"fp32": 0.87, "fp16": 0.92, "bf16": 0.91}, peak_source="RTX 4090",
-    )  # fmt: skip
+def demo_status(hw: HardwareReport, bench: BenchmarkResult) -> AgentStatus:
+    """This machine's hardware and benchmark, and an example task and earnings."""
     task = TaskStatus("c0ffee42d00d", "digits-cnn-7f3a", 12, "training", 0.62, time.time() - 95)
     # fmt: off
     return AgentStatus(
         state=State.WORKING, task=task,
         server="https://market.gpuflex.io", node_id="node-2841", registered=True,
-        earnings_today="1.84", earnings_total="57.20", completed=23, isolated=True,
+        earnings_today="0.000842", earnings_total="0.0316", completed=23, isolated=True,
         hardware=hw, benchmark=bench,
     )
     # fmt: on
+
+
+def caption(hw: HardwareReport, bench: BenchmarkResult) -> str:
+    """The pictures' README: what in them is measured and what is an example."""
+    when = time.strftime("%Y-%m-%d", time.localtime())
+    gpu = hw.primary_gpu.name if hw.primary_gpu else "no GPU"
+    return (
+        "# The contributor app's windows\n\n"
+        "Rendered by `make screenshots` (`python -m desktop.gui.screenshots`) on "
+        f"{when}, offscreen, with the real widgets and local API. The hardware and benchmark "
+        f"they show are the rendering machine's own, detected and measured as the agent does: "
+        f"{hw.cpu_name}, {gpu}; fp32 {bench.matmul_tflops.get('fp32') or 0:.3g} TFLOP/s on "
+        f"{bench.device_name}. The task in training, the earnings and the log lines are an "
+        "example snapshot: no marketplace was involved.\n"
+    )
 
 
 DEMO_LOG = [
@@ -72,12 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication.instance() or QApplication([])
     with tempfile.TemporaryDirectory() as tmp:
         paths = Paths(Path(tmp) / "c", Path(tmp) / "d", Path(tmp) / "k")
-        settings = Settings(server_url="https://market.gpuflex.io", node_name="studio-4090",
+        hw, bench, _ = probe(paths.cache, quick=True)  # this machine, measured in a child
+        assert bench is not None
+        settings = Settings(server_url="https://market.gpuflex.io", node_name="my-computer",
                             price_per_gpu_hour="0.45", idle_minutes=5, schedule_start="22:00",
                             schedule_end="08:00", start_at_login=True)  # fmt: skip
         Credentials(paths, use_keyring=False).set_provider_key("gfx_u_demo")
         agent = Agent(settings, paths, credentials=Credentials(paths, use_keyring=True))
-        status = demo_status()
+        status = demo_status(hw, bench)
         agent._status = status  # a demo snapshot; the agent itself is never started
         base = time.time() - 300
         for i, line in enumerate(DEMO_LOG):
@@ -104,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         window.close()
         bridge.close()
         api.close()
-    for name in ("status-window.png", "tray-menu.png", "settings.png", "settings-schedule.png"):
+    (out / "README.md").write_text(caption(hw, bench), encoding="utf-8")
+    for name in ("status-window.png", "tray-menu.png", "settings.png", "settings-schedule.png",
+                 "README.md"):  # fmt: skip
         print(out / name)
     return 0
 

@@ -110,3 +110,24 @@ def scoring_result(job: Job) -> dict | None:
     from django.urls import reverse
 
     return {"rows": metrics.get("rows"), "predictions": reverse("job-predictions", args=[job.pk])}
+
+
+def ended_job_node_states(job: Job) -> dict:
+    """`job_node_states` for a job that has ended: no node works on it any more, whatever the
+    nodes do now elsewhere, so it counts the nodes that did (an accepted or a pending result)
+    rather than the market's nodes, whose states would go stale on the job's last page."""
+    worked = Node.objects.filter(results__task__round__job=job).distinct().count()
+    counts = {str(state): 0 for state in _STATE_ORDER}
+    noun = "node" if worked == 1 else "nodes"
+    summary = (
+        f"{job.status}: {worked} {noun} worked on this job; none works on it now"
+        if worked
+        else f"{job.status} before any node worked on it"
+    )
+    return {"nodes": worked, "counts": counts, "reasons": [], "summary": summary, "ended": True}
+
+
+def node_states_of(job: Job) -> dict:
+    """What the job page and the API show of the nodes for a job: the market's nodes that may
+    take it while it runs or is paused, the ones that worked on it once it has ended."""
+    return job_node_states(job) if job.is_active else ended_job_node_states(job)

@@ -22,6 +22,11 @@ def nodes_of(user: User) -> QuerySet[Node]:
     return Node.objects.filter(owner=user).select_related("speed").order_by("pk")
 
 
+def nodes_owned_by(user: User) -> QuerySet[Node]:
+    """The user's own nodes, operators' included: what a person's earnings come from."""
+    return Node.objects.filter(owner=user).order_by("pk")
+
+
 def job_traffic(job_id: object) -> dict[int, dict[str, Any]]:
     """Payload bytes the server moved for each node on a job, from its own counters
     (NodeTraffic): node id -> {"name", "bytes_up", "bytes_down"}; nodes that moved nothing
@@ -44,8 +49,16 @@ def _money(value: object) -> str:
     return str(Decimal(str(value)).quantize(Decimal("0.0001")))
 
 
+def device_label(node_or_model: Node | str) -> str:
+    """What a node computes on, as the market names it: its GPU's model, or "CPU" for a node
+    without one (a CPU node registers no GPU model)."""
+    model = node_or_model if isinstance(node_or_model, str) else node_or_model.gpu_model
+    return model or "CPU"
+
+
 def market_capacity() -> dict[str, Any]:
-    """Online GPUs by model with their price range: what a buyer can expect to get."""
+    """Online nodes by device (GPU model, or CPU) and kind, with their price range and the
+    range of their measured fp32 TFLOP/s: what a buyer can expect to get."""
     rows = (
         online_nodes()
         .values("gpu_model", "kind")
@@ -57,17 +70,27 @@ def market_capacity() -> dict[str, Any]:
         )
         .order_by("gpu_model", "kind")
     )
-    models = [
-        {
-            "gpu_model": r["gpu_model"] or "unknown",
-            "kind": r["kind"],
-            "nodes": r["nodes"],
-            "memory_gb": round(r["memory_gb"] or 0.0, 2),
-            "min_price_per_gpu_hour": _money(r["min_price"]),
-            "max_price_per_gpu_hour": _money(r["max_price"]),
-        }
-        for r in rows
-    ]
+    # benchmarks are JSON, validated as they are read (benchmark_of): ranged here, not in SQL
+    tflops: dict[tuple[str, str], list[float]] = {}
+    for node in online_nodes().only("gpu_model", "kind", "benchmark"):
+        fp32 = benchmark_of(node).get("fp32_tflops")
+        if fp32 is not None:
+            tflops.setdefault((node.gpu_model, node.kind), []).append(float(fp32))
+    models = []
+    for r in rows:
+        measured = tflops.get((r["gpu_model"], r["kind"]), [])
+        models.append(
+            {
+                "gpu_model": device_label(r["gpu_model"]),
+                "kind": r["kind"],
+                "nodes": r["nodes"],
+                "memory_gb": round(r["memory_gb"] or 0.0, 2),
+                "min_price_per_gpu_hour": _money(r["min_price"]),
+                "max_price_per_gpu_hour": _money(r["max_price"]),
+                "min_fp32_tflops": min(measured, default=None),
+                "max_fp32_tflops": max(measured, default=None),
+            }
+        )
     return {"online_nodes": sum(m["nodes"] for m in models), "gpus": models}
 
 

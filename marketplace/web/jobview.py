@@ -1,7 +1,8 @@
 """What the job page shows, as plain data: rounds, per-node table, topology, cost, provenance.
 
-The page renders it once and then polls `live_payload` as JSON every second, so the first
-paint and the updates come from the same functions.
+The page renders `live_payload` once and then redraws it each time the server pushes a new one
+(or it polls), so the first paint and the updates come from the same functions: every panel of
+the page, provenance and node states included, changes without a reload.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Any
 import yaml
 from django.urls import reverse
 
+from desktop.money import amount
 from marketplace.jobs import files
 from marketplace.jobs.models import ACTIVE_STATUSES, Job
 from marketplace.jobs.privacy import privacy_summary
-from marketplace.jobs.selectors import federated_status, job_node_states
+from marketplace.jobs.selectors import federated_status, node_states_of
 from marketplace.ledger.selectors import job_costs
 from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import network_of
@@ -25,6 +27,7 @@ from marketplace.rounds.models import Round
 from marketplace.rounds.selectors import leased_nodes, node_work, rounds_of
 from marketplace.rounds.sizing import measurement
 from marketplace.sweeps.selectors import best_trial, trial_rows
+from marketplace.web.labels import short_labels
 from trainer.adapt import health
 from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
 from trainer.spec import JobSpec, SpecError
@@ -82,7 +85,8 @@ def _health_scores(nodes: list[Node], spec: JobSpec | None) -> dict[int, float]:
 
 def node_rows(job: Job) -> list[dict[str, Any]]:
     work = {w["node_id"]: w for w in node_work(job)}
-    working = leased_nodes(job)
+    ended = job.status not in ACTIVE_STATUSES
+    working = set() if ended else leased_nodes(job)
     ids = set(work) | working
     nodes = list(Node.objects.filter(pk__in=ids).order_by("pk"))
     scores = _health_scores(nodes, _spec(job))
@@ -102,8 +106,10 @@ def node_rows(job: Job) -> list[dict[str, Any]]:
                 "band": rtt_band(None if rtt is None else float(rtt)),
                 "results": w.get("accepted", 0),
                 "share": round((w.get("samples") or 0) / total_samples, 4),
-                "state": "working" if node.pk in working else node.state,
-                "reason": "" if node.pk in working else node.state_reason,
+                # on an ended job a node's own state (busy elsewhere, or gone) says nothing of
+                # this job: what it did here is done
+                "state": "done" if ended else "working" if node.pk in working else node.state,
+                "reason": "" if ended or node.pk in working else node.state_reason,
                 "isolation": (node.hardware or {}).get("isolation") or "unknown",
             }
         )
@@ -127,16 +133,24 @@ def sandbox_note(job: Job, rows: list[dict[str, Any]]) -> str:
             "spec's requirements to keep tasks off them.")  # fmt: skip
 
 
+# characters of a node's name under its circle on the network map (10px text): more would run
+# into the next node or off the map; the full name is its tooltip
+TOPOLOGY_LABEL_CHARS = 12
+
+
 def topology(rows: list[dict[str, Any]], size: int = 320) -> dict[str, Any]:
-    """Server in the middle, nodes on a circle around it; positions in an SVG viewBox."""
+    """Server in the middle, nodes on a circle around it; positions in an SVG viewBox, and a
+    label per node short enough to fit that still tells the nodes apart."""
     centre = size / 2
     radius = size / 2 - 36
+    labels = short_labels([row["name"] for row in rows], TOPOLOGY_LABEL_CHARS)
     nodes = []
     for i, row in enumerate(rows):
         angle = 2 * math.pi * i / max(len(rows), 1) - math.pi / 2
         nodes.append(
             row
             | {
+                "label": labels[i],
                 "x": round(centre + radius * math.cos(angle), 1),
                 "y": round(centre + radius * math.sin(angle), 1),
             }
@@ -148,8 +162,10 @@ def cost_summary(job: Job) -> dict[str, Any]:
     costs = job_costs(job)
     fields = ("budget", "held", "spent", "provider_share", "platform_fee", "bonus",
               "redundancy_cost", "refunded")  # fmt: skip
-    summary = {f: str(getattr(costs, f)) for f in fields}
+    summary: dict[str, Any] = {f: str(getattr(costs, f)) for f in fields}
     summary["fraction"] = float(costs.spent / costs.budget) if costs.budget else 0.0
+    # as every surface shows money (desktop/money.py): small jobs cost fractions of a cent
+    summary["shown"] = {f: amount(getattr(costs, f)) for f in fields}
     return {"available": True} | summary
 
 
@@ -171,7 +187,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "model_url": reverse("web:job-model", args=[job.pk]),
         "rounds": round_rows(list(rounds_of(job))),
         "nodes": rows,
-        "node_states": job_node_states(job),
+        "node_states": node_states_of(job),
         "federated": federated_status(job),
         "sandbox": sandbox_note(job, rows) if rows or job.isolation_full else "",
         "topology": topology(rows),
@@ -180,6 +196,7 @@ def live_payload(job: Job) -> dict[str, Any]:
         "error": job.error,
         "stop_reason": job.stop_reason,
         "trials": sweep_trials(job),
+        "provenance": provenance(job),
     }
 
 
@@ -196,18 +213,25 @@ def sweep_trials(job: Job) -> dict[str, Any] | None:
     return {"rows": rows, "best": best.number if best else None}
 
 
+# the provenance table shows the latest records only: a long job's payload, pushed on every
+# change, stays small; the downloadable JSON holds them all
+PROVENANCE_ROWS = 200
+
+
 def provenance(job: Job) -> dict[str, Any]:
-    """The provenance chain as stored, and whether it checks out (links and record hashes).
+    """The provenance chain as stored, and whether it checks out (links and record hashes):
+    part of the live payload, so the table grows as rounds close.
 
     Replaying every round from artifacts (`gpuflex` verify) is heavier; the page checks the
     chain itself, which detects any altered, missing or reordered record.
     """
+    empty = {"records": [], "ok": None, "problems": [], "head": "", "count": 0, "url": ""}
     if not job.rounds_done or job.kind == "sweep":  # a sweep's rounds are its trials' own
-        return {"records": [], "ok": None, "problems": [], "head": ""}
+        return empty
     try:
         chain = ProvenanceChain.from_json(files.get(provenance_name(job)).decode())
     except (OSError, ProvenanceError, ValueError, KeyError) as exc:
-        return {"records": [], "ok": False, "problems": [f"unreadable: {exc}"], "head": ""}
+        return empty | {"ok": False, "problems": [f"unreadable: {exc}"]}
     report = verify_chain(chain)
     records = [
         {
@@ -221,7 +245,14 @@ def provenance(job: Job) -> dict[str, Any]:
         }
         for r in chain
     ]
-    return {"records": records, "ok": report.ok, "problems": report.problems, "head": chain.head}
+    return {
+        "records": records[-PROVENANCE_ROWS:],
+        "count": len(records),
+        "ok": report.ok,
+        "problems": report.problems,
+        "head": chain.head,
+        "url": reverse("web:job-provenance", args=[job.pk]),
+    }
 
 
 def spec_yaml(job: Job) -> str:

@@ -171,6 +171,14 @@ def test_screenshots_are_written(qtbot, tmp_path: Path) -> None:
     assert screenshots.main([str(tmp_path)]) == 0
     for name in ("status-window.png", "tray-menu.png", "settings.png"):
         assert (tmp_path / name).stat().st_size > 5_000
+    # the pictures show this machine, measured, and say which parts are an example
+    from desktop.hardware import detect
+
+    hw = detect()
+    caption = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert hw.cpu_name in caption and "example snapshot" in caption
+    if hw.primary_gpu is None:  # no invented GPU on a machine without one
+        assert "no GPU" in caption and "RTX" not in caption
 
 
 def test_notifications_for_finished_tasks_and_errors(qtbot, live) -> None:

@@ -164,6 +164,40 @@ def test_the_job_stream_shows_a_round_closing(
     _close(response)
 
 
+def test_the_pushed_payload_carries_provenance_and_the_ended_jobs_nodes(
+    bell, make_user, make_job, make_node, login, django_capture_on_commit_callbacks
+) -> None:
+    """Provenance and node states are in the payload the page redraws from, so they change
+    without a reload: the chain as rounds close, and on an ended job the nodes that worked
+    on it rather than the market's nodes as they stood when its last round closed."""
+    buyer = make_user("buyer")
+    job = make_job(buyer, spec_data=_one_round_spec())
+    agents = [agent_for(make_node(make_user("provider"))) for _ in range(3)]
+    response = login(buyer).get(f"/jobs/{job.pk}/events/")
+    frames = _frames(response)
+    first = next(frames)
+    assert first["provenance"]["records"] == [] and first["provenance"]["ok"] is None
+    assert first["node_states"]["summary"] == "3 idle"
+    with django_capture_on_commit_callbacks(execute=True):
+        run_until_idle(agents)
+    last = next(frames)
+    while last["status"] == "running":
+        last = next(frames)
+    assert last["status"] == "completed"
+    chain = last["provenance"]
+    assert chain["ok"] is True and chain["count"] == 1
+    assert [r["round"] for r in chain["records"]] == [1]
+    assert chain["url"] == f"/jobs/{job.pk}/provenance/"
+    assert last["node_states"]["summary"] == (
+        "completed: 3 nodes worked on this job; none works on it now"
+    )
+    assert {n["state"] for n in last["nodes"]} == {"done"}
+    # money as every surface shows it: the digits it has, never rounded to 0.00
+    spent = last["cost"]["shown"]["spent"]
+    assert Decimal(spent) == Decimal(last["cost"]["spent"]).quantize(Decimal(spent)) > 0
+    _close(response)
+
+
 def test_a_buyer_cannot_stream_another_buyers_job(make_user, make_job, login) -> None:
     job = make_job(make_user("buyer"))
     assert login(make_user("buyer")).get(f"/jobs/{job.pk}/events/").status_code == 404

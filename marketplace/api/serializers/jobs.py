@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from marketplace.jobs.models import Job, Tier
 from marketplace.jobs.privacy import privacy_summary
-from marketplace.jobs.selectors import federated_status, job_node_states, scoring_result
+from marketplace.jobs.selectors import federated_status, node_states_of, scoring_result
 from marketplace.ledger.selectors import job_costs
 from marketplace.rounds.models import Round
 from marketplace.sweeps.selectors import best_trial, trial_rows
@@ -208,7 +208,7 @@ class JobDetailSerializer(JobSerializer):
 
     @extend_schema_field(NodeStatesSerializer)
     def get_node_states(self, job: Job) -> dict:
-        return job_node_states(job)
+        return node_states_of(job)
 
     @extend_schema_field(FederatedStatusSerializer(allow_null=True))
     def get_federated(self, job: Job) -> dict | None:

@@ -176,10 +176,11 @@ def job_detail(request: HttpRequest, pk: str) -> HttpResponse:
     job = _job(request, pk)
     if job is None:
         return not_found(request, "job")
+    live = jobview.live_payload(job)
     context = {
         "job": job,
-        "live": jobview.live_payload(job),
-        "provenance": jobview.provenance(job),
+        "live": live,
+        "provenance": live["provenance"],
         "spec_json": jobview.spec_yaml(job),
         "model_formats": formats_for(job),
         "scoring": scoring_result(job),

@@ -10,6 +10,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonR
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from desktop.money import amount
 from marketplace.accounts.errors import KeyLimitReached
 from marketplace.accounts.selectors import user_keys
 from marketplace.accounts.services import issue_user_key, revoke_key
@@ -19,7 +20,7 @@ from marketplace.events.stream import event_stream
 from marketplace.ledger import selectors as ledger
 from marketplace.ledger.errors import LedgerError
 from marketplace.ledger.services import request_payout
-from marketplace.nodes.selectors import network_of, nodes_of, speed_of
+from marketplace.nodes.selectors import benchmark_of, network_of, nodes_of, nodes_owned_by, speed_of
 from marketplace.nodes.services import set_price
 from marketplace.rounds.selectors import tasks_done_by_node
 from marketplace.web.access import provider_required, role_required
@@ -32,7 +33,7 @@ def _node_rows(user: Any) -> list[dict[str, Any]]:
     done = tasks_done_by_node(nodes)
     rows = []
     for node in nodes:
-        bench = node.benchmark or {}
+        bench = benchmark_of(node)
         rows.append(
             {
                 "node": node,
@@ -72,12 +73,23 @@ def node_price(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _earnings(user: Any) -> dict[str, Any]:
-    """The earnings page's figures; the page polls them as JSON to update in place."""
+    """The earnings page's figures; the page polls them as JSON to update in place. All of
+    them the user's own, an operator's too: tasks done by the nodes whose earnings these are
+    (counting every node's tasks beside an operator's own earnings read "74 tasks done" and
+    "Nothing earned yet" side by side)."""
+    balances = ledger.balances(user).to_dict()
     return {
-        "series": [[d.isoformat(), str(a)] for d, a in ledger.earnings_series(user, days=30)],
-        "by_node": [r | {"amount": str(r["amount"])} for r in ledger.earnings_by_node(user)],
-        "balances": ledger.balances(user).to_dict(),
-        "tasks_done": sum(tasks_done_by_node(nodes_of(user)).values()),
+        "series": [
+            [d.isoformat(), str(a), amount(a)] for d, a in ledger.earnings_series(user, days=30)
+        ],
+        "by_node": [
+            r | {"amount": str(r["amount"]), "shown": amount(r["amount"])}
+            for r in ledger.earnings_by_node(user)
+        ],
+        "balances": balances,
+        # as every surface shows money (desktop/money.py): the precision it has
+        "shown": {k: amount(v) for k, v in balances.items()},
+        "tasks_done": sum(tasks_done_by_node(nodes_owned_by(user)).values()),
     }
 
 

@@ -32,7 +32,9 @@ def market(request: HttpRequest) -> HttpResponse:
         "capacity": capacity,
         "jobs_running": jobs.get("running", 0),
         "jobs_completed": jobs.get("completed", 0),
+        # a GPU's memory, or for a CPU node the RAM its tasks may use (as nodes register it)
         "memory_gb": round(sum(g["memory_gb"] for g in capacity["gpus"]), 1),
+        "device_models": len({g["gpu_model"] for g in capacity["gpus"]}),
         "cheapest": min(prices, default=None),
     }
     return render(request, "web/market.html", context)

@@ -6,6 +6,14 @@
   const url = document.getElementById("earnings-page").dataset.liveUrl;
   let chart = null;
   let lastKey = "";
+  let series = [];
+
+  function readout(idx) {
+    // the day under the cursor, its amount as the server formats money (desktop/money.py)
+    const p = idx == null ? null : series[idx];
+    document.getElementById("earnings-readout").textContent = p ? p[0] + ": " + p[2] + " credits earned" :
+      "Point at a day to read what it earned.";
+  }
 
   function esc(s) {
     return String(s).replace(/[&<>"']/g, function (c) {
@@ -20,14 +28,19 @@
     // one point per day, at noon UTC so that the day's label sits under it
     const xs = d.series.map(function (p) { return Date.parse(p[0] + "T12:00:00Z") / 1000; });
     const ys = d.series.map(function (p) { return Number(p[1]); });
+    series = d.series;
     if (!chart) {
       const el = document.getElementById("chart-earnings");
       chart = new uPlot({
         width: Math.max(240, el.getBoundingClientRect().width), height: 240,
         scales: { x: { time: true } },
-        axes: [{ stroke: "#646b82", grid: { stroke: "#eceef5" } }, { stroke: "#646b82", grid: { stroke: "#eceef5" }, size: 60 }],
-        series: [{}, { label: "earned", stroke: "#12a150", fill: "rgba(18,161,80,.12)", width: 2,
-          value: function (u, v) { return v == null ? "—" : v.toFixed(4); } }],
+        // one series: the card's title names it, and the line below reads the day hovered
+        // (uPlot's own legend read "Time: -- earned: —" until one hovered)
+        legend: { show: false },
+        axes: [{ stroke: "#646b82", grid: { stroke: "#eceef5" } },
+          { stroke: "#646b82", grid: { stroke: "#eceef5" }, size: 70, values: GFCharts.axisValues }],
+        series: [{}, { label: "earned", stroke: "#12a150", fill: "rgba(18,161,80,.12)", width: 2 }],
+        hooks: { setCursor: [function (u) { readout(u.cursor.idx); }] },
       }, [xs, ys], el);
       new ResizeObserver(function () {
         chart.setSize({ width: Math.max(240, el.getBoundingClientRect().width), height: 240 });
@@ -35,17 +48,20 @@
     } else {
       chart.setData([xs, ys]);
     }
-    if (d.balances) {
-      document.getElementById("e-earnings").textContent = d.balances.earnings;
-      document.getElementById("e-pending").textContent = d.balances.pending_payouts;
-      document.getElementById("e-paid").textContent = d.balances.paid_out;
+    if (d.shown) {
+      document.getElementById("e-earnings").textContent = d.shown.earnings;
+      document.getElementById("e-pending").textContent = d.shown.pending_payouts;
+      document.getElementById("e-paid").textContent = d.shown.paid_out;
     }
     document.getElementById("e-tasks").textContent = d.tasks_done;
     const rows = d.by_node.map(function (r) {
-      return "<tr><td>" + esc(r.node_name) + '</td><td class="num">' + esc(r.tasks) + '</td><td class="num">' + esc(r.amount) + "</td></tr>";
+      return "<tr><td>" + esc(r.node_name) + '</td><td class="num">' + esc(r.tasks) + '</td><td class="num">' + esc(r.shown) + "</td></tr>";
     });
+    // the same words as the page's first paint (earnings.html)
     document.getElementById("by-node").innerHTML = rows.length ? rows.join("") :
-      '<tr><td colspan="3" class="empty">Nothing earned yet.</td></tr>';
+      '<tr><td colspan="3" class="empty">' + (d.tasks_done ?
+        "Nothing credited yet: tasks are paid once their results are verified." : "Nothing earned yet.") + "</td></tr>";
+    readout(null);
   }
 
   render(JSON.parse(document.getElementById("earnings-data").textContent));

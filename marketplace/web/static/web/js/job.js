@@ -1,6 +1,6 @@
 /* The job page: renders the live payload, then again each time the server pushes a new one
-   (live.js), so that charts, the rounds timeline, the node table, the topology and the cost
-   grow without a reload. */
+   (live.js), so that every panel (charts, the rounds timeline, the node table and node states,
+   the topology, the cost and the provenance chain) changes without a reload. */
 "use strict";
 
 (function () {
@@ -96,9 +96,12 @@
     svg += '<circle class="server" cx="' + c + '" cy="' + c + '" r="26"></circle>' +
       '<text class="server-label" x="' + c + '" y="' + (c + 4) + '">server</text>';
     t.nodes.forEach(function (n) {
-      svg += '<circle class="node ' + esc(n.state) + '" cx="' + n.x + '" cy="' + n.y + '" r="16"></circle>' +
+      // a label that fits and tells the nodes apart (jobview.topology), the full name as tooltip
+      const tip = "<title>" + esc(n.name) + (n.rtt_ms == null ? "" : ", " + n.rtt_ms + " ms") + "</title>";
+      svg += '<g class="topo-node" data-name="' + esc(n.name) + '">' +
+        '<circle class="node ' + esc(n.state) + '" cx="' + n.x + '" cy="' + n.y + '" r="16">' + tip + "</circle>" +
         '<text x="' + n.x + '" y="' + (n.y + 4) + '">' + esc(n.rtt_ms == null ? "?" : Math.round(n.rtt_ms)) + "</text>" +
-        '<text x="' + n.x + '" y="' + (n.y + 30) + '">' + esc(n.name.slice(0, 14)) + "</text>";
+        '<text class="node-label" x="' + n.x + '" y="' + (n.y + 30) + '">' + esc(n.label || n.name) + tip + "</text></g>";
     });
     if (!t.nodes.length) {
       svg += '<text x="' + c + '" y="' + (c + 50) + '" fill="#646b82">no nodes yet</text>';
@@ -114,7 +117,7 @@
       el("cost-kv").innerHTML = "<dt>Budget</dt><dd>" + esc(cost.budget) + "</dd>";
       return;
     }
-    text("stat-cost", cost.spent);  // as the ledger gives it: small jobs cost fractions of a cent
+    text("stat-cost", cost.shown.spent);  // with the digits it has: small jobs cost fractions of a cent
     text("stat-budget", "of " + Number(cost.budget).toFixed(2) + " budget");
     const bar = el("cost-bar");
     bar.style.width = Math.min(100, 100 * cost.fraction) + "%";
@@ -123,7 +126,7 @@
       ["provider_share", "Paid to providers"], ["platform_fee", "Platform fee"], ["bonus", "Bonuses"],
       ["redundancy_cost", "Verification replicas"], ["refunded", "Refunded"]];
     el("cost-kv").innerHTML = labels.filter(function (l) { return cost[l[0]] != null; }).map(function (l) {
-      return "<dt>" + l[1] + "</dt><dd>" + esc(cost[l[0]]) + "</dd>";
+      return "<dt>" + l[1] + "</dt><dd>" + esc(cost.shown[l[0]]) + "</dd>";
     }).join("");
   }
 
@@ -153,6 +156,30 @@
     body.innerHTML = rows.length ? rows.join("") : '<tr><td colspan="6" class="muted">No trial started yet.</td></tr>';
   }
 
+  function drawProvenance(d) {
+    // the chain grows by a record as each round closes, and is verified again each time
+    const p = d.provenance;
+    if (!p) return;
+    const badge = el("provenance-status");
+    const verdict = p.ok === true ? ["ok", "chain verified"] : p.ok === false ? ["bad", "verification failed"] :
+      ["", "no rounds yet"];
+    badge.className = "badge " + verdict[0];
+    badge.textContent = verdict[1];
+    const has = p.records.length > 0;
+    el("provenance-note").hidden = !has;
+    el("provenance-table").hidden = !has;
+    el("provenance-empty").hidden = has;
+    text("provenance-head", p.head.slice(0, 16) + "…");
+    text("provenance-shown", p.count > p.records.length ?
+      " · the latest " + p.records.length + " of " + p.count + " records" : "");
+    el("provenance-rows").innerHTML = p.records.map(function (r) {
+      return "<tr><td>" + esc(r.round) + "</td><td>" + esc(r.strategy) + '</td><td class="num">' +
+        esc(r.contributions) + '</td><td class="mono">' + esc(r.output) + '</td><td class="mono">' +
+        esc(r.hash) + "</td></tr>";
+    }).join("");
+    el("provenance-problems").innerHTML = p.problems.map(function (x) { return "<li>" + esc(x) + "</li>"; }).join("");
+  }
+
   function drawStatus(d) {
     const badge = el("job-status");
     badge.textContent = d.status;
@@ -176,6 +203,7 @@
     drawTopology(d);
     drawCost(d);
     drawTrials(d);
+    drawProvenance(d);
   }
 
   function active(d) { return d.status === "running" || d.status === "paused"; }
