@@ -91,3 +91,24 @@ def test_the_filter_reaches_bwrap_as_a_readable_descriptor() -> None:
     finally:
         os.close(fd)
     assert data == program(seccomp.machine() or "") and len(data) % 8 == 0
+
+
+@pytest.mark.parametrize("as_root", [True, False])
+def test_every_bwrap_sandbox_loads_the_filter(
+    as_root: bool, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root agent or not, the filter is loaded; a non-root agent's bwrap (which makes the
+    task's user namespace) also forbids any further one, where that bwrap can."""
+    from desktop import sandbox
+
+    if sandbox.bwrap_path() is None:
+        pytest.skip("bubblewrap missing")
+    monkeypatch.setattr(sandbox, "_as_root", lambda: as_root)
+    monkeypatch.setattr(sandbox, "_tool", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setitem(sandbox._BWRAP_DISABLES_USERNS, sandbox.bwrap_path(), True)
+    argv = sandbox.bwrap_argv(tmp_path, ["true"], gpu=False, folder_fd=7, seccomp_fd=9)
+    assert argv[argv.index("--seccomp") + 1] == "9"
+    assert argv[argv.index("--bind-fd") + 1 : argv.index("--bind-fd") + 3] == ["7", str(tmp_path)]
+    assert ("--disable-userns" in argv) is (not as_root)
+    if not as_root:
+        assert "--unshare-user" in argv
