@@ -730,9 +730,12 @@ class Sandbox:
 
     def prewarm(self, tasks_dir: Path) -> None:
         """Start the warm worker for tasks under `tasks_dir` before the first task comes,
-        and bring back task folders a crash left in its folder."""
+        and bring back the task files a crash left in its folder."""
         if self.warm:
-            recover(tasks_dir.resolve())
+            # a warm folder that cannot be cleaned (not the agent's to remove) fails the
+            # worker's start, and each task says why: the agent itself goes on
+            with contextlib.suppress(OSError):
+                recover(tasks_dir.resolve())
             self._worker_for(tasks_dir.resolve()).prewarm()
 
     def _worker_for(self, tasks_dir: Path) -> WarmWorker:
