@@ -62,13 +62,3 @@ def open_folder(folder: Path, create: bool = False) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def same_folder(fd: int, folder: Path) -> bool:
-    """`folder` still names, without a symlink, the folder open at `fd`."""
-    try:
-        st = os.stat(folder, follow_symlinks=False)
-    except OSError:
-        return False
-    opened = os.fstat(fd)
-    return stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == (opened.st_dev, opened.st_ino)
