@@ -3,12 +3,17 @@
 Linux: bubblewrap (`bwrap`) with every namespace unshared (so no network), the Python
 environment and project bound read-only, a private /tmp and /dev/shm (size-capped tmpfs, both
 counted in the memory budget), a minimal /dev plus only the GPU device nodes the task needs, and
-the task folder as the one writable place. bwrap itself starts with an empty environment (the
-task's variables are passed with --setenv: a task reading /proc/1/environ sees no agent secret),
-every capability is dropped, and the task never runs as root: an agent running as root starts
-the task through `setpriv` as the unprivileged SANDBOX_UID. A process limit (RLIMIT_NPROC, set
-inside the sandbox by `prlimit` so that it counts the sandbox's processes and threads) and a
-task-folder quota (a watchdog that kills a task whose folder outgrows `folder_mb`) complete it.
+the task folder as the one writable place: bound from a descriptor the agent opened and
+checked (desktop/task_folder.py), so a symlink in its place is refused, never followed, and
+the task cannot rename or replace it (it is a mount point, in a read-only parent). bwrap itself
+starts with an empty environment (the task's variables are passed with --setenv: a task
+reading /proc/1/environ sees no agent secret), every capability is dropped, no namespace or
+mount can be made inside (a seccomp filter, desktop/seccomp.py, and bwrap's --disable-userns
+where bwrap makes a user namespace), and the task never runs as root: an agent running as root
+starts the task through `setpriv` as the unprivileged SANDBOX_UID. A process limit
+(RLIMIT_NPROC, set inside the sandbox by `prlimit` so that it counts the sandbox's processes
+and threads) and a task-folder quota (a watchdog that kills a task whose folder outgrows
+`folder_mb`) complete it.
 Everywhere: rlimits (CPU seconds, data segment, file size, no core dumps) set in the child
 before exec, a wall-clock limit and a resident-memory watchdog in the agent; on Windows a job object
 (desktop/winjob.py) enforces CPU time, committed memory and a process count instead of
@@ -35,9 +40,17 @@ import psutil
 
 from desktop.entry import entry_argv
 from desktop.seatbelt import seatbelt_argv, seatbelt_usable
+from desktop.seccomp import filter_fd
+from desktop.task_folder import (
+    BY_FD,
+    SANDBOX_GID,
+    SANDBOX_UID,
+    open_folder,
+    plain,
+)
 from desktop.task_outputs import UnsafeOutput, is_regular, read_json_output
 from desktop.task_runner import EXIT_PAUSED, PAUSE
-from desktop.warm import WARM_DIR, WarmWorker, parse_event, recover
+from desktop.warm import WARM_DIR, WARM_SLOT, WarmWorker, parse_event, recover
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TASK_PACKAGES = ("desktop", "trainer")  # what desktop.task_runner imports of the project
@@ -49,8 +62,6 @@ EXIT_OOM = 3  # desktop.task_runner's code for MemoryError / CUDA OOM
 # killed, and trains again from its start. Within the 2 s the owner's pause must take.
 PAUSE_GRACE_S = 1.0
 
-# who a task is when the agent runs as root: "nobody", with no capability (see bwrap_argv)
-SANDBOX_UID = SANDBOX_GID = 65534
 # where a federated task finds the owner's local dataset it trains on (bound read-only)
 LOCAL_DATA_ROOT = "/gpuflex-local-data"
 QUOTA_CHECK_S = 0.5  # how often the task-folder quota is measured
@@ -140,6 +151,29 @@ def bwrap_usable() -> bool:
     return _BWRAP_WORKS[path]
 
 
+_BWRAP_DISABLES_USERNS: dict[str, bool] = {}
+
+
+def bwrap_disables_userns() -> bool:
+    """bwrap can make the task's user namespace and forbid any further one in it
+    (`--unshare-user --disable-userns`, bubblewrap 0.8): tried once, as a non-root agent's
+    sandbox would run it."""
+    path = bwrap_path()
+    if path is None or _as_root():
+        return False  # a root agent's tasks get no user namespace of bwrap's (bwrap_argv)
+    if path not in _BWRAP_DISABLES_USERNS:
+        try:
+            probe = subprocess.run(
+                [path, "--unshare-all", "--unshare-user", "--disable-userns",
+                 "--ro-bind", "/", "/", "--dev", "/dev", "true"],
+                capture_output=True, timeout=10,
+            )  # fmt: skip
+            _BWRAP_DISABLES_USERNS[path] = probe.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _BWRAP_DISABLES_USERNS[path] = False
+    return _BWRAP_DISABLES_USERNS[path]
+
+
 # GPU device nodes a CUDA/ROCm task needs; nothing else from the host's /dev
 _GPU_DEVICES = (
     "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
@@ -222,16 +256,16 @@ def _confine_argv(argv: list[str], limits: Limits) -> list[str]:
     return [*inner, *argv]
 
 
-def hand_to_task(folder: Path) -> None:
-    """A root agent's task runs as SANDBOX_UID: give it its folder (and the inputs in it; a
-    symlink is re-owned itself, never what it points to)."""
+def hand_to_task(folder_fd: int) -> None:
+    """A root agent's task runs as SANDBOX_UID: give it its folder, opened and checked
+    (desktop.task_folder), and the inputs in it, by name in that folder (a symlink is re-owned
+    itself, never what it points to)."""
     if not _as_root():
         return
-    os.chown(folder, SANDBOX_UID, SANDBOX_GID)
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                os.chown(entry.path, SANDBOX_UID, SANDBOX_GID, follow_symlinks=False)
+    os.fchown(folder_fd, SANDBOX_UID, SANDBOX_GID)
+    for name in os.listdir(folder_fd):
+        with contextlib.suppress(OSError):
+            os.chown(name, SANDBOX_UID, SANDBOX_GID, dir_fd=folder_fd, follow_symlinks=False)
 
 
 def bwrap_argv(
@@ -241,9 +275,15 @@ def bwrap_argv(
     env: dict[str, str] | None = None,
     limits: Limits | None = None,
     read_only: dict[str, str] | None = None,
+    folder_fd: int | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
-    """The bwrap command line; start it with an EMPTY environment (bwrap_env). `read_only`:
-    host path -> where the task sees it (under LOCAL_DATA_ROOT), bound read-only."""
+    """The bwrap command line; start it with an EMPTY environment (bwrap_env) and with
+    `folder_fd` and `seccomp_fd` passed (Popen's pass_fds). `read_only`: host path -> where the
+    task sees it (under LOCAL_DATA_ROOT), bound read-only. `folder_fd`: the task folder as
+    opened by desktop.task_folder.open_folder, bound in at `folder` (so that the folder checked
+    is the one bound, whatever its path names by then). `seccomp_fd`: desktop.seccomp's
+    filter, loaded before the task starts."""
     bw = bwrap_path()
     assert bw is not None
     limits = limits or Limits()
@@ -256,6 +296,10 @@ def bwrap_argv(
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
     else:
         args = [bw, "--unshare-all", "--cap-drop", "ALL"]
+        if bwrap_disables_userns():  # no user namespace in the task's: no mounts of its own
+            args += ["--unshare-user", "--disable-userns"]
+    if seccomp_fd is not None:  # no namespace, no mount, as root or not (desktop.seccomp)
+        args += ["--seccomp", str(seccomp_fd)]
     args += ["--die-with-parent", "--new-session", "--clearenv"]
     # what exists in the sandbox: a folder, or with a trailing "/" a bound tree
     made: set[str] = {"/proc", "/dev", "/tmp", "/dev/shm"}
@@ -288,8 +332,13 @@ def bwrap_argv(
     # the owner's local datasets a federated task trains on: read-only, at LOCAL_DATA_ROOT
     for host, inside in (read_only or {}).items():
         args += _bind("--ro-bind", inside, made, source=host)
-    # last, so it wins over any read-only bind above it (e.g. a folder inside the project)
-    args += [*_bind("--bind", str(folder), made), "--chdir", str(folder)]
+    # last, so it wins over any read-only bind above it (e.g. a folder inside the project); a
+    # mount point in the read-only skeleton, which the task can neither rename nor replace
+    if folder_fd is not None:
+        args += _bind("--bind-fd", str(folder), made, source=str(folder_fd))
+    else:
+        args += _bind("--bind", str(folder), made)
+    args += ["--chdir", str(folder)]
     args += ["--remount-ro", "/"]  # the skeleton root bwrap made is read-only too
     for key, value in {**_child_env(folder), **(env or {})}.items():
         args += ["--setenv", key, value]
@@ -405,13 +454,22 @@ class Sandbox:
             return pids | {proc.pid}
 
     def signal(self, folder: Path, name: str) -> None:
-        """Put an empty file `name` in a task's folder wherever it is now (a warm task's
-        folder lives in the worker's folder while it runs), for the task to notice."""
-        folder = folder.resolve()
-        for place in (folder.parent / WARM_DIR / folder.name, folder):
+        """Put an empty file `name` in a task's folder, and in the warm worker's folder while
+        that task's files are in it, for the task to notice. Made by name in the opened
+        folder with O_NOFOLLOW: a symlink the task put there is refused, never followed."""
+        folder = plain(folder)
+        places = [folder]
+        worker = self._worker
+        if worker is not None and worker.current == folder:
+            places.insert(0, worker.run_dir)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+        for place in places:
             with contextlib.suppress(OSError):
-                if place.is_dir():
-                    (place / name).touch()
+                fd = open_folder(place)
+                try:
+                    os.close(os.open(name, flags, 0o644, dir_fd=fd))
+                finally:
+                    os.close(fd)
 
     def data_path(self, name: str, host: Path) -> str:
         """Where a task sees the local dataset at `host` (bound there read-only, see
@@ -441,7 +499,7 @@ class Sandbox:
     ) -> SandboxResult:
         """Train the task in `folder` (see desktop.task_runner); `read_only` as bwrap_argv's
         (see `data_path`)."""
-        argv = task_argv(folder.resolve())
+        argv = task_argv(plain(folder))
         result = self.run(folder, argv, should_stop, on_event, read_only)
         if result.status in ("ok", "crashed", "oom"):
             result = self._read_result(folder, result)
@@ -455,17 +513,44 @@ class Sandbox:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         read_only: dict[str, str] | None = None,
     ) -> SandboxResult:
-        """Run `argv` inside the sandbox; `should_stop` returning a reason cancels it."""
-        folder = folder.resolve()
-        folder.mkdir(parents=True, exist_ok=True)
+        """Run `argv` inside the sandbox; `should_stop` returning a reason cancels it.
+
+        The folder is opened once here (desktop.task_folder: no symlink followed, the agent's
+        or the sandbox's own), and that descriptor is what the task is handed and bound to,
+        on a first run and on every retry alike."""
+        folder = plain(folder)
+        try:
+            if BY_FD:
+                folder_fd: int | None = open_folder(folder, create=True)
+            else:  # Windows: no descriptor of a folder, and no sandbox a task could escape
+                folder.mkdir(parents=True, exist_ok=True)
+                folder_fd = None
+        except OSError as exc:
+            return SandboxResult("sandbox", None, f"could not confine the task: {exc}")
+        try:
+            return self._run(folder, folder_fd, argv, should_stop, on_event, read_only)
+        finally:
+            if folder_fd is not None:
+                os.close(folder_fd)
+
+    def _run(
+        self,
+        folder: Path,
+        folder_fd: int | None,
+        argv: list[str],
+        should_stop: Callable[[], str | None] | None,
+        on_event: Callable[[dict[str, Any]], None] | None,
+        read_only: dict[str, str] | None,
+    ) -> SandboxResult:
         # GPU drivers reserve huge private mappings; a data-segment cap would break CUDA, so
         # GPU tasks rely on the resident-memory watchdog (and the GPU's own memory cap)
         cap_data = not self.gpu
         python = _as_python_args(argv)
+        pass_fds: list[int] = []  # bwrap's: the folder and the seccomp filter
         # the warm worker's sandbox was made before this task's binds were known: a task
         # that reads a local dataset runs cold, in a sandbox of its own
-        if self.warm and python is not None and not read_only:
-            return self._run_warm(folder, python, cap_data, should_stop, on_event)
+        if self.warm and python is not None and not read_only and folder_fd is not None:
+            return self._run_warm(folder, folder_fd, python, cap_data, should_stop, on_event)
         if self.isolated and sys.platform == "darwin":
             if read_only:  # no bind mounts in Seatbelt: the runner would not find the data
                 return SandboxResult("sandbox", None, "local datasets are not yet bound into "
@@ -477,10 +562,21 @@ class Sandbox:
             env = {**_child_env(folder), **self.env}
         elif self.isolated:
             try:
-                full = bwrap_argv(folder, argv, self.gpu, self.env, self.limits, read_only)
-                hand_to_task(folder)
-            except (SandboxRefused, OSError) as exc:
+                seccomp = filter_fd()
+            except OSError as exc:
                 return SandboxResult("sandbox", None, f"could not confine the task: {exc}")
+            if seccomp is not None:
+                pass_fds.append(seccomp)
+            try:
+                full = bwrap_argv(folder, argv, self.gpu, self.env, self.limits, read_only,
+                                  folder_fd, seccomp)  # fmt: skip
+                if folder_fd is not None:
+                    hand_to_task(folder_fd)
+            except (SandboxRefused, OSError) as exc:
+                _close(pass_fds)
+                return SandboxResult("sandbox", None, f"could not confine the task: {exc}")
+            if folder_fd is not None:
+                pass_fds.append(folder_fd)
             env = bwrap_env()
         else:
             full = argv
@@ -494,6 +590,7 @@ class Sandbox:
                 job = JobObject(self.limits, cap_memory=cap_data)
             except OSError as exc:
                 return SandboxResult("sandbox", None, f"could not create a job object: {exc}")
+        owned = [fd for fd in pass_fds if fd != folder_fd]  # the caller closes the folder's
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -505,6 +602,7 @@ class Sandbox:
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group, killed as one
                 preexec_fn=_limit_child(self.limits, cap_data) if os.name == "posix" else None,
+                pass_fds=pass_fds,
             )
             if job is not None:
                 # the runner is still importing Python: nothing has escaped the job yet
@@ -513,6 +611,8 @@ class Sandbox:
             if job is not None:
                 job.close()
             return SandboxResult("sandbox", None, f"could not start the task process: {exc}")
+        finally:
+            _close(owned)  # bwrap has its copies
 
         events: list[dict[str, Any]] = []
         stderr_tail = bytearray()
@@ -588,6 +688,7 @@ class Sandbox:
     def _run_warm(
         self,
         folder: Path,
+        folder_fd: int,
         args: list[str],
         cap_data: bool,
         should_stop: Callable[[], str | None] | None,
@@ -595,7 +696,7 @@ class Sandbox:
     ) -> SandboxResult:
         worker = self._worker_for(folder.parent)
         started = time.monotonic()
-        inside = worker.run_dir / folder.name
+        inside = worker.run_dir  # where the task's files are while it runs
         quota = _Quota(inside, self.limits.folder_mb)
         grace = _Grace(lambda: self.signal(folder, PAUSE), self.pause_grace_s)
         on_event = grace.watch(on_event)
@@ -615,8 +716,8 @@ class Sandbox:
         }
         try:
             if self.isolated:
-                hand_to_task(folder)
-            out = worker.run(folder, command, watch, on_event)
+                hand_to_task(folder_fd)
+            out = worker.run(folder, folder_fd, command, watch, on_event)
         except (OSError, RuntimeError) as exc:
             self.close()
             return SandboxResult("sandbox", None, f"could not start the warm task worker: {exc}")
@@ -629,33 +730,49 @@ class Sandbox:
 
     def prewarm(self, tasks_dir: Path) -> None:
         """Start the warm worker for tasks under `tasks_dir` before the first task comes,
-        and bring back task folders a crash left in its folder."""
+        and bring back the task files a crash left in its folder."""
         if self.warm:
-            recover(tasks_dir.resolve())
+            # a warm folder that cannot be cleaned (not the agent's to remove) fails the
+            # worker's start, and each task says why: the agent itself goes on
+            with contextlib.suppress(OSError):
+                recover(tasks_dir.resolve())
             self._worker_for(tasks_dir.resolve()).prewarm()
 
     def _worker_for(self, tasks_dir: Path) -> WarmWorker:
-        run_dir = tasks_dir / WARM_DIR
+        run_dir = tasks_dir / WARM_DIR / WARM_SLOT
         if self._worker is None or self._worker.run_dir != run_dir:
             self.close()
             self._worker = WarmWorker(run_dir, self._start_zygote)
         return self._worker
 
-    def _start_zygote(self, argv: list[str], run_dir: Path) -> subprocess.Popen[bytes]:
-        """The warm worker's process, confined as a cold task is; the per-task CPU, memory and
-        file limits are set by the zygote in each task's child."""
+    def _start_zygote(self, argv: list[str], run_dir: Path, run_fd: int) -> subprocess.Popen[bytes]:
+        """The warm worker's process, confined as a cold task is, its one writable folder
+        `run_dir` (opened at `run_fd`) bound in as a cold task's folder is; the per-task CPU,
+        memory and file limits are set by the zygote in each task's child."""
+        pass_fds: list[int] = []
         if self.isolated:
-            full, env = bwrap_argv(run_dir, argv, self.gpu, self.env, self.limits), bwrap_env()
-            hand_to_task(run_dir)
+            if (seccomp := filter_fd()) is not None:
+                pass_fds.append(seccomp)
+            try:
+                full = bwrap_argv(run_dir, argv, self.gpu, self.env, self.limits, None, run_fd,
+                                  seccomp)  # fmt: skip
+                hand_to_task(run_fd)
+            except BaseException:
+                _close(pass_fds)
+                raise
+            env = bwrap_env()
         else:
             full, env = argv, {**_child_env(run_dir), **self.env}
             env["PATH"] = os.environ.get("PATH", env["PATH"])
         own = Limits(self.limits.memory_mb, 10**7, self.limits.wall_s, self.limits.file_mb)
-        return subprocess.Popen(
-            full, cwd=run_dir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=_limit_child(own, cap_data=False),
-        )  # fmt: skip
+        try:
+            return subprocess.Popen(
+                full, cwd=run_dir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=_limit_child(own, cap_data=False), pass_fds=[*pass_fds, run_fd],
+            )  # fmt: skip
+        finally:
+            _close(pass_fds)
 
     def _read_result(self, folder: Path, result: SandboxResult) -> SandboxResult:
         """The runner's own verdict (result.json) refines the exit code's. Read as a task
@@ -791,6 +908,12 @@ class _Quota:
             return (f"wrote {used // 2**20} MB into its folder, over its quota of "
                     f"{self.limit // 2**20} MB")  # fmt: skip
         return None
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _ps(pid: int) -> psutil.Process | None:

@@ -6,7 +6,10 @@ agent opens each output with O_NOFOLLOW (a symlink is refused, never followed) a
 FIFO cannot hang it), accepts a regular file only (fstat on the opened descriptor, so nothing can
 be swapped in between a check and the open), reads at most a cap, and copies onward from that
 descriptor, never by the task-controlled path. Errors name the file and what is wrong with it;
-they never quote its bytes, since error reports go to the server.
+they never quote its bytes, since error reports go to the server. The folder itself is opened
+the same way (desktop.task_folder: O_DIRECTORY | O_NOFOLLOW, the agent's or the sandbox's), and
+the output by name relative to it, so a task that put a symlink in its folder's place reaches
+nothing through it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from desktop.task_folder import BY_FD, UnsafeFolder, open_folder
+
 JSON_MAX_BYTES = 1 << 20  # result.json and friends: small by construction
 UPDATE_MAX_BYTES = 8 << 30
 
@@ -31,17 +36,36 @@ class UnsafeOutput(OSError):
 def _open(folder: Path, name: str) -> int:
     if not name or "/" in name or name in (".", ".."):
         raise UnsafeOutput(f"{name!r} is not a plain file name")
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(folder / name, flags)
-    except FileNotFoundError:
-        raise UnsafeOutput(f"the task wrote no {name}") from None
-    except OSError as exc:  # ELOOP: the last component is a symlink
-        raise UnsafeOutput(f"{name} is not a regular file (a symlink?): refused") from exc
+    with _folder(folder) as dir_fd:
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(name if BY_FD else folder / name, flags, dir_fd=dir_fd)
+        except FileNotFoundError:
+            raise UnsafeOutput(f"the task wrote no {name}") from None
+        except OSError as exc:  # ELOOP: the last component is a symlink
+            raise UnsafeOutput(f"{name} is not a regular file (a symlink?): refused") from exc
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UnsafeOutput(f"{name} is not a regular file: refused")
     return fd
+
+
+@contextlib.contextmanager
+def _folder(folder: Path) -> Iterator[int | None]:
+    """The task folder, opened (desktop.task_folder), where the OS opens by descriptor."""
+    if not BY_FD:
+        yield None
+        return
+    try:
+        fd = open_folder(folder)
+    except FileNotFoundError:
+        raise UnsafeOutput(f"the task folder {folder.name} is gone") from None
+    except UnsafeFolder as exc:
+        raise UnsafeOutput(str(exc)) from exc
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def is_regular(folder: Path, name: str) -> bool:
@@ -123,9 +147,10 @@ def opened_output(folder: Path, name: str) -> Iterator[Path]:
 def link_or_copy_output(folder: Path, name: str, target: Path) -> None:
     """A second name for a regular file of a task folder (no copy of a large shard) or, where
     links fail, a copy from the opened file; a symlink is refused, never linked or followed."""
-    with opened_output(folder, name):  # refuses a symlink or anything not a regular file
+    with opened_output(folder, name), _folder(folder) as dir_fd:  # a regular file only
         try:
-            os.link(folder / name, target, follow_symlinks=False)
+            os.link(name if BY_FD else folder / name, target, src_dir_fd=dir_fd,
+                    follow_symlinks=False)  # fmt: skip
             return
         except OSError:
             pass

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from desktop.sandbox import Limits, Sandbox, bwrap_argv, bwrap_usable
+from desktop.warm import WARM_SLOT
 from tests.desktop.sandboxed import PY, run
 
 needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap missing or unusable")
@@ -200,8 +201,10 @@ def test_warm_tasks_share_no_memory_no_folder_and_survive_a_kill(tmp_path: Path)
     assert slow.status == "timeout"
     for name in ("a", "b", "d"):
         seen, others = json.loads((tasks / name / "out.json").read_text())
-        assert seen is None and others == [name]
-    assert not (tasks / ".warm" / "a").exists() and (tasks / "a" / "secret.txt").exists()
+        # beside it only the worker's one folder (WARM_SLOT), where its own files were
+        assert seen is None and others == [WARM_SLOT]
+    assert list((tasks / ".warm" / WARM_SLOT).iterdir()) == []  # each went back to its folder
+    assert (tasks / "a" / "secret.txt").exists() and not (tasks / "b" / "secret.txt").exists()
 
 
 def test_the_isolation_a_node_advertises_says_what_its_sandbox_gives(monkeypatch) -> None:
