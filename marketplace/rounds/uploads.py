@@ -58,8 +58,10 @@ def parse_metrics(header: str | None) -> dict[str, float]:
         return {}
     try:
         raw = loads_json(header)
-    except json.JSONDecodeError:
-        raise MarketplaceError("The X-GPUFlex-Metrics header is not valid JSON.") from None
+    except json.JSONDecodeError as exc:  # a 5,000-digit number too (trainer/nesting.py)
+        raise MarketplaceError(
+            f"The X-GPUFlex-Metrics header is not valid JSON: {exc.msg}."
+        ) from None
     except TooDeep as exc:
         raise MarketplaceError(f"The X-GPUFlex-Metrics header is {exc}.") from None
     if not isinstance(raw, dict):
