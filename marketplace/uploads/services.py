@@ -36,7 +36,7 @@ from marketplace.uploads.selectors import quota_used, upload_of
 
 log = logging.getLogger(__name__)
 
-CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
+CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$", re.ASCII)
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -20,6 +20,7 @@ from marketplace.api.permissions import IsBuyer
 from marketplace.api.schema import errors
 from marketplace.api.serializers.uploads import UploadCreateSerializer, UploadSerializer
 from marketplace.jobs.errors import NotFound
+from marketplace.numbers import header_length
 from marketplace.uploads.selectors import upload_of, uploads_of
 from marketplace.uploads.services import (
     abort_upload,
@@ -90,7 +91,7 @@ class UploadDetailView(generics.GenericAPIView):
             owner=request.user,
             upload_id=pk,
             content_range=request.headers.get("Content-Range"),
-            content_length=int(length) if length and length.isdigit() else None,
+            content_length=header_length(length),
             stream=request.stream,
         )
         return Response(UploadSerializer(upload).data)
