@@ -78,7 +78,9 @@ def loads_json(text: str | bytes, limit: int = MAX_DEPTH, **kwargs: Any) -> Any:
         return json.loads(text, **kwargs)
     except json.JSONDecodeError:
         raise
-    except ValueError:  # only int() raises a plain one here
+    except ValueError as exc:  # int()'s digit limit; a caller's parse_constant's passes on
+        if not _is_digit_limit(exc):
+            raise
         raise json.JSONDecodeError(_too_many_digits(), text, 0) from None
 
 
@@ -93,10 +95,15 @@ def loads_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
         raise TooDeep(limit) from None
     except yaml.YAMLError:
         raise
-    except ValueError:  # the int constructor's digit limit
-        raise yaml.constructor.ConstructorError(problem=_too_many_digits()) from None
+    except ValueError as exc:  # a constructor's: int()'s digit limit, a date like 2024-13-01
+        problem = _too_many_digits() if _is_digit_limit(exc) else str(exc)
+        raise yaml.constructor.ConstructorError(problem=problem) from None
     check_depth(value, limit)
     return value
+
+
+def _is_digit_limit(exc: ValueError) -> bool:
+    return "integer string conversion" in str(exc)
 
 
 def _too_many_digits() -> str:

@@ -333,6 +333,10 @@ def test_a_5000_digit_seed_in_a_multipart_spec_is_a_400(buyer: APIClient) -> Non
     assert response.status_code == 400, response.content
     assert response.json()["error"] == "invalid_spec"
     assert "digits" in response.json()["detail"]
+    # any value YAML's constructors fail on (an impossible date) is the same kind of 400
+    body["spec"] = _spec_text_with_seed("2024-13-01")
+    response = buyer.post("/api/v1/jobs/", body, format="multipart")
+    assert response.status_code == 400 and "month must be in 1..12" in response.json()["detail"]
     # the same in a JSON body was a 400 already
     json_body = f'{{"budget": "1", "max_price_per_gpu_hour": "1", "spec": {{"seed": {HUGE_INT}}}}}'
     assert post_json(buyer, "/api/v1/jobs/", json_body).status_code == 400
