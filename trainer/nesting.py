@@ -2,13 +2,16 @@
 
 Python's json module and PyYAML both recurse, so very deep input raises RecursionError (a
 500 in a web worker) and merely deep input is stored and breaks whoever reads it later. Both
-paths end here in one clear TooDeep error.
+paths end here in one clear TooDeep error. Both also turn an integer longer than Python
+converts from text (sys.get_int_max_str_digits, 4,300 digits) into their own parse error, not
+the bare ValueError that escaped every caller's `except JSONDecodeError` / `YAMLError`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 import yaml
@@ -71,7 +74,14 @@ def loads_json(text: str | bytes, limit: int = MAX_DEPTH, **kwargs: Any) -> Any:
         text = text.decode(json.detect_encoding(text), "surrogatepass")  # as json.loads does
     # exact for JSON, whose containers are its brackets: no walk of the result is needed
     _check_brackets(text, _JSON_STRING, limit)
-    return json.loads(text, **kwargs)
+    try:
+        return json.loads(text, **kwargs)
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # int()'s digit limit; a caller's parse_constant's passes on
+        if not _is_digit_limit(exc):
+            raise
+        raise json.JSONDecodeError(_too_many_digits(), text, 0) from None
 
 
 def loads_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
@@ -83,5 +93,18 @@ def loads_yaml(text: str, limit: int = MAX_DEPTH) -> Any:
         value = yaml.safe_load(text)
     except RecursionError:
         raise TooDeep(limit) from None
+    except yaml.YAMLError:
+        raise
+    except ValueError as exc:  # a constructor's: int()'s digit limit, a date like 2024-13-01
+        problem = _too_many_digits() if _is_digit_limit(exc) else str(exc)
+        raise yaml.constructor.ConstructorError(problem=problem) from None
     check_depth(value, limit)
     return value
+
+
+def _is_digit_limit(exc: ValueError) -> bool:
+    return "integer string conversion" in str(exc)
+
+
+def _too_many_digits() -> str:
+    return f"a number has more than {sys.get_int_max_str_digits()} digits"

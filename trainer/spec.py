@@ -398,7 +398,7 @@ class RequirementsSpec(_Strict):
     min_vram_gb: Annotated[float, Field(ge=0.0)] = 0.0
     min_fp32_tflops: Annotated[float, Field(ge=0.0)] = 0.0
     gpu_required: bool = False
-    max_price_per_hour: Annotated[float, Field(ge=0.0)] | None = None
+    max_price_per_hour: Annotated[float, Field(gt=0.0)] | None = None  # 0 hires no one
     isolation: Literal["any", "full"] = "any"
 
 

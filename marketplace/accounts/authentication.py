@@ -21,17 +21,28 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         failures = AuthFailureThrottle()
         scheme, _, token = header.partition(" ")
         if scheme.lower() != self.keyword.lower() or not token.strip():
-            failures.refuse_if_over(request)  # 429 with Retry-After
-            failures.record(request)
+            failures.refuse_if_over(request)  # a failure counted, or 429 with Retry-After
             raise exceptions.AuthenticationFailed(
                 "The Authorization header must be 'Bearer <api key>'."
             )
-        # an address over its failure rate is refused before its key is looked up in the
-        # database; a key found in the cache (never a guessed one) skips that check
-        key = active_key(token.strip(), before_database=lambda: failures.refuse_if_over(request))
+        # Every key looked up in the database is counted as a failure before the lookup (an
+        # address over its rate is refused then, its key unread), and given back if it was
+        # valid: counted afterwards, a burst of concurrent guesses all passed the check. A
+        # key found in the cache (never a guessed one) skips all this.
+        looked_up = False
+
+        def before_database() -> None:
+            nonlocal looked_up
+            failures.refuse_if_over(request)
+            looked_up = True
+
+        key = active_key(token.strip(), before_database=before_database)
         if key is None:
-            failures.record(request)
+            if not looked_up:
+                failures.refuse_if_over(request)
             raise exceptions.AuthenticationFailed("The API key is unknown or has been revoked.")
+        if looked_up:
+            failures.release(request)
         if not ApiKey.user.is_cached(key):
             # a cached key (key_cache.py): its user is read only if the view asks for it, so
             # a heartbeat authenticates without the database

@@ -8,15 +8,19 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 
+from marketplace.numbers import parse_whole
+
 
 def _whole_number(request: Request, name: str, minimum: int) -> int | None:
     raw = request.query_params.get(name)
     if raw is None:
         return None
     try:
-        value = int(raw)  # int() refuses more than 4300 digits with ValueError too
+        value = parse_whole(raw)  # the digits 0-9 only; past 4300 digits a ValueError too
     except ValueError:
-        raise ValidationError({name: [f"Must be a whole number, not {raw[:40]!r}."]}) from None
+        raise ValidationError(
+            {name: [f"Must be a whole number in the digits 0-9, not {raw[:40]!r}."]}
+        ) from None
     if value < minimum:
         raise ValidationError({name: [f"Must be at least {minimum}."]})
     return value

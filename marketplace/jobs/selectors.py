@@ -122,7 +122,8 @@ def ended_job_node_states(job: Job) -> dict:
     summary = (
         f"{job.status}: {worked} {noun} worked on this job; none works on it now"
         if worked
-        else f"{job.status} before any node worked on it"
+        # and why none did, which is what a buyer who gave up waiting wants to read
+        else f"{job.status} before any node worked on it: {why_no_node(job)}"
     )
     return {"nodes": worked, "counts": counts, "reasons": [], "summary": summary, "ended": True}
 

@@ -29,7 +29,7 @@ from marketplace.jobs.dataset_files import (
     stored_name,
     tokenizer_name,
 )
-from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
+from marketplace.jobs.errors import InvalidDataset, InvalidSpec, MarketplaceError, TooLarge
 from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.market import ANY_PRICE, market_price
 from marketplace.jobs.model_files import checkpoint_name, receive_model_files
@@ -193,6 +193,11 @@ def submit_job(
 
     `max_price_per_gpu_hour` None: the market's price for it (jobs/market.py), the median
     asking price of the online nodes that fit its requirements and tier."""
+    if max_price_per_gpu_hour is not None and max_price_per_gpu_hour <= 0:
+        # a job at price 0 was accepted and its tasks leased
+        raise MarketplaceError(
+            "max_price_per_gpu_hour must be more than 0.", field="max_price_per_gpu_hour"
+        )
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
     if spec.scoring and federated_dataset:
         raise _spec_error([("kind", f"a {spec.kind} job scores an uploaded dataset, not a "

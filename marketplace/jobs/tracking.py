@@ -12,6 +12,7 @@ the data directory; only an MLflow http(s) URI points elsewhere.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -108,6 +109,10 @@ def _trackers(job: Job, names: list[str]) -> list[Tracker]:
             uri = spec.mlflow_uri or f"file:{base / 'mlflow'}"
             if spec.mlflow_uri and not settings.GPUFLEX["TRACKING_ALLOW_PRIVATE"]:
                 check_public_url(uri)  # resolved each time: an address may change
+                # and only the first host is checked: a public server's redirect (307 to
+                # 127.0.0.1) must not lead this process into its own network, so MLflow,
+                # which reads this at every request, follows none (a redirect is a failure)
+                os.environ["MLFLOW_ALLOW_HTTP_REDIRECTS"] = "false"
             out.append(MLflowTracker(uri, _experiment(job), str(job.pk), job.name))
         elif name == "tensorboard":
             out.append(TensorBoardTracker(base / "tensorboard"))

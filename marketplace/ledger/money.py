@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
+from marketplace.numbers import NOT_ASCII, is_ascii_text
+
 DECIMAL_PLACES = 6
 MAX_DIGITS = 20
 QUANTUM = Decimal(1).scaleb(-DECIMAL_PLACES)
@@ -17,7 +19,8 @@ ZERO = Decimal(0).quantize(QUANTUM)
 EXACT_DIGITS = 15
 MAX_AMOUNT = Decimal(10) ** (EXACT_DIGITS - DECIMAL_PLACES) - QUANTUM
 # plain decimal notation with an optional exponent; no NaN, Infinity or digit separators
-_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+# (ASCII: \d and Decimal() also read Arabic-Indic and full-width digits, marketplace/numbers.py)
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
 
 def q(value: Decimal | int | str) -> Decimal:
@@ -34,6 +37,8 @@ def parse_amount(value: object, field: str = "amount") -> Decimal:
     if isinstance(value, bool) or not isinstance(value, str | int | Decimal):
         raise ValueError(f"{field}: {value!r} is not a decimal number")
     text = str(value).strip()
+    if not is_ascii_text(text):
+        raise ValueError(f"{field}: {NOT_ASCII}, got {text[:40]!r}")
     if len(text) > 40 or not _NUMBER.fullmatch(text):
         raise ValueError(f"{field}: {text[:40]!r} is not a decimal number")
     try:

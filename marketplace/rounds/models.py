@@ -86,6 +86,9 @@ class Task(models.Model):
     # fixed at the first lease of the unit (see sizing.py) and copied to replicas
     steps = models.PositiveIntegerField(null=True, blank=True)
     batch_size = models.PositiveIntegerField(null=True, blank=True)
+    # federated: the rows the node had declared for the job's dataset when it took the lease,
+    # the most its update may weigh; a node re-declaring its dataset mid-round cannot raise it
+    declared_rows = models.PositiveBigIntegerField(null=True, blank=True)
     codec = models.CharField(max_length=16, default="none")
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.PENDING)
     node = models.ForeignKey(

@@ -226,6 +226,11 @@ def extend_leases(held: Sequence[tuple[int, datetime, Sequence[str | None]]]) ->
     return extended
 
 
+def _declared_rows(node: Node, dataset: str) -> int:
+    rows = (node.local_dataset_rows or {}).get(dataset)
+    return rows if isinstance(rows, int) and rows > 0 else 0
+
+
 def _lease(task: Task, node: Node) -> bool:
     now = timezone.now()
     job = task.round.job
@@ -268,6 +273,11 @@ def _lease(task: Task, node: Node) -> bool:
         batch_size=batch,
         codec=codec,
         price_per_gpu_hour=node.price_per_gpu_hour,
+        # federated: the silo's size as declared now, frozen for this lease (uploads.py); 0
+        # for none, which no later declaration changes
+        declared_rows=(
+            None if task.reserved_for_id is None else _declared_rows(node, job.federated_dataset)
+        ),
     )
     if won != 1:
         return False

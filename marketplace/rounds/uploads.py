@@ -58,8 +58,10 @@ def parse_metrics(header: str | None) -> dict[str, float]:
         return {}
     try:
         raw = loads_json(header)
-    except json.JSONDecodeError:
-        raise MarketplaceError("The X-GPUFlex-Metrics header is not valid JSON.") from None
+    except json.JSONDecodeError as exc:  # a 5,000-digit number too (trainer/nesting.py)
+        raise MarketplaceError(
+            f"The X-GPUFlex-Metrics header is not valid JSON: {exc.msg}."
+        ) from None
     except TooDeep as exc:
         raise MarketplaceError(f"The X-GPUFlex-Metrics header is {exc}.") from None
     if not isinstance(raw, dict):
@@ -88,10 +90,13 @@ def parse_metrics(header: str | None) -> dict[str, float]:
 
 def federated_samples(node: Node, task: Task, metrics: dict[str, float]) -> int:
     """A federated update's sample count, its weight in the average: what the node reports,
-    a whole number no larger than the rows it declared for the dataset at registration (a
-    node claiming more rows than it holds would outweigh every other silo)."""
+    a whole number no larger than the rows it had declared for the dataset when it took the
+    lease (a node claiming more rows than it holds would outweigh every other silo, and one
+    re-declaring its dataset mid-round must not raise its weight in that round)."""
     name = task.round.job.federated_dataset
-    declared = (node.local_dataset_rows or {}).get(name)
+    declared = task.declared_rows  # 0: none was declared then
+    if declared is None:  # leased before leases recorded it (migration rounds.0006)
+        declared = (node.local_dataset_rows or {}).get(name)
     reported = metrics.get("samples", 0)
     field = "X-GPUFlex-Metrics.samples"
     if reported < 1 or not float(reported).is_integer():
@@ -109,7 +114,7 @@ def federated_samples(node: Node, task: Task, metrics: dict[str, float]) -> int:
     if reported > declared:
         raise MarketplaceError(
             f"X-GPUFlex-Metrics 'samples' is {reported:g}, more than the {declared} rows this "
-            f"node declared for {name!r}.",
+            f"node had declared for {name!r} when it took this task.",
             field=field,
         )
     return int(reported)

@@ -38,7 +38,7 @@ from trainer.datasets.tabular import check_csv_head
 
 log = logging.getLogger(__name__)
 
-CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
+CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$", re.ASCII)
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -12,6 +12,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from marketplace.accounts.models import Role, User
 from marketplace.jobs.market import shown_price
 from marketplace.jobs.models import Tier
+from marketplace.numbers import NOT_ASCII, is_ascii_text
 
 EXAMPLE_SPEC = """\
 # A small MLP on the built-in handwritten digits, trained with FedAvg.
@@ -38,6 +39,16 @@ sharding:
   method: stratified
   num_shards: 4
 """
+
+
+class DecimalField(forms.DecimalField):
+    """Django's, taking the digits 0-9 only (marketplace/numbers.py): Decimal() reads
+    Arabic-Indic and full-width digits as numbers too."""
+
+    def to_python(self, value: object) -> Decimal | None:
+        if not is_ascii_text(value):
+            raise forms.ValidationError(f"Enter a number: {NOT_ASCII}.", code="invalid")
+        return super().to_python(value)
 
 
 class SignupForm(forms.Form):
@@ -98,12 +109,12 @@ class JobForm(forms.Form):
     # set by the page's script once a large file's chunked upload is finished (upload.js)
     dataset_upload = forms.UUIDField(required=False, widget=forms.HiddenInput)
     tier = forms.ChoiceField(choices=Tier.choices, initial=Tier.HYBRID)
-    budget = forms.DecimalField(
+    budget = DecimalField(
         min_value=Decimal("0"), max_digits=12, decimal_places=4, initial=Decimal("5")
     )
-    max_price_per_gpu_hour = forms.DecimalField(
+    max_price_per_gpu_hour = DecimalField(
         label="Max price per GPU-hour",
-        min_value=Decimal("0"),
+        min_value=Decimal("0.0001"),  # more than 0: a job at 0 hired nodes all the same
         max_digits=10,
         decimal_places=4,
     )
@@ -133,13 +144,13 @@ class JobForm(forms.Form):
 
 
 class PriceForm(forms.Form):
-    price_per_gpu_hour = forms.DecimalField(
+    price_per_gpu_hour = DecimalField(
         label="Price per GPU-hour", min_value=Decimal("0"), max_digits=10, decimal_places=4
     )
 
 
 class PayoutForm(forms.Form):
-    amount = forms.DecimalField(min_value=Decimal("0.0001"), max_digits=12, decimal_places=4)
+    amount = DecimalField(min_value=Decimal("0.0001"), max_digits=12, decimal_places=4)
     wallet_address = forms.RegexField(
         regex=r"^0x[0-9a-fA-F]{40}$",
         error_messages={"invalid": "A wallet address is 0x followed by 40 hex digits."},

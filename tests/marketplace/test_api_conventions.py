@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from django.core.cache import cache
 
+from marketplace.api import rate_counts
 from marketplace.api.throttles import HeartbeatThrottle
 
 
@@ -20,9 +20,9 @@ def test_job_list_is_paginated(buyer, submit) -> None:
 @pytest.fixture
 def tight_heartbeat_limit(monkeypatch):
     monkeypatch.setattr(HeartbeatThrottle, "THROTTLE_RATES", {"heartbeat": "2/min"})
-    cache.clear()
+    rate_counts.store().clear()
     yield
-    cache.clear()
+    rate_counts.store().clear()
 
 
 def test_rate_limited_heartbeats_get_429_with_retry_after(make_agent, tight_heartbeat_limit):

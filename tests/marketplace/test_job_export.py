@@ -4,7 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import io
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,7 +25,7 @@ from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_job_flow import run_until_idle
 from trainer.export import TrainedModel
 from trainer.spec import ModelSpec
-from trainer.tracking import JOB_TAG
+from trainer.tracking import JOB_TAG, check_public_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -156,3 +160,65 @@ def test_a_job_cannot_make_the_server_call_its_own_network(
     run_until_idle(agents)
     assert Job.objects.get(pk=job["id"]).status == "completed"
     assert "'127.0.0.1' is 127.0.0.1, not a public address" in caplog.text
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Each request's path into the server's `seen`; answers with the server's `reply`."""
+
+    def _answer(self) -> None:
+        self.server.seen.append(self.path)  # type: ignore[attr-defined]
+        status, headers = self.server.reply(self.path)  # type: ignore[attr-defined]
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        body = b'{"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "no"}'
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _http(reply) -> Iterator[http.server.ThreadingHTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    server.seen, server.reply = [], reply  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_tracking_server_cannot_redirect_the_server_into_its_own_network(
+    submit, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """#38 finding 9: a public mlflow_uri answering 307 to a loopback address was followed
+    there; only the first host was checked."""
+    from marketplace.jobs import tracking
+
+    monkeypatch.setenv("MLFLOW_ALLOW_HTTP_REDIRECTS", "true")  # MLflow's default; restored after
+    with _http(lambda path: (404, {})) as internal:
+        port = internal.server_address[1]
+        target = {"Location": f"http://localhost:{port}/internal"}
+        with _http(lambda path: (307, target)) as public:
+            uri = f"http://127.0.0.1:{public.server_address[1]}/"
+
+            # the buyer's server passes the check as a public address would; what it
+            # redirects to is this machine's own
+            def public_first_host(url: str) -> None:
+                check_public_url(url, resolve=lambda host, port: [(0, 0, 0, "", ("8.8.8.8", 0))])
+
+            monkeypatch.setattr(tracking, "check_public_url", public_first_host)
+            spec = SMALL_SPEC | {"tracking": {"backends": ["mlflow"], "mlflow_uri": uri}}
+            job = submit(spec)
+            tracking.track_round(job["id"], 1)  # never raises: tracking is best-effort
+            assert public.seen, "the tracker never called the buyer's server"
+    assert internal.seen == []
+    assert "tracking to mlflow failed" in caplog.text

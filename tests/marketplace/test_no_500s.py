@@ -300,3 +300,82 @@ def test_every_operation_documents_its_error_answers(schema: dict[str, Any]) -> 
 
 def test_the_spec_is_still_accepted(submit: Callable[..., dict[str, Any]]) -> None:
     assert submit(SMALL_SPEC)["status"]
+
+
+# -- #38 finding 8: the 500s a second probe found ----------------------------------------
+
+HUGE_INT = "9" * 5000  # past Python's int-from-text digit limit (4,300)
+
+
+def test_a_5000_digit_number_in_the_metrics_header_is_a_400(
+    make_agent: Callable[..., Any], submit: Callable[..., dict[str, Any]]
+) -> None:
+    agent = make_agent()
+    submit()
+    task = agent.claim()
+    assert task is not None
+    response = agent.client.put(
+        f"/api/v1/agent/tasks/{task['id']}/update",
+        data=b"not read",
+        content_type="application/octet-stream",
+        HTTP_X_GPUFLEX_METRICS=f'{{"loss": {HUGE_INT}}}',
+    )
+    assert response.status_code == 400, response.content
+    assert "X-GPUFlex-Metrics" in response.json()["detail"]
+    assert "digits" in response.json()["detail"]
+
+
+def _spec_text_with_seed(seed: str) -> str:
+    import yaml
+
+    return yaml.safe_dump({k: v for k, v in SMALL_SPEC.items() if k != "seed"}) + f"seed: {seed}\n"
+
+
+def test_a_5000_digit_seed_in_a_multipart_spec_is_a_400(buyer: APIClient) -> None:
+    body = {"spec": _spec_text_with_seed(HUGE_INT), "budget": "1", "max_price_per_gpu_hour": "1"}
+    response = buyer.post("/api/v1/jobs/", body, format="multipart")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"] == "invalid_spec"
+    assert "digits" in response.json()["detail"]
+    # any value YAML's constructors fail on (an impossible date) is the same kind of 400
+    body["spec"] = _spec_text_with_seed("2024-13-01")
+    response = buyer.post("/api/v1/jobs/", body, format="multipart")
+    assert response.status_code == 400 and "month must be in 1..12" in response.json()["detail"]
+    # the same in a JSON body was a 400 already
+    json_body = f'{{"budget": "1", "max_price_per_gpu_hour": "1", "spec": {{"seed": {HUGE_INT}}}}}'
+    assert post_json(buyer, "/api/v1/jobs/", json_body).status_code == 400
+
+
+def test_a_5000_digit_seed_in_the_web_form_is_a_400(db: None) -> None:
+    user = create_user("webseed", "buyer", "")
+    web = Client()
+    web.force_login(user)
+    form = {
+        "spec": _spec_text_with_seed(HUGE_INT),
+        "tier": "hybrid",
+        "budget": "1",
+        "max_price_per_gpu_hour": "1",
+    }
+    page = web.post("/jobs/new/", form)
+    assert page.status_code == 400, page.content[:500]
+    assert "digits" in page.content.decode()
+
+
+def test_options_on_an_upload_is_not_a_500(buyer: APIClient) -> None:
+    body = {"filename": "d.csv", "size": 10, "sha256": "0" * 64}
+    upload = buyer.post("/api/v1/uploads/", body, format="json").json()
+    response = buyer.options(f"/api/v1/uploads/{upload['id']}/")
+    assert response.status_code == 200, response.content
+    assert "PUT" in response.json()["actions"]
+    # someone else's, or no such upload: described without PUT, still no 500
+    response = buyer.options("/api/v1/uploads/00000000-0000-0000-0000-000000000000/")
+    assert response.status_code == 200, response.content
+    assert "PUT" not in response.json().get("actions", {})
+
+
+def test_the_key_limit_conflict_is_documented(schema: dict[str, Any]) -> None:
+    responses = schema["paths"]["/api/v1/keys/"]["post"]["responses"]
+    assert "409" in responses
+    assert responses["409"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Error"
+    }

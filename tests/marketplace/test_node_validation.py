@@ -266,3 +266,41 @@ def test_bad_figures_stored_before_validation_are_cleaned_by_the_migration() -> 
     assert node.memory_gb == 0.0 and node.hardware == {"gpu_model": "RTX"}
     assert node.benchmark == {"train_samples_per_s": {"cnn": 5.0}}
     assert node.network == {"rtt_ms": 20.0} and node.live_network == {}
+
+
+def _redeclare(silo, rows: int) -> None:
+    body = {"local_datasets": [{"name": "clinic", "rows": rows}]}
+    assert silo.client.put("/api/v1/agent/datasets", body, format="json").status_code == 200
+
+
+def test_re_declaring_a_silo_mid_round_does_not_raise_its_weight(make_agent, buyer) -> None:
+    """#38 finding 10: a node re-declared its dataset with 10^9 rows after taking the lease,
+    then uploaded `samples: 1000000000` (201), outweighing every other silo in FedAvg."""
+    silo = make_agent(local_datasets=CLINIC)  # 1797 rows when it takes the lease
+    job = submit_federated(buyer)
+    task = silo.claim()
+    _redeclare(silo, 10**9)
+    state, _ = decode_state(silo.model(task["id"]).content)
+    update = encode_state({k: torch.zeros_like(v) for k, v in state.items()})
+    response = silo.upload(task["id"], update, {"loss": 1.0, "samples": 10**9})
+    assert response.status_code == 400, response.content
+    assert response.json()["field"] == "X-GPUFlex-Metrics.samples"
+    assert "1797 rows" in response.json()["detail"]
+    assert not TaskResult.objects.exists() and _update_files(job["id"]) == []
+    assert silo.upload(task["id"], update, {"loss": 1.0, "samples": 1797}).status_code == 201
+    assert TaskResult.objects.get().num_samples == 1797
+
+
+def test_a_silo_that_declared_no_rows_at_its_lease_cannot_declare_them_later(
+    make_agent, buyer
+) -> None:
+    silo = make_agent(local_datasets=CLINIC)
+    Node.objects.filter(pk=silo.node_id).update(local_dataset_rows={})  # as stored before
+    submit_federated(buyer)
+    task = silo.claim()
+    _redeclare(silo, 10**9)
+    state, _ = decode_state(silo.model(task["id"]).content)
+    update = encode_state({k: torch.zeros_like(v) for k, v in state.items()})
+    response = silo.upload(task["id"], update, {"samples": 10**9})
+    assert response.status_code == 400 and response.json()["field"] == "local_datasets"
+    assert not TaskResult.objects.exists()

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import schemathesis
-from django.core.cache import cache
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections, transaction
@@ -26,6 +25,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from marketplace.api import rate_counts
 from tests.marketplace.agents import Agent
 
 # Per operation, role and mode (valid input, then invalid input): 6 roles x 39 operations x
@@ -52,7 +52,7 @@ def wsgi_app() -> Iterator[Any]:
     (Entered after the last test-client request: the test client connects them again.)"""
     request_started.disconnect(close_old_connections)
     request_finished.disconnect(close_old_connections)
-    cache.clear()  # throttle counters
+    rate_counts.store().clear()  # throttle counters
     try:
         yield get_wsgi_application()
     finally:

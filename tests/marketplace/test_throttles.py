@@ -5,15 +5,21 @@ class (rates per hour, so no test depends on how fast it runs) over a cleared ca
 
 from __future__ import annotations
 
+import socket
+import threading
+import uuid
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.conf import settings
-from django.core.cache import cache
 from django.test import Client, override_settings
 
+from marketplace.accounts import authentication
 from marketplace.accounts.models import ApiKey, User
 from marketplace.accounts.services import issue_user_key
+from marketplace.api import rate_counts
 from marketplace.api.throttles import (
     AuthFailureThrottle,
     KeyCreateThrottle,
@@ -32,9 +38,9 @@ def rates(monkeypatch) -> Iterator[None]:
     for throttle in (AuthFailureThrottle, SubmitThrottle, KeyCreateThrottle, SignupThrottle):
         small = {throttle.scope: "3/hour"}
         monkeypatch.setattr(throttle, "THROTTLE_RATES", throttle.THROTTLE_RATES | small)
-    cache.clear()
+    rate_counts.store().clear()
     yield
-    cache.clear()
+    rate_counts.store().clear()
 
 
 def _retry_after(response) -> int:
@@ -71,6 +77,91 @@ def test_behind_a_trusted_proxy_the_forwarded_address_is_the_client(make_user, r
     # the client cannot choose the entry the proxy adds; another client behind it is fine
     other = {"HTTP_X_FORWARDED_FOR": "1.2.3.4, 203.0.113.6"}
     assert bad.get("/api/v1/jobs/", **other).status_code == 401
+
+
+def _redis_up() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(params=["file", "redis"])
+def store(request, settings) -> Iterator[str]:
+    """The counters in the data folder's file (no REDIS_URL) or in Redis, under a prefix of
+    the test's own."""
+    if request.param == "redis":
+        if not _redis_up():
+            pytest.skip("Redis is not running on 127.0.0.1:6379")
+        settings.REDIS_URL = "redis://127.0.0.1:6379/11"
+        settings.GPUFLEX = settings.GPUFLEX | {"REDIS_PREFIX": f"test-{uuid.uuid4().hex}"}
+    rate_counts.store().clear()
+    yield request.param
+    rate_counts.store().clear()
+
+
+def test_a_burst_of_concurrent_key_guesses_passes_no_more_than_the_rate(
+    rates, store, monkeypatch
+) -> None:
+    """#38 finding 5: 96 concurrent guesses all passed the check before any was counted, and
+    with more failures counted than the rate the throttle let every later guess through."""
+    burst, limit = 12, 3
+    arrived = refused = 0
+    turn = threading.Condition()
+
+    def lookup(token: str, *, before_database) -> None:
+        nonlocal arrived
+        before_database()  # the failure throttle: 429 here
+        with turn:
+            arrived += 1
+            turn.notify_all()
+            # every guess of the burst is past its check before any lookup ends: the race
+            assert turn.wait_for(lambda: arrived + refused == burst, timeout=60)
+        return None  # an unknown key
+
+    monkeypatch.setattr(authentication, "active_key", lookup)
+
+    def guess(_: int) -> int:
+        nonlocal refused
+        status = client_for("gfx_u_" + "z" * 43).get("/api/v1/jobs/").status_code
+        if status == 429:
+            with turn:
+                refused += 1
+                turn.notify_all()
+        return status
+
+    with ThreadPoolExecutor(burst) as pool:
+        statuses = Counter(pool.map(guess, range(burst)))
+    assert statuses == {401: limit, 429: burst - limit}
+    # and the address stays refused: more failures than the rate never switch it off
+    for _ in range(5):
+        assert _retry_after(client_for("gfx_u_" + "z" * 43).get("/api/v1/jobs/")) > 0
+
+
+def test_a_valid_key_looked_up_uses_none_of_the_failure_rate(make_user, rates, store) -> None:
+    _, good = make_user("buyer")
+    for _ in range(10):  # counted before its lookup, given back once it is found
+        assert client_for(good).get("/api/v1/jobs/").status_code == 200
+    bad = client_for("gfx_u_" + "w" * 43)
+    assert [bad.get("/api/v1/jobs/").status_code for _ in range(4)] == [401, 401, 401, 429]
+
+
+def test_a_rate_is_a_sliding_window(store, monkeypatch) -> None:
+    """A burst at the end of one window and another at the start of the next do not make
+    twice the rate: the previous window counts for the part of it still within the period."""
+    now = [3600.0 * 1000 + 3599]  # the last second of an hour
+    monkeypatch.setattr(SignupThrottle, "THROTTLE_RATES", {"signup": "4/hour"})
+    monkeypatch.setattr(SignupThrottle, "timer", lambda self: now[0])
+    throttle = SignupThrottle()
+    assert [throttle.take("k") for _ in range(4)] == [None] * 4
+    assert throttle.take("k") == 901.0  # 900 s into the next hour, a fifth fits
+    now[0] += 2  # one second into the next hour: the last one still weighs almost 4
+    assert throttle.take("k") == 899.0
+    now[0] += 1800  # half-way: the previous hour weighs 2, so two more
+    assert [throttle.take("k") for _ in range(3)] == [None, None, 899.0]
+    throttle.give_back("k")  # an event that did not count makes room for one
+    assert throttle.take("k") is None
 
 
 # -- submissions and keys ------------------------------------------------------------------

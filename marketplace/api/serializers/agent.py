@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from marketplace.api.serializers import numbers
 from marketplace.api.serializers.node_data import NetworkSerializer, StrictFloatField, number
 from marketplace.nodes import bounds as b
 from marketplace.rounds.scheduling import MAX_CLAIM_BATCH, MAX_HEARTBEAT_TASKS
@@ -57,7 +58,7 @@ class HeartbeatReplySerializer(serializers.Serializer):
 
 class ClaimQuerySerializer(serializers.Serializer):
     wait = serializers.FloatField(required=False, default=0.0, min_value=0.0, max_value=30.0)
-    max = serializers.IntegerField(
+    max = numbers.IntegerField(
         required=False, default=1, min_value=1, max_value=MAX_CLAIM_BATCH,
         help_text="lease up to this many tasks in one claim",
     )  # fmt: skip
@@ -66,7 +67,7 @@ class ClaimQuerySerializer(serializers.Serializer):
 class ProbeQuerySerializer(serializers.Serializer):
     MAX_BYTES = 256 * 1024  # enough to time a fast link, too little to load the server
 
-    bytes = serializers.IntegerField(
+    bytes = numbers.IntegerField(
         required=False, default=32 * 1024, min_value=1, max_value=MAX_BYTES,
         help_text="how many random bytes to answer",
     )  # fmt: skip
@@ -81,18 +82,18 @@ class ModelSourceSerializer(serializers.Serializer):
         child=serializers.CharField(), required=False,
         help_text="delta: the model hashes each step leads to, the task's model last",
     )  # fmt: skip
-    input_shape = serializers.ListField(child=serializers.IntegerField(), required=False)
-    num_classes = serializers.IntegerField(required=False, help_text="seed: the model's classes")
+    input_shape = serializers.ListField(child=numbers.IntegerField(), required=False)
+    num_classes = numbers.IntegerField(required=False, help_text="seed: the model's classes")
 
 
 class ZoneRouteSerializer(serializers.Serializer):
     """docs/agent-api.md, "Zones": where a zones job's update goes instead."""
 
     name = serializers.CharField(help_text="the node's zone")
-    aggregator = serializers.IntegerField(help_text="the aggregator's node id (for handoff)")
+    aggregator = numbers.IntegerField(help_text="the aggregator's node id (for handoff)")
     url = serializers.CharField(help_text="the aggregator's zone endpoint")
-    round_id = serializers.IntegerField()
-    samples = serializers.IntegerField(help_text="the update's weight, which the token binds")
+    round_id = numbers.IntegerField()
+    samples = numbers.IntegerField(help_text="the update's weight, which the token binds")
     token = serializers.CharField(help_text="the member token (X-GPUFlex-Zone-Token)")
 
 
@@ -101,12 +102,12 @@ class TaskSerializer(serializers.Serializer):
 
     id = serializers.UUIDField()
     job_id = serializers.UUIDField()
-    round = serializers.IntegerField()
+    round = numbers.IntegerField()
     kind = serializers.CharField()
     spec = serializers.DictField()
-    steps = serializers.IntegerField()
-    batch_size = serializers.IntegerField()
-    seed = serializers.IntegerField()
+    steps = numbers.IntegerField()
+    batch_size = numbers.IntegerField()
+    seed = numbers.IntegerField()
     codec = serializers.CharField()
     proximal_mu = serializers.FloatField()
     lr = serializers.FloatField(
@@ -128,7 +129,7 @@ class TaskSerializer(serializers.Serializer):
         help_text="zones jobs: upload the update to this aggregator after a handoff",
     )
     footprint = serializers.DictField(
-        child=serializers.IntegerField(), required=False,
+        child=numbers.IntegerField(), required=False,
         help_text="the model's size as training sees it (trainer.fit.Footprint: parameters, "
         "trainable, state_bytes, activation_bytes per sample), for the agent's fit check",
     )  # fmt: skip
@@ -140,7 +141,7 @@ class ClaimReplySerializer(serializers.Serializer):
 
 
 class HandOffSerializer(serializers.Serializer):
-    aggregator_id = serializers.IntegerField(help_text="the task's `zone.aggregator`")
+    aggregator_id = numbers.IntegerField(help_text="the task's `zone.aggregator`")
     update_hash = serializers.RegexField(
         r"^[0-9a-f]{64}$", help_text="sha256 of the update bytes the node will upload to it"
     )
@@ -157,7 +158,7 @@ class EarningsSerializer(serializers.Serializer):
 
 
 class MeSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
+    id = numbers.IntegerField()
     name = serializers.CharField()
     state = serializers.CharField()
     reliability = serializers.FloatField()

@@ -7,6 +7,7 @@ from decimal import Decimal
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from marketplace.api.serializers import numbers
 from marketplace.jobs.models import Job, Tier
 from marketplace.jobs.privacy import privacy_summary
 from marketplace.jobs.selectors import federated_status, node_states_of, scoring_result
@@ -48,20 +49,20 @@ class JobSubmitSerializer(serializers.Serializer):
         help_text="a text dataset's Hugging Face tokenizer.json (dataset.tokenizer); JSON only",
     )
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.HYBRID)
-    budget = serializers.DecimalField(
+    budget = numbers.DecimalField(
         max_digits=12,
         decimal_places=4,
         min_value=Decimal("0.0001"),
         help_text="credits held in escrow from your balance while the job runs",
     )
-    max_price_per_gpu_hour = serializers.DecimalField(
+    max_price_per_gpu_hour = numbers.DecimalField(
         max_digits=10,
         decimal_places=4,
-        min_value=Decimal("0"),
+        min_value=Decimal("0.0001"),
         required=False,
         allow_null=True,
-        help_text="the most a node may ask per reference GPU-hour; left out: the market's "
-        "price, the median asking price of the online nodes that fit the job",
+        help_text="the most a node may ask per reference GPU-hour, more than 0; left out: the "
+        "market's price, the median asking price of the online nodes that fit the job",
     )
     federated_dataset = serializers.CharField(
         required=False,
@@ -75,18 +76,18 @@ class JobSubmitSerializer(serializers.Serializer):
 class TrialSerializer(serializers.Serializer):
     """One trial of a sweep: a child training job with the sampled parameters."""
 
-    number = serializers.IntegerField()
+    number = numbers.IntegerField()
     job = serializers.UUIDField(allow_null=True, help_text="the trial's training job")
     params = serializers.DictField(help_text="the sampled parameters, by the space's names")
     state = serializers.CharField(help_text="running, completed, pruned or failed")
-    rounds = serializers.IntegerField(help_text="rounds the trial's job has run")
+    rounds = numbers.IntegerField(help_text="rounds the trial's job has run")
     value = serializers.FloatField(allow_null=True, help_text="the objective, once completed")
     cost = serializers.CharField(help_text="credits spent on the trial's work")
     error = serializers.CharField(allow_blank=True)
 
 
 class JobSerializer(serializers.ModelSerializer):
-    max_rounds = serializers.IntegerField(read_only=True)
+    max_rounds = numbers.IntegerField(read_only=True)
     current_round = serializers.SerializerMethodField()
     last_metrics = serializers.SerializerMethodField()
     costs = serializers.SerializerMethodField()
@@ -158,7 +159,7 @@ class JobSerializer(serializers.ModelSerializer):
     def get_trials(self, job: Job) -> list[dict] | None:
         return trial_rows(job) if job.kind == "sweep" else None
 
-    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    @extend_schema_field(numbers.IntegerField(allow_null=True))
     def get_best_trial(self, job: Job) -> int | None:
         best = best_trial(job) if job.kind == "sweep" else None
         return best.number if best else None
@@ -174,12 +175,12 @@ class JobSerializer(serializers.ModelSerializer):
 class NodeReasonSerializer(serializers.Serializer):
     state = serializers.CharField()
     reason = serializers.CharField()
-    nodes = serializers.IntegerField()
+    nodes = numbers.IntegerField()
 
 
 class NodeStatesSerializer(serializers.Serializer):
-    nodes = serializers.IntegerField(help_text="online nodes that may take this job's tasks")
-    counts = serializers.DictField(child=serializers.IntegerField(), help_text="by state")
+    nodes = numbers.IntegerField(help_text="online nodes that may take this job's tasks")
+    counts = serializers.DictField(child=numbers.IntegerField(), help_text="by state")
     reasons = NodeReasonSerializer(many=True, help_text="why nodes wait or are paused")
     summary = serializers.CharField(help_text='e.g. "3 nodes waiting: another program uses '
                                     'the GPU (game.exe)"')  # fmt: skip
@@ -189,8 +190,8 @@ class FederatedStatusSerializer(serializers.Serializer):
     """A federated job's silos and how its updates are verified (null for other jobs)."""
 
     dataset = serializers.CharField()
-    silos_online = serializers.IntegerField()
-    silos_declared = serializers.IntegerField()
+    silos_online = numbers.IntegerField()
+    silos_declared = numbers.IntegerField()
     summary = serializers.CharField()
     verification = serializers.CharField()
 

@@ -168,7 +168,7 @@ class NetworkSerializer(serializers.Serializer):
 _DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 LOCAL_KINDS = ("csv", "npz", "parquet", "image_folder")
 
-_CLOCK = re.compile(r"^$|^([01]\d|2[0-3]):[0-5]\d$")
+_CLOCK = re.compile(r"^$|^([01]\d|2[0-3]):[0-5]\d$", re.ASCII)
 
 
 class AvailabilitySerializer(serializers.Serializer):

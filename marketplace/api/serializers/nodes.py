@@ -6,6 +6,7 @@ from decimal import Decimal
 
 from rest_framework import serializers
 
+from marketplace.api.serializers import numbers
 from marketplace.api.serializers.node_data import (
     AvailabilitySerializer,
     BenchmarkSerializer,
@@ -60,7 +61,7 @@ class NodeRegisterSerializer(serializers.Serializer):
     hardware = HardwareSerializer()
     benchmark = BenchmarkSerializer(required=False, default=dict)
     network = NetworkSerializer(required=False, default=dict)
-    price_per_gpu_hour = serializers.DecimalField(
+    price_per_gpu_hour = numbers.DecimalField(
         max_digits=10, decimal_places=4, min_value=Decimal("0")
     )
     availability = AvailabilitySerializer(required=False, default=dict)
@@ -107,8 +108,8 @@ def _plain(value: object) -> object:
 
 
 class EnrollmentTokenRequestSerializer(serializers.Serializer):
-    uses = serializers.IntegerField(required=False, default=1, min_value=1, max_value=1000)
-    expires_in_s = serializers.IntegerField(
+    uses = numbers.IntegerField(required=False, default=1, min_value=1, max_value=1000)
+    expires_in_s = numbers.IntegerField(
         required=False, allow_null=True, default=None, min_value=60, max_value=365 * 86400,
         help_text="seconds until the token expires; null: never",
     )  # fmt: skip
@@ -116,9 +117,9 @@ class EnrollmentTokenRequestSerializer(serializers.Serializer):
 
 
 class EnrollmentTokenSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
+    id = numbers.IntegerField()
     prefix = serializers.CharField()
-    uses_left = serializers.IntegerField()
+    uses_left = numbers.IntegerField()
     expires_at = serializers.DateTimeField(allow_null=True)
     memo = serializers.CharField()
     created_at = serializers.DateTimeField()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from marketplace.api.serializers import numbers
+
 
 class KeysSerializer(serializers.Serializer):
     c_key = serializers.CharField(max_length=64, help_text="X25519 public key (hex), shares")
@@ -17,10 +19,10 @@ class SharesSerializer(serializers.Serializer):
 
 class SecAggRoundSerializer(serializers.Serializer):
     phase = serializers.CharField()
-    index = serializers.IntegerField(allow_null=True)
-    threshold = serializers.IntegerField(required=False)
+    index = numbers.IntegerField(allow_null=True)
+    threshold = numbers.IntegerField(required=False)
     context = serializers.CharField(required=False)
     members = serializers.ListField(child=serializers.DictField(), required=False)
-    shared = serializers.ListField(child=serializers.IntegerField(), required=False)
-    survivors = serializers.ListField(child=serializers.IntegerField(), required=False)
-    dropped = serializers.ListField(child=serializers.IntegerField(), required=False)
+    shared = serializers.ListField(child=numbers.IntegerField(), required=False)
+    survivors = serializers.ListField(child=numbers.IntegerField(), required=False)
+    dropped = serializers.ListField(child=numbers.IntegerField(), required=False)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from marketplace.api.serializers import numbers
 from marketplace.uploads.models import Upload
 
 
 class UploadCreateSerializer(serializers.Serializer):
     filename = serializers.CharField(max_length=255, help_text="the file's name (no folders)")
-    size = serializers.IntegerField(min_value=1, help_text="the file's size in bytes")
+    size = numbers.IntegerField(min_value=1, help_text="the file's size in bytes")
     sha256 = serializers.RegexField(
         r"^[0-9a-fA-F]{64}$", help_text="the file's SHA-256, 64 hex digits"
     )

@@ -6,7 +6,7 @@ and KeyCreateThrottle's rate), revoke."""
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from marketplace.accounts.selectors import user_keys
 from marketplace.accounts.services import issue_user_key, revoke_key
 from marketplace.api.permissions import IsUser
+from marketplace.api.schema import ErrorSerializer
 from marketplace.api.serializers.keys import (
     ApiKeyCreatedSerializer,
     ApiKeyCreateSerializer,
@@ -31,7 +32,17 @@ class KeyListView(generics.ListAPIView):
     def get_queryset(self):
         return user_keys(self.request.user)
 
-    @extend_schema(request=ApiKeyCreateSerializer, responses={201: ApiKeyCreatedSerializer})
+    @extend_schema(
+        request=ApiKeyCreateSerializer,
+        responses={
+            201: ApiKeyCreatedSerializer,
+            409: OpenApiResponse(
+                ErrorSerializer,
+                description="`key_limit_reached`: the user holds GPUFLEX_MAX_API_KEYS_PER_USER "
+                "unrevoked keys already (the body's `limit`); revoking one makes room.",
+            ),
+        },
+    )
     def post(self, request: Request) -> Response:
         body = ApiKeyCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import generics, status
+from rest_framework import exceptions, generics, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from marketplace.api.permissions import IsBuyer
 from marketplace.api.schema import errors
 from marketplace.api.serializers.uploads import UploadCreateSerializer, UploadSerializer
+from marketplace.jobs.errors import NotFound
+from marketplace.numbers import header_length
 from marketplace.uploads.selectors import upload_of, uploads_of
 from marketplace.uploads.services import (
     abort_upload,
@@ -54,6 +56,15 @@ class UploadDetailView(generics.GenericAPIView):
     permission_classes = [IsBuyer]
     serializer_class = UploadSerializer
 
+    def get_object(self):
+        """The buyer's own upload (404 otherwise). DRF's OPTIONS calls this to describe PUT
+        (the generic one needed a queryset this view has none of: a 500), and leaves PUT out
+        on DRF's own NotFound, not on the domain's."""
+        try:
+            return upload_of(self.request.user, self.kwargs["pk"])
+        except NotFound as exc:
+            raise exceptions.NotFound(exc.detail) from None
+
     @extend_schema(responses={200: UploadSerializer})
     def get(self, request: Request, pk: str) -> Response:
         return Response(UploadSerializer(upload_of(request.user, pk)).data)
@@ -80,7 +91,7 @@ class UploadDetailView(generics.GenericAPIView):
             owner=request.user,
             upload_id=pk,
             content_range=request.headers.get("Content-Range"),
-            content_length=int(length) if length and length.isdigit() else None,
+            content_length=header_length(length),
             stream=request.stream,
         )
         return Response(UploadSerializer(upload).data)

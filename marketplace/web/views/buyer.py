@@ -26,6 +26,7 @@ from marketplace.jobs.submission import parse_job_spec, submit_job
 from marketplace.ledger.metering import Rules, speed_factor
 from marketplace.ledger.selectors import balances
 from marketplace.nodes.selectors import benchmark_of, online_nodes
+from marketplace.numbers import is_ascii_text
 from marketplace.rounds.aggregation import provenance_name
 from marketplace.rounds.scoring import predictions_file
 from marketplace.sweeps.selectors import best_trial, trial_rows
@@ -72,6 +73,8 @@ def _market_estimate(spec: JobSpec, tier: str, max_price: Decimal) -> dict | Non
 
 
 def _decimal(value: str | None, default: str) -> Decimal:
+    if not is_ascii_text(value):  # Decimal() reads Arabic-Indic and full-width digits too
+        return Decimal(default)
     try:
         return Decimal(value or default)
     except InvalidOperation:

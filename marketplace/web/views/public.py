@@ -46,20 +46,28 @@ def signup(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
         # sign-ups per address (GPUFLEX_THROTTLE_SIGNUP): 30 accounts in 21 s went through
         throttle = SignupThrottle()
-        wait = throttle.retry_after(request)
+        # counted before the account is made (so a burst cannot all pass a check made
+        # first), given back if none is
+        wait = throttle.reserve(request)
         if wait is not None:
             return _too_many(request, "web/signup.html", {"form": form}, wait, "new accounts")
-        if form.is_valid():
-            data = form.cleaned_data
-            with transaction.atomic():
-                user = create_user(data["username"], data["role"], data["email"])
-                # create_user leaves API-key-only accounts without a password; the web needs one
-                user.set_password(data["password"])
-                user.save(update_fields=["password"])
-            throttle.record(request)
-            login(request, user, backend="django.contrib.auth.backends.ModelBackend")
-            messages.success(request, f"Welcome to GPUFlex, {user.username}.")
-            return redirect(home_for(user))
+        created = False
+        try:
+            if form.is_valid():
+                data = form.cleaned_data
+                with transaction.atomic():
+                    user = create_user(data["username"], data["role"], data["email"])
+                    # create_user leaves API-key-only accounts without a password; the web
+                    # needs one
+                    user.set_password(data["password"])
+                    user.save(update_fields=["password"])
+                created = True
+                login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+                messages.success(request, f"Welcome to GPUFlex, {user.username}.")
+                return redirect(home_for(user))
+        finally:
+            if not created:
+                throttle.release(request)
     return render(request, "web/signup.html", {"form": form})
 
 

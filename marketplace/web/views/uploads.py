@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from marketplace.jobs.errors import MarketplaceError
+from marketplace.numbers import header_length, whole_number
 from marketplace.uploads.models import Upload
 from marketplace.uploads.selectors import upload_of
 from marketplace.uploads.services import create_upload, finish_upload, write_chunk
@@ -33,7 +34,7 @@ def upload_new(request: HttpRequest) -> HttpResponse:
         upload = create_upload(
             owner=request.user,
             filename=str(body["filename"]),
-            size=int(body["size"]),
+            size=whole_number(body["size"]),  # the digits 0-9 only
             sha256=str(body["sha256"]),
         )
     except (ValueError, KeyError, TypeError, TooDeep):
@@ -55,7 +56,7 @@ def upload_chunk(request: HttpRequest, pk: str) -> HttpResponse:
             owner=request.user,
             upload_id=pk,
             content_range=request.headers.get("Content-Range"),
-            content_length=int(length) if length and length.isdigit() else None,
+            content_length=header_length(length),
             stream=request,  # read straight from the request, a piece at a time
         )
     except MarketplaceError as exc:

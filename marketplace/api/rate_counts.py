@@ -1,0 +1,131 @@
+"""Counters for the rate limits, shared by every process of the deployment and atomic.
+
+DRF's own throttles keep a list of timestamps in the cache and write it back after reading
+it: concurrent requests all read the same short list and all pass, and with the embedded
+setup's per-process memory cache every gunicorn worker counted on its own. Here one count is
+one atomic increment that returns the new value, so of N concurrent requests exactly the
+first `limit` see a value within the limit, whichever worker serves them:
+
+- with REDIS_URL, Redis (INCRBY in one round trip, beside the previous window's GET);
+- without it (the embedded setup, one machine), a small SQLite file in the data folder,
+  whose upsert ... RETURNING is atomic across processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import random
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+import redis
+from django.conf import settings
+
+from marketplace.server import shared_redis
+
+log = logging.getLogger(__name__)
+
+# an expired count is deleted by about one increment in this many (old windows' rows)
+_SWEEP_ONE_IN = 200
+
+
+class Counts(Protocol):
+    def add(self, key: str, delta: int, ttl_s: float, also: str | None = None) -> tuple[int, int]:
+        """Add `delta` to `key`'s count (kept at least `ttl_s` seconds) and return it, with
+        the count of `also` read in the same call (0 if it has none)."""
+        ...
+
+    def get(self, key: str, also: str) -> tuple[int, int]:
+        """The counts of `key` and `also`, 0 for none."""
+        ...
+
+    def clear(self) -> None: ...
+
+
+class RedisCounts:
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def _key(self, key: str) -> str:
+        return shared_redis.key("rate", key)
+
+    def add(self, key: str, delta: int, ttl_s: float, also: str | None = None) -> tuple[int, int]:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.incrby(self._key(key), delta)
+        pipe.expire(self._key(key), max(1, int(ttl_s) + 1))
+        pipe.get(self._key(also or key))
+        count, _, other = pipe.execute()
+        return int(count), int(other or 0) if also else 0
+
+    def get(self, key: str, also: str) -> tuple[int, int]:
+        first, second = self.client.mget([self._key(key), self._key(also)])
+        return int(first or 0), int(second or 0)
+
+    def clear(self) -> None:
+        for key in self.client.scan_iter(self._key("*")):
+            self.client.delete(key)
+
+
+class SQLiteCounts:
+    """One table in a file of its own (not the main database: these writes never wait for
+    a long transaction there), in WAL mode so readers do not block the writer."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None or self._local.pid != os.getpid():  # a forked worker opens its own
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # a count lost to a power cut is no loss
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS counts "
+                "(key TEXT PRIMARY KEY, n INTEGER NOT NULL, expires REAL NOT NULL)"
+            )
+            self._local.db, self._local.pid = db, os.getpid()
+        return db
+
+    def add(self, key: str, delta: int, ttl_s: float, also: str | None = None) -> tuple[int, int]:
+        db, now = self._db(), time.time()
+        (count,) = db.execute(
+            "INSERT INTO counts (key, n, expires) VALUES (?, ?, ?) ON CONFLICT (key) "
+            "DO UPDATE SET n = n + excluded.n, expires = excluded.expires RETURNING n",
+            (key, delta, now + ttl_s),
+        ).fetchone()
+        if random.randrange(_SWEEP_ONE_IN) == 0:
+            db.execute("DELETE FROM counts WHERE expires < ?", (now,))
+        return int(count), self._one(db, also, now) if also else 0
+
+    def get(self, key: str, also: str) -> tuple[int, int]:
+        db, now = self._db(), time.time()
+        return self._one(db, key, now), self._one(db, also, now)
+
+    @staticmethod
+    def _one(db: sqlite3.Connection, key: str, now: float) -> int:
+        row = db.execute("SELECT n FROM counts WHERE key = ? AND expires >= ?", (key, now))
+        found = row.fetchone()
+        return int(found[0]) if found else 0
+
+    def clear(self) -> None:
+        self._db().execute("DELETE FROM counts")
+
+
+def store() -> Counts:
+    """Redis where the deployment has it, else the data folder's file."""
+    client = shared_redis.client()
+    if client is not None:
+        return RedisCounts(client)
+    return _sqlite(str(Path(settings.DATA_DIR) / "rate-counts.sqlite3"))
+
+
+@functools.lru_cache(maxsize=8)
+def _sqlite(path: str) -> SQLiteCounts:
+    return SQLiteCounts(Path(path))
