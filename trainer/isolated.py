@@ -37,6 +37,9 @@ from typing import Any
 
 REQUEST = "request.json"
 RESULT = "result.json"
+STDERR = "stderr.log"
+# a result is a few numbers and names; anything longer is not ours
+_MAX_RESULT_BYTES = 2**20
 DATASET_TENSORS = "dataset.safetensors"
 MODEL_TENSORS = "model.safetensors"
 _TENSOR_FIELDS = ("x_train", "y_train", "x_test", "y_test", "lengths_train", "lengths_test",
@@ -79,27 +82,35 @@ def run_step(step: str, request: Mapping[str, Any], folder: Path, limits: Limits
     # one thread each: the limits hold for the whole child, and small steps need no pool
     env |= {"RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "RUST_BACKTRACE": "0",
             "TOKENIZERS_PARALLELISM": "false", "PYTHONDONTWRITEBYTECODE": "1"}  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer.isolated", step, str(folder)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env=env, preexec_fn=confine,  # rlimits are set in the child, before it runs anything
-        start_new_session=True,  # its own process group: a timeout kills all of it
-    )  # fmt: skip
-    try:
-        _, err = proc.communicate(timeout=limits.seconds)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        proc.communicate()
-        raise IsolatedError(
-            f"it ran past the {limits.seconds:g} s limit and was stopped", kind="time"
-        ) from None
+    # stderr to a file, of which only the tail is read: a chatty child costs us no memory
+    with (folder / STDERR).open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.isolated", step, str(folder)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=env,
+            preexec_fn=confine,  # rlimits are set in the child, before it runs anything
+            start_new_session=True,  # its own process group: a timeout kills all of it
+        )  # fmt: skip
+        try:
+            proc.wait(timeout=limits.seconds)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            proc.wait()
+            raise IsolatedError(
+                f"it ran past the {limits.seconds:g} s limit and was stopped", kind="time"
+            ) from None
     result = _read_result(folder)
     if proc.returncode == 0 and result is not None:
         if "error" in result:
             raise IsolatedError(str(result["error"]), kind=str(result.get("kind", "crash")))
         return result
-    kind, reason = _crash_reason(proc.returncode, err, limits)
+    kind, reason = _crash_reason(proc.returncode, _tail(folder / STDERR), limits)
     raise IsolatedError(reason, kind=kind)
+
+
+def _tail(path: Path) -> bytes:
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - _STDERR_TAIL))
+        return f.read()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -109,7 +120,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _read_result(folder: Path) -> dict | None:
     try:
-        data = json.loads((folder / RESULT).read_text(encoding="utf-8"))
+        with (folder / RESULT).open("rb") as f:
+            data = json.loads(f.read(_MAX_RESULT_BYTES + 1)[:_MAX_RESULT_BYTES])
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -117,17 +129,24 @@ def _read_result(folder: Path) -> dict | None:
 
 def _crash_reason(code: int, stderr: bytes, limits: Limits) -> tuple[str, str]:
     """(kind, reason) of a child that died without its result."""
-    text = stderr[-_STDERR_TAIL:].decode("utf-8", errors="replace")
+    text = stderr.decode("utf-8", errors="replace")
     if code == -signal.SIGXCPU:
         return "time", f"it used more than the {limits.seconds:g} s CPU limit and was stopped"
-    # Python's MemoryError, Rust's "memory allocation of N bytes failed", C++'s bad_alloc
-    if any(word in text for word in ("MemoryError", "memory allocation of", "bad_alloc")):
+    # Python's MemoryError, Rust's "memory allocation of N bytes failed", C++'s bad_alloc,
+    # OpenBLAS's "Memory allocation still failed", glibc's "Cannot allocate memory", and the
+    # dynamic loader's "failed to map segment" (a library mapped past the address space)
+    words = ("memoryerror", "memory allocation", "bad_alloc", "cannot allocate memory",
+             "failed to map segment")  # fmt: skip
+    if any(word in text.lower() for word in words):
         return "memory", f"it needed more than the {limits.memory_bytes // 2**20} MiB memory limit"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     # a Rust panic's message is the line after "panicked at …"; else the last line written
     said = next((lines[i + 1] for i, line in enumerate(lines[:-1]) if "panicked at" in line),
                 lines[-1] if lines else "")  # fmt: skip
-    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    how = f"exit status {code}"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            how = f"signal {signal.Signals(-code).name}"
     return "crash", f"it crashed ({how}){': ' + said[:300] if said else ''}"
 
 

@@ -56,15 +56,15 @@ def test_a_model_past_the_memory_limit_ends_the_child_alone(tmp_path: Path) -> N
     assert "memory" in caught.value.reason
 
 
-def test_a_child_that_cannot_start_is_a_crash_with_its_reason(tmp_path: Path) -> None:
+def test_a_child_that_dies_without_a_result_is_reported(tmp_path: Path) -> None:
     """64 MiB of address space is too little for the interpreter and torch: the child dies
-    without a result, and the caller says so."""
+    without a result (OpenBLAS gives up while torch loads), and the caller says why."""
     request = {"model": {"arch": "mlp", "hidden": [4]}, "input_shape": [4], "num_classes": 2,
                "seed": 0}  # fmt: skip
     with pytest.raises(IsolatedError) as caught:
         run_step("model", request, tmp_path, Limits(memory_bytes=64 * 2**20, seconds=300))
-    assert caught.value.kind in ("memory", "crash"), caught.value.reason
-    assert caught.value.reason.startswith("it ")
+    assert caught.value.kind == "memory", caught.value.reason
+    assert "64 MiB memory limit" in caught.value.reason
 
 
 def test_a_model_is_built_in_the_child_and_read_back(tmp_path: Path) -> None:
