@@ -104,15 +104,20 @@ def cmd_manage(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from marketplace.server.bind import PROXIES_ENV, bind_problem
     from marketplace.server.secret_key import serve_problem
 
     env = _server_env()
     if args.dev:
         env["GPUFLEX_DEV"] = "1"
-    # a public or missing key lets anyone forge sessions: refused before anything starts
-    if (problem := serve_problem(env)) is not None:
-        print(f"gpuflex serve: {problem}", file=sys.stderr)
-        return 2
+    if args.behind_proxy and not env.get(PROXIES_ENV, "").strip():
+        env[PROXIES_ENV] = "1"  # one nginx in front: its forwarded headers are believed
+    # a public or missing key lets anyone forge sessions, and gunicorn reachable without a
+    # proxy lets slow clients hold every thread: both refused before anything starts
+    for problem in (serve_problem(env), bind_problem(args.bind, env)):
+        if problem is not None:
+            print(f"gpuflex serve: {problem}", file=sys.stderr)
+            return 2
     if not args.no_migrate:
         migrate = [sys.executable, "-m", "marketplace.manage", "migrate", "--noinput", "-v", "0"]
         subprocess.run(migrate, env=env, check=True)
@@ -419,7 +424,17 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the API server (gunicorn)")
-    s.add_argument("--bind", default="127.0.0.1:8000")
+    s.add_argument(
+        "--bind",
+        default="127.0.0.1:8000",
+        help="a loopback address, or any with --behind-proxy (default 127.0.0.1:8000)",
+    )
+    s.add_argument(
+        "--behind-proxy",
+        action="store_true",
+        help="nginx (`gpuflex nginx-config`) is in front: allows a non-loopback --bind and "
+        "sets GPUFLEX_TRUSTED_PROXIES=1 unless it is set",
+    )
     s.add_argument("--workers", type=int, default=max(2, os.cpu_count() or 1))
     s.add_argument("--threads", type=int, default=16)
     s.add_argument("--no-migrate", action="store_true")

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainer.hf_limits import bound_problems
 from trainer.nesting import TooDeep, loads_json, loads_yaml
 from trainer.sweep_space import SweepSpec, apply_params, corner_params
 
@@ -136,6 +137,9 @@ class ModelSpec(_Strict):
                 raise ValueError("'auto_map' names remote code, which never runs here")
             if len(json.dumps(self.config)) > MAX_HF_CONFIG_BYTES:
                 raise ValueError(f"the config is larger than {MAX_HF_CONFIG_BYTES} bytes")
+            # sizes no real model has, refused by arithmetic before any library builds it
+            for field, reason in bound_problems(self.config)[:1]:
+                raise ValueError(f"config.{field}: {reason}")
         return self
 
 

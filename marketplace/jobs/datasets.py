@@ -6,7 +6,7 @@ import contextlib
 from collections import OrderedDict
 from pathlib import Path
 
-from marketplace.jobs import files
+from marketplace.jobs import files, isolation
 from marketplace.jobs.dataset_files import archive_limits, tokenizer_name
 from marketplace.jobs.models import Job
 from trainer.datasets import Dataset, load_dataset
@@ -34,8 +34,10 @@ def _load(job_id: object, dataset_file: str, spec: JobSpec) -> Dataset:
         return load_dataset(spec.dataset, seed=spec.seed)
     with contextlib.ExitStack() as stack:
         path = stack.enter_context(files.local_copy(dataset_file, Path(dataset_file).suffix))
-        tokenizer = None
         if spec.dataset.tokenizer:  # a text job's tokenizer.json, stored beside its dataset
             tokenizer = str(stack.enter_context(files.local_copy(tokenizer_name(job_id))))
-        local = spec.dataset.model_copy(update={"path": str(path), "tokenizer": tokenizer})
+            local = spec.dataset.model_copy(update={"path": str(path), "tokenizer": tokenizer})
+            # its regexes run in Rust: in a child, as when the job was prepared
+            return isolation.load_dataset(local, spec.seed, shown=spec.dataset.path or "")
+        local = spec.dataset.model_copy(update={"path": str(path)})
         return load_dataset(local, seed=spec.seed, archive_limits=archive_limits())

@@ -10,7 +10,6 @@ import json
 import tempfile
 import uuid
 from contextlib import nullcontext
-from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from django.db import transaction
 
 from marketplace.accounts.models import User
 from marketplace.jobs import files, scoring
+from marketplace.jobs.checks import check_hf_size, check_job, measure_here, needs_worker, spec_error
 from marketplace.jobs.dataset_files import (
     SUFFIXES,
     load_uploaded_dataset,
@@ -29,26 +29,23 @@ from marketplace.jobs.dataset_files import (
     stored_name,
     tokenizer_name,
 )
-from marketplace.jobs.errors import InvalidDataset, InvalidSpec, MarketplaceError, TooLarge
+from marketplace.jobs.errors import InvalidDataset, MarketplaceError, TooLarge
 from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.market import ANY_PRICE, market_price
 from marketplace.jobs.model_files import checkpoint_name, receive_model_files
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.jobs.preparation import enqueue_preparation
-from marketplace.jobs.privacy import settle_noise
 from marketplace.ledger.services import check_credit, fund_child, hold_budget
-from marketplace.nodes.models import Node
 from marketplace.rounds import resharding
-from marketplace.rounds.lifecycle import quorum_units, schema_misfit
 from marketplace.rounds.planning import JobNeeds
 from marketplace.uploads import services as uploads
 from marketplace.uploads.models import Upload
-from trainer.aggregation import build_strategy, round_size_problems
-from trainer.datasets import Dataset, load_dataset
-from trainer.fit import Footprint, estimate_memory, measure_footprint
+from trainer.aggregation import build_strategy
+from trainer.datasets import Dataset, DatasetError, load_dataset
+from trainer.datasets.tokenizer import read_tokenizer_json
+from trainer.fit import Footprint
 from trainer.models import ModelSpecError, meta_weights
 from trainer.nesting import TooDeep, check_depth, loads_json, loads_yaml
-from trainer.sharding import ShardingError
 from trainer.spec import JobSpec, SpecError, parse_spec
 
 UPLOAD_KINDS = frozenset(SUFFIXES)
@@ -59,15 +56,6 @@ REFUSED_SHARDING = {
     "prepartitioned": "it is for federated jobs, whose nodes hold their own data (name it "
     "in federated_dataset)",
 }
-
-
-def _problems(problems: list[tuple[str, str]]) -> list[dict[str, str]]:
-    return [{"field": field, "reason": reason} for field, reason in problems]
-
-
-def _spec_error(problems: list[tuple[str, str]]) -> InvalidSpec:
-    sentence = "; ".join(f"{field}: {reason}" for field, reason in problems)
-    return InvalidSpec(f"The job spec is invalid: {sentence}.", problems=_problems(problems))
 
 
 def parse_job_spec(raw: Any, federated: bool = False) -> JobSpec:
@@ -82,18 +70,18 @@ def parse_job_spec(raw: Any, federated: bool = False) -> JobSpec:
                 try:
                     raw = loads_yaml(raw)
                 except yaml.YAMLError as exc:
-                    raise _spec_error([("<file>", f"not valid YAML/JSON: {exc}")]) from None
+                    raise spec_error([("<file>", f"not valid YAML/JSON: {exc}")]) from None
         else:
             check_depth(raw)
     except TooDeep as exc:
-        raise _spec_error([("<file>", str(exc))]) from None
+        raise spec_error([("<file>", str(exc))]) from None
     try:
         spec = parse_spec(raw)
     except SpecError as exc:
-        raise _spec_error(exc.problems) from None
+        raise spec_error(exc.problems) from None
     problems = _unsupported(spec, federated)
     if problems:
-        raise _spec_error(problems)
+        raise spec_error(problems)
     return spec
 
 
@@ -124,25 +112,22 @@ def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
     return problems
 
 
-def _load(
+def _receive(
     spec: JobSpec,
     upload: UploadedFile | None,
-    tokenizer: Path | None,
     tmp: Path,
     assembled: Path | None = None,
-    assembled_name: str = "",
-) -> tuple[Dataset, Path | None]:
-    """The dataset, checked by its format's loader (jobs/dataset_files.py): built in, an
-    uploaded file (written to `tmp` first), or `assembled`, a finished chunked upload's file
-    (uploads/) read in place, `assembled_name` being the buyer's name for it."""
+) -> Path | None:
+    """The dataset's file, unread: built in (None), an uploaded file (written to `tmp` first,
+    within the size limit), or `assembled`, a finished chunked upload's file (uploads/) or a
+    sweep's stored dataset, read in place."""
     kind = spec.dataset.kind
     if kind in BUILTIN_KINDS:
         if upload is not None or assembled is not None:
             raise InvalidDataset(f"Dataset kind {kind!r} is built in; do not upload a file.")
-        return load_dataset(spec.dataset, seed=spec.seed), None
+        return None
     if assembled is not None:
-        shown = assembled_name or assembled.name
-        return load_uploaded_dataset(spec, assembled, shown, tokenizer), assembled
+        return assembled
     if upload is None:
         path = spec.dataset.path
         named = f" (the spec's dataset.path names {path!r})" if path else ""
@@ -161,6 +146,26 @@ def _load(
     with path.open("wb") as out:
         for chunk in upload.chunks():
             out.write(chunk)
+    return path
+
+
+def _load(
+    spec: JobSpec,
+    upload: UploadedFile | None,
+    tokenizer: Path | None,
+    tmp: Path,
+    assembled: Path | None = None,
+    assembled_name: str = "",
+) -> tuple[Dataset, Path | None]:
+    """The dataset, checked by its format's loader (jobs/dataset_files.py) from the file
+    _receive gives; `assembled_name` is the buyer's name for an assembled file."""
+    path = _receive(spec, upload, tmp, assembled)
+    if path is None:
+        return load_dataset(spec.dataset, seed=spec.seed), None
+    if path == assembled:
+        shown = assembled_name or path.name
+    else:
+        shown = Path(upload.name or "dataset").name  # type: ignore[union-attr]
     return load_uploaded_dataset(spec, path, shown, tokenizer), path
 
 
@@ -200,7 +205,7 @@ def submit_job(
         )
     spec = parse_job_spec(spec_data, federated=bool(federated_dataset))
     if spec.scoring and federated_dataset:
-        raise _spec_error([("kind", f"a {spec.kind} job scores an uploaded dataset, not a "
+        raise spec_error([("kind", f"a {spec.kind} job scores an uploaded dataset, not a "
                             "federated one")])  # fmt: skip
     if spec.kind == "sweep":
         _check_sweep(spec, federated_dataset, model_config, model_checkpoint, dataset_tokenizer)
@@ -228,75 +233,69 @@ def submit_job(
             cap.checkpoint_bytes,
         )  # fmt: skip
         spec = received.spec
+        check_hf_size(spec, cap, describe_cap(tier, budget))
         tokenizer = receive_tokenizer(spec, dataset_tokenizer, Path(tmp))
         shown_name = chunked.filename if chunked else (spec.dataset.path or "") if parent else ""
+        common = {"buyer": buyer, "tokenizer": tokenizer, "tier": tier, "budget": budget,
+                  "parent": parent, "federated_dataset": federated_dataset,
+                  "chunked": chunked}  # fmt: skip
+        if stored_sweep is None and needs_worker(spec):
+            # bounded checks only: the worker reads the files in a child (jobs/worker_checks.py)
+            if tokenizer is not None:
+                _check_tokenizer_json(tokenizer)
+            if received.checkpoint is not None:  # its safetensors header: names, shapes, dtypes
+                _check_header(received.checkpoint)
+            local_path = _receive(spec, dataset_upload, Path(tmp), assembled)
+            checkpoint = source.weights if source else received.checkpoint
+            min_memory_gb = spec.requirements.min_memory_gb
+            return _store(spec=_shown(spec, dataset_upload, chunked), dataset=None,
+                          dataset_path=local_path, plans=[], checkpoint=checkpoint,
+                          footprint=None, min_memory_gb=min_memory_gb,
+                          max_price=_price(spec, max_price_per_gpu_hour, min_memory_gb, tier),
+                          **common)  # fmt: skip
         dataset, local_path = _load(
             spec, dataset_upload, tokenizer, Path(tmp), assembled, shown_name
         )
-        if spec.scoring:  # every row, in the file's order
-            scoring.check_data(spec, source, dataset)
-            dataset = scoring.rows_dataset(dataset)
-            received = replace(
-                received, checkpoint=source.weights if source else received.checkpoint
-            )
-        try:
-            # measured and tried on the meta device, the checkpoint checked by its header:
-            # the weights are built by a worker (jobs/preparation.py), never in this request
-            lm = dataset.task == "language_model"
-            weights = meta_weights(received.checkpoint) if received.checkpoint else None
-            footprint = measure_footprint(
-                spec.model, dataset.input_shape, dataset.num_classes, lm, weights
-            )
-        except ModelSpecError as exc:
-            field = "model.checkpoint" if "checkpoint" in str(exc) else "model.arch"
-            raise _spec_error([(field, str(exc))]) from None
-        nbytes = footprint.state_bytes
-        too_big = cap.problems(footprint.parameters, nbytes, describe_cap(tier, budget))
-        if too_big:
-            raise _spec_error(too_big)
-        if federated_dataset:
-            _check_silos(federated_dataset, list(dataset.input_shape), dataset.num_classes)
-        plans = (
-            [] if federated_dataset
-            else scoring.scoring_plans(spec, dataset) if spec.scoring
-            else _plan(spec, dataset)
+        checked = check_job(
+            spec, dataset, received.checkpoint, source, cap=cap, why=describe_cap(tier, budget),
+            federated_dataset=federated_dataset, sweep=stored_sweep is not None,
+            measure=measure_here,
         )  # fmt: skip
-        if stored_sweep is not None:
-            plans = []  # checked; each trial cuts its own shards
-        # a target ε without a noise multiplier: the noise that keeps max_rounds within it
-        rows = min((plan.size for plan in plans), default=None)
-        spec, privacy_problems = settle_noise(
-            spec, tuple(dataset.input_shape), dataset.num_classes, rows
-        )
-        if privacy_problems:
-            raise _spec_error(privacy_problems)
-        stored_spec = stored_sweep or spec
-        if dataset_upload is not None or chunked is not None:
-            named = chunked.filename if chunked else dataset_upload.name  # type: ignore[union-attr]
-            shown = Path(named or "dataset").name
-            stored_spec = stored_spec.replace(
-                dataset=stored_spec.dataset.model_copy(update={"path": shown})
-            )
-        min_memory_gb = max(spec.requirements.min_memory_gb, _memory_gb(spec, footprint))
-        if max_price_per_gpu_hour is None:
-            max_price_per_gpu_hour = market_price(_needs(spec, min_memory_gb), tier)
         return _store(
-            buyer=buyer,
-            spec=stored_spec,
-            dataset=dataset,
+            spec=_shown(stored_sweep or checked.spec, dataset_upload, chunked),
+            dataset=checked.dataset,
             dataset_path=local_path,
-            tokenizer=tokenizer,
-            plans=plans,
-            checkpoint=received.checkpoint,
-            footprint=footprint,
-            min_memory_gb=min_memory_gb,
-            tier=tier,
-            budget=budget,
-            max_price=_max_price(spec, max_price_per_gpu_hour),
-            federated_dataset=federated_dataset,
-            chunked=chunked,
-            parent=parent,
+            plans=checked.plans,
+            checkpoint=checked.checkpoint,
+            footprint=checked.footprint,
+            min_memory_gb=checked.min_memory_gb,
+            max_price=_price(spec, max_price_per_gpu_hour, checked.min_memory_gb, tier),
+            **common,
         )
+
+
+def _shown(spec: JobSpec, upload: UploadedFile | None, chunked: Upload | None) -> JobSpec:
+    """The spec as stored: its dataset path the buyer's own name for the uploaded file."""
+    if upload is None and chunked is None:
+        return spec
+    named = chunked.filename if chunked else upload.name  # type: ignore[union-attr]
+    shown = Path(named or "dataset").name
+    return spec.replace(dataset=spec.dataset.model_copy(update={"path": shown}))
+
+
+def _check_header(path: Path) -> None:
+    try:
+        meta_weights(path)
+    except ModelSpecError as exc:
+        raise spec_error([("model.checkpoint", str(exc))]) from None
+
+
+def _check_tokenizer_json(path: Path) -> None:
+    """Size, UTF-8, JSON nesting and shape: never the tokenizers library, in a request."""
+    try:
+        read_tokenizer_json(path)
+    except DatasetError as exc:
+        raise InvalidDataset(f"The dataset cannot be used: {exc}") from None
 
 
 def _check_sweep(
@@ -319,59 +318,15 @@ def _check_sweep(
         problems.append(("dataset.tokenizer", "a sweep's trials do not take a tokenizer "
                          "upload; use byte-level tokens"))  # fmt: skip
     if problems:
-        raise _spec_error(problems)
+        raise spec_error(problems)
 
 
-def _check_silos(name: str, input_shape: list[int], num_classes: int) -> None:
-    """A federated job needs some node to hold its dataset: one that no node declares (or
-    only with rows of another shape) is refused, nothing held. Declared on nodes that are
-    offline now, the job is accepted and waits for them (its page says so)."""
-    # filtered here, not in SQL: JSON containment is PostgreSQL's alone (a dev server runs
-    # SQLite), and only nodes that declare some dataset are read
-    held = Node.objects.exclude(local_datasets=[]).values_list(
-        "local_datasets", "local_dataset_schemas"
-    )
-    schemas = [schemas for names, schemas in held if name in (names or [])]
-    if not schemas:
-        reason = (f"no node declares a local dataset named {name!r}; its owner declares it "
-                  f"with 'gpuflex-node datasets add {name} PATH'")  # fmt: skip
-        raise _spec_error([("federated_dataset", reason)])
-    misfits = [schema_misfit(input_shape, num_classes, (s or {}).get(name)) for s in schemas]
-    if all(misfits):
-        reason = f"every node holding {name!r} has data this job's model cannot take: {misfits[0]}"
-        raise _spec_error([("federated_dataset", reason)])
-
-
-def _memory_gb(spec: JobSpec, footprint: Footprint) -> float:
-    """What a task of the spec's batch takes (weights, gradients, optimizer state and
-    activations; trainer.fit), the least memory a node needs to take one."""
-    estimate = estimate_memory(
-        footprint, optimizer=spec.optimizer.name, momentum=spec.optimizer.momentum,
-        batch_size=spec.local.batch_size, grad_accum_steps=spec.local.grad_accum_steps,
-    )  # fmt: skip
-    return estimate.total / 2**30
-
-
-def _plan(spec: JobSpec, dataset: Dataset) -> list:
-    num_shards = spec.sharding.num_shards or min(
-        settings.GPUFLEX["DEFAULT_SHARDS"], dataset.num_train
-    )
-    try:
-        plans = resharding.cut(spec, dataset, num_shards)  # capability: equal, nobody known yet
-    except ShardingError as exc:
-        raise _spec_error([("sharding.num_shards", str(exc))]) from None
-    _check_round_size(spec, len(plans))
-    return plans
-
-
-def _check_round_size(spec: JobSpec, shards: int) -> None:
-    """Refuse a strategy that could not aggregate the updates a round closing on quorum
-    brings (one per shard: replicas only verify each other), rather than fail at round 1."""
-    quorum = spec.rounds.quorum
-    source = f"{shards} shards, closing at quorum {quorum:g}"
-    problems = round_size_problems(spec.aggregation, quorum_units(quorum, shards), source)
-    if problems:
-        raise _spec_error(problems)
+def _price(spec: JobSpec, given: Decimal | None, min_memory_gb: float, tier: str) -> Decimal:
+    """The job's price cap: the request's (the market's when it gives none), lowered to the
+    spec's own where it names one."""
+    if given is None:
+        given = market_price(_needs(spec, min_memory_gb), tier)
+    return _max_price(spec, given)
 
 
 def _needs(spec: JobSpec, min_memory_gb: float) -> JobNeeds:
@@ -391,12 +346,12 @@ def _store(
     *,
     buyer: User,
     spec: JobSpec,
-    dataset: Dataset,
+    dataset: Dataset | None,
     dataset_path: Path | None,
     tokenizer: Path | None,
     plans: list,
     checkpoint: Path | None,
-    footprint: Footprint,
+    footprint: Footprint | None,
     min_memory_gb: float,
     tier: str,
     budget: Decimal,
@@ -405,6 +360,9 @@ def _store(
     chunked: Upload | None = None,
     parent: Job | None = None,
 ) -> Job:
+    """Write the job's files and rows. `dataset` and `footprint` None: a job accepted on
+    bounded checks (needs_worker), without shards, its footprint {} until the worker that
+    prepares it has read and measured it (jobs/worker_checks.py)."""
     job_id = uuid.uuid4()
     base = files.job_dir(job_id)
     written: list[str] = []
@@ -421,7 +379,7 @@ def _store(
             written.append(files.put(tokenizer_name(job_id), tokenizer.read_bytes()))
         if checkpoint is not None:  # jobs/preparation.py builds round 1's model from it
             written.append(files.put(checkpoint_name(job_id), checkpoint.read_bytes()))
-        shard_rows = resharding.write(job_id, 0, dataset, plans, written)
+        shard_rows = resharding.write(job_id, 0, dataset, plans, written) if dataset else []
         with transaction.atomic():
             job = Job.objects.create(
                 id=job_id,
@@ -433,11 +391,11 @@ def _store(
                 max_price_per_gpu_hour=max_price,
                 dataset_file=dataset_file,
                 federated_dataset=federated_dataset,
-                input_shape=list(dataset.input_shape),
-                num_classes=dataset.num_classes,
-                task_kind=dataset.task,
+                input_shape=list(dataset.input_shape) if dataset else [],
+                num_classes=dataset.num_classes if dataset else 0,
+                task_kind=dataset.task if dataset else _task_kind(spec),
                 min_memory_gb=min_memory_gb,
-                footprint=footprint.to_dict(),
+                footprint=footprint.to_dict() if footprint else {},
                 min_vram_gb=spec.requirements.min_vram_gb,
                 min_fp32_tflops=spec.requirements.min_fp32_tflops,
                 gpu_required=spec.requirements.gpu_required,
@@ -452,8 +410,13 @@ def _store(
             if chunked is not None:
                 uploads.use_upload(chunked, job.pk)
             Shard.objects.bulk_create(shard_rows)
-            enqueue_preparation(job.pk)  # builds the model and opens round 1
+            enqueue_preparation(job.pk)  # (checks,) builds the model and opens round 1
     except BaseException:
         files.delete_tree(written)
         raise
     return job
+
+
+def _task_kind(spec: JobSpec) -> str:
+    """Until the worker has read the dataset: a text corpus is language modelling."""
+    return "language_model" if spec.dataset.kind == "text" else "classification"

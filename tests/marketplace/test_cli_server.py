@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -25,7 +28,9 @@ def calls(monkeypatch) -> list[tuple[list[str], dict[str, Any]]]:
 
 def test_serve_migrates_then_runs_gunicorn_threads(calls, monkeypatch) -> None:
     monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
-    assert cli.main(["serve", "--bind", "0.0.0.0:9000", "--workers", "3"]) == 0
+    monkeypatch.delenv("GPUFLEX_TRUSTED_PROXIES", raising=False)
+    argv = ["serve", "--bind", "0.0.0.0:9000", "--workers", "3", "--behind-proxy"]
+    assert cli.main(argv) == 0
     (migrate, _), (serve, kwargs) = calls
     assert migrate[-4:] == ["migrate", "--noinput", "-v", "0"]
     assert serve[0].endswith("gunicorn") and "marketplace.server.wsgi:application" in serve
@@ -33,6 +38,44 @@ def test_serve_migrates_then_runs_gunicorn_threads(calls, monkeypatch) -> None:
     assert serve[serve.index("--workers") + 1] == "3"
     assert serve[serve.index("--worker-class") + 1] == "gthread"
     assert kwargs["env"]["DJANGO_SETTINGS_MODULE"]
+    assert kwargs["env"]["GPUFLEX_TRUSTED_PROXIES"] == "1"  # nginx's forwarded headers believed
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0:8000", "[::]:8000", "10.0.0.5:8000", "8000",
+                                  "example.org:8000"])  # fmt: skip
+def test_serve_alone_refuses_a_reachable_address(calls, monkeypatch, capsys, bind) -> None:
+    """#38 finding 12: gunicorn alone on a public address, 40 slow bodies stalled honest
+    requests; reachable only with a proxy declared in front."""
+    monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
+    monkeypatch.delenv("GPUFLEX_TRUSTED_PROXIES", raising=False)
+    assert cli.main(["serve", "--bind", bind]) == 2
+    assert calls == []  # neither migrated nor started
+    assert "--behind-proxy" in capsys.readouterr().err
+    monkeypatch.setenv("GPUFLEX_TRUSTED_PROXIES", "1")  # declared in the environment
+    assert cli.main(["serve", "--bind", bind]) == 0 and len(calls) == 2
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1:8000", "localhost:8000", "[::1]:8000",
+                                  "unix:/run/gpuflex.sock"])  # fmt: skip
+def test_serve_alone_may_listen_on_loopback(calls, monkeypatch, bind) -> None:
+    monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
+    monkeypatch.delenv("GPUFLEX_TRUSTED_PROXIES", raising=False)
+    assert cli.main(["serve", "--bind", bind]) == 0
+    assert "GPUFLEX_TRUSTED_PROXIES" not in calls[-1][1]["env"]
+
+
+def test_the_serve_command_refuses_a_public_bind_without_a_traceback(tmp_path) -> None:
+    """The real entry point, as an operator runs it: a clear line and exit status 2."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUFLEX_TRUSTED_PROXIES"}
+    env |= {"SECRET_KEY": secrets.token_urlsafe(50), "GPUFLEX_DATA_DIR": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-m", "marketplace.cli", "serve", "--bind", "0.0.0.0:8000"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert "gpuflex serve: --bind 0.0.0.0:8000 is reachable" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert not list(tmp_path.iterdir())  # nothing migrated
 
 
 def test_worker_runs_celery_with_beat(calls) -> None:

@@ -107,7 +107,9 @@ def test_a_lora_job_from_an_uploaded_checkpoint_runs_its_rounds(make_agent, buye
     assert max(sizes) * 5 < full  # only the adapters (and the new head) travel
 
 
-def test_model_files_named_but_missing_or_unfit_are_refused(buyer) -> None:
+def test_model_files_named_but_missing_or_unfit_are_refused(
+    buyer, django_capture_on_commit_callbacks
+) -> None:
     config = json.dumps(LLAMA).encode()
     checkpoint = safetensors.torch.save(_base_checkpoint())
     missing = _post(buyer, LORA_SPEC, config=None, checkpoint=checkpoint)
@@ -116,14 +118,20 @@ def test_model_files_named_but_missing_or_unfit_are_refused(buyer) -> None:
     assert no_ckpt.status_code == 400 and "model_checkpoint" in no_ckpt.json()["detail"]
     garbage = _post(buyer, LORA_SPEC, config=config, checkpoint=b"\x00not safetensors")
     assert garbage.status_code == 400 and "model.checkpoint" in garbage.json()["detail"]
-    wrong = dict(_base_checkpoint())
-    wrong["model.embed_tokens.weight"] = wrong["model.embed_tokens.weight"][:10]
-    unfit = _post(buyer, LORA_SPEC, config=config, checkpoint=safetensors.torch.save(wrong))
-    assert unfit.status_code == 400 and "shape" in unfit.json()["detail"]
     remote = _post(buyer, LORA_SPEC, config=json.dumps(LLAMA | {"auto_map": {}}).encode(),
                    checkpoint=checkpoint)  # fmt: skip
     assert remote.status_code == 400 and "remote code" in remote.json()["detail"]
     assert not Job.objects.exists()
+    # a checkpoint that does not fit the config is found by building the model, which a
+    # request never does: the worker measures it (in a child) and fails the job, saying why
+    wrong = dict(_base_checkpoint())
+    wrong["model.embed_tokens.weight"] = wrong["model.embed_tokens.weight"][:10]
+    with django_capture_on_commit_callbacks(execute=True):
+        unfit = _post(buyer, LORA_SPEC, config=config, checkpoint=safetensors.torch.save(wrong))
+    assert unfit.status_code == 201, unfit.content
+    job = Job.objects.get(pk=unfit.json()["id"])
+    assert job.status == "failed" and "shape" in job.error and "model.checkpoint" in job.error
+    assert buyer.get(f"/api/v1/jobs/{job.pk}/").json()["error"] == job.error
 
 
 CPU = {"gpu_vendor": "", "gpu_model": "", "memory_gb": 64, "accelerator": "cpu"}

@@ -15,8 +15,11 @@ MAX_TOKENIZER_BYTES = 32 * 2**20
 _MAX_DEPTH = 16
 
 
-def load_tokenizer(path: str | Path) -> Any:
-    """The `tokenizers.Tokenizer` in `path`; DatasetError naming what is wrong with it."""
+def read_tokenizer_json(path: str | Path) -> str:
+    """The text of the tokenizer.json in `path`, checked by bounded means only (its size,
+    UTF-8, JSON nesting, a 'model' object): what a web request may do with a buyer's file.
+    Building it (load_tokenizer) runs the buyer's regexes in Rust, which may panic or run
+    away: the marketplace does that in a child process (trainer/isolated.py)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -35,6 +38,13 @@ def load_tokenizer(path: str | Path) -> Any:
         raise DatasetError(
             f"{path.name}: not a Hugging Face tokenizer.json (a JSON object with a 'model')"
         )
+    return text
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The `tokenizers.Tokenizer` in `path`; DatasetError naming what is wrong with it."""
+    path = Path(path)
+    text = read_tokenizer_json(path)
     try:
         from tokenizers import Tokenizer
     except ImportError:

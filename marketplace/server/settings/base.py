@@ -188,6 +188,12 @@ GPUFLEX = {
     "EVENT_STREAM_MAX_S": float(os.environ.get("GPUFLEX_EVENT_STREAM_MAX_S", "300")),
     "DEFAULT_SHARDS": int(os.environ.get("GPUFLEX_DEFAULT_SHARDS", "4")),
     "MAX_DATASET_BYTES": int(os.environ.get("GPUFLEX_MAX_DATASET_BYTES", str(64 * 2**20))),
+    # a buyer's tokenizer.json and Hugging Face config are read and built by the worker that
+    # prepares the job, in a child process with this much address space (interpreter and
+    # libraries included; a model's build gets 3x its bytes more) and this long
+    # (marketplace/jobs/isolation.py): a panic, abort or runaway kills the child alone
+    "ISOLATED_MEMORY_MB": int(os.environ.get("GPUFLEX_ISOLATED_MEMORY_MB", "4096")),
+    "ISOLATED_SECONDS": float(os.environ.get("GPUFLEX_ISOLATED_SECONDS", "600")),
     # what one uploaded image archive may hold (trainer.datasets.ArchiveLimits): members,
     # bytes decompressed, a member's decompressed / packed ratio, pixels per image, and the
     # float32 tensor its images become on the server
