@@ -158,3 +158,197 @@ def test_heartbeats_are_counted(make_agent) -> None:
     before = REGISTRY.get_sample_value("gpuflex_heartbeats_total", {"state": "idle"}) or 0
     assert agent.heartbeat().status_code == 200
     assert REGISTRY.get_sample_value("gpuflex_heartbeats_total", {"state": "idle"}) == before + 1
+
+
+def _value(found: dict, name: str, **labels: str) -> float:
+    return found.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_round_moves_the_round_counters(make_agent, submit, buyer) -> None:
+    """/metrics scraped before, during and after a job's two rounds run through the API."""
+    from tests.marketplace.test_job_flow import run_until_idle
+
+    client = Client()
+    before = scrape(client)
+    agents = [make_agent(kind="platform") for _ in range(3)]
+    job = submit(tier="platform")
+    during = scrape(client)  # round 1 open, its three tasks waiting
+    assert _value(during, "gpuflex_rounds_opened_total") == (
+        _value(before, "gpuflex_rounds_opened_total") + 1
+    )
+    assert _value(during, "gpuflex_rounds_in_flight", status="open") == 1
+    assert _value(during, "gpuflex_task_queue_depth") == 3
+    assert _value(during, "gpuflex_nodes", state="idle") == 3
+    assert _value(during, "gpuflex_escrow_held_credits") == 10.0  # the job's budget
+
+    assert run_until_idle(agents) == 6
+    assert buyer.get(f"/api/v1/jobs/{job['id']}/").json()["status"] == "completed"
+    after = scrape(client)
+
+    def moved(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    assert moved("gpuflex_rounds_opened_total") == 2
+    assert moved("gpuflex_rounds_closed_total") == 2
+    assert moved("gpuflex_rounds_finished_total", outcome="done") == 2
+    assert moved("gpuflex_round_duration_seconds_count", outcome="done") == 2
+    assert moved("gpuflex_aggregation_seconds_count") == 2
+    assert moved("gpuflex_aggregation_seconds_sum") > 0
+    assert moved("gpuflex_leases_total") == 6
+    assert moved("gpuflex_claims_total", outcome="leased") == 6
+    assert moved("gpuflex_claims_total", outcome="empty") >= 3  # each agent's last claim
+    claims = [
+        labels
+        for name, labels in after
+        if name == "gpuflex_http_requests_total" and ("status", "200") in labels
+    ]
+    assert any(("route", "/api/v1/agent/claim") in labels for labels in claims), claims
+    assert _value(after, "gpuflex_rounds_in_flight", status="open") == 0
+    assert _value(after, "gpuflex_task_queue_depth") == 0
+    assert _value(after, "gpuflex_escrow_held_credits") == 0  # charged and released
+
+
+def _database_url() -> str:
+    from django.db import connection
+
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgres://{user}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_gpuflex_serve_answers_health_readiness_and_metrics(tmp_path) -> None:
+    """The real thing: gunicorn started by `gpuflex serve`, its metrics in the multiprocess
+    folder the launcher made, its log lines JSON."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = os.environ | {
+        "GPUFLEX_DATA_DIR": str(tmp_path),
+        "DATABASE_URL": _database_url(),
+        "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
+        "GPUFLEX_LOG_FORMAT": "json",
+    }
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "GPUFLEX_METRICS_DIR", "GPUFLEX_LOG_FILE"):
+        env.pop(name, None)
+    stale = tmp_path / "metrics" / f"web-127.0.0.1_{port}"
+    stale.mkdir(parents=True)
+    (stale / "counter_999999.db").write_bytes(b"left by a previous run")  # wiped at start
+    command = [sys.executable, "-m", "marketplace.cli", "serve", "--dev", "--no-migrate",
+               "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "4"]  # fmt: skip
+    out = (tmp_path / "serve.out").open("wb")
+    server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, (tmp_path / "serve.out").read_text()
+            try:
+                health = httpx.get(f"{base}/healthz", timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "gpuflex serve never answered"
+                time.sleep(0.5)
+        assert health.status_code == 200 and health.json() == {"status": "ok"}
+        ready = httpx.get(f"{base}/readyz", timeout=30)
+        assert ready.status_code == 200, ready.text
+        missing = httpx.get(f"{base}/no/such/page", headers={"X-Request-ID": "serve-req-1"})
+        assert missing.status_code == 404
+        scraped = httpx.get(f"{base}/metrics", timeout=30)
+        assert scraped.status_code == 200, scraped.text
+        found = samples(scraped.text)
+        routes = {(dict(labels)["route"], dict(labels)["status"])
+                  for name, labels in found if name == "gpuflex_http_requests_total"}  # fmt: skip
+        assert {("/healthz", "200"), ("/readyz", "200"), ("<unmatched>", "404")} <= routes
+        assert ("gpuflex_nodes", (("state", "idle"),)) in found
+        # counted in the worker's file, in the launcher's freshly emptied folder
+        assert not (stale / "counter_999999.db").exists()
+        assert any(stale.glob("counter_*.db"))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        out.close()
+    lines = (tmp_path / "logs" / "marketplace.log").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line is JSON
+    assert any(
+        r["request_id"] == "serve-req-1" and "/no/such/page" in r["message"] for r in records
+    ), records
+
+
+TRACED_REQUEST = """
+import django
+django.setup()
+from django.test import Client
+from opentelemetry import trace
+assert Client().get("/healthz", HTTP_X_REQUEST_ID="trace-req-1").status_code == 200
+trace.get_tracer_provider().shutdown()  # flushes the batch to the collector
+"""
+
+
+def test_requests_are_traced_to_the_configured_otlp_endpoint(tmp_path) -> None:
+    """A collector (an HTTP server here) receives the request's span over OTLP/HTTP."""
+    import os
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    received: list[tuple[str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = os.environ | {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
+        "OTEL_SERVICE_NAME": "gpuflex-web-test",
+        "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.test",
+        "GPUFLEX_DATA_DIR": str(tmp_path),
+    }
+    try:
+        run = subprocess.run([sys.executable, "-c", TRACED_REQUEST], env=env,
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        server.shutdown()
+    assert run.returncode == 0, run.stderr
+    spans = []
+    for path, body in received:
+        assert path == "/v1/traces"
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            for scope in resource_spans.scope_spans:
+                spans += [(service["service.name"], s) for s in scope.spans]
+    assert spans, run.stderr
+    wanted = ("gpuflex.request_id", "trace-req-1")
+    tagged = [
+        (service, span)
+        for service, span in spans
+        if any((a.key, a.value.string_value) == wanted for a in span.attributes)
+    ]
+    assert [service for service, _ in tagged] == ["gpuflex-web-test"], spans
