@@ -157,7 +157,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     if not args.no_beat:
         cmd.append("--beat-thread")  # the tick's clock in this process (server/celery.py)
-    return _exec(cmd, metrics_env(_server_env(), f"worker-{args.queues}", role="worker"))
+    env = metrics_env(_server_env(), f"worker-{args.queues}", role="worker")
+    if args.metrics_port is not None:
+        env["GPUFLEX_METRICS_PORT"] = str(args.metrics_port)
+    return _exec(cmd, env)
 
 
 def cmd_beat(args: argparse.Namespace) -> int:
@@ -461,6 +464,13 @@ def parser() -> argparse.ArgumentParser:
         default="all",
         help="aggregation has a queue of its own, so that a big job cannot starve the tick "
         "(docs/deploy.md)",
+    )
+    w.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve this host's metrics on GPUFLEX_METRICS_ADDR (127.0.0.1):PORT, for a host "
+        "without a web server (docs/deploy.md, Observability)",
     )
     w.set_defaults(func=cmd_worker)
 

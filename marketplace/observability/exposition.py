@@ -28,6 +28,10 @@ _merged = CollectorRegistry(auto_describe=False)
 _merged.register(_MergedFiles())
 
 
+def events() -> CollectorRegistry:
+    """This host's event metrics: every launcher's files, or this process's own."""
+    return _merged if multiproc.enabled() else REGISTRY
+
+
 def render() -> bytes:
-    events = _merged if multiproc.enabled() else REGISTRY
-    return generate_latest(events) + generate_latest(_state)
+    return generate_latest(events()) + generate_latest(_state)

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.signals import worker_init
 from click import Option
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.server.settings.base")
@@ -37,3 +38,11 @@ app.user_options["worker"].add(
            help="Run the beat scheduler as a thread of this worker (instead of -B's process).")
 )  # fmt: skip
 app.steps["worker"].add(ThreadedBeat)
+
+
+@worker_init.connect
+def _serve_metrics(**_: Any) -> None:
+    """`gpuflex worker --metrics-port`: this host's counters for Prometheus (observability)."""
+    from marketplace.observability.worker_exporter import serve_from_env
+
+    serve_from_env()

@@ -7,6 +7,8 @@ import importlib
 import io
 import json
 import logging
+import secrets
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -352,3 +354,78 @@ def test_requests_are_traced_to_the_configured_otlp_endpoint(tmp_path) -> None:
         if any((a.key, a.value.string_value) == wanted for a in span.attributes)
     ]
     assert [service for service, _ in tagged] == ["gpuflex-web-test"], spans
+
+
+@pytest.mark.django_db
+def test_the_grafana_dashboard_graphs_only_series_the_server_exposes() -> None:
+    import re
+    from pathlib import Path
+
+    dashboard = Path(__file__).parents[2] / "deploy" / "grafana" / "gpuflex-dashboard.json"
+    exprs = [t["expr"] for p in json.loads(dashboard.read_text())["panels"] for t in p["targets"]]
+    graphed = {name for expr in exprs for name in re.findall(r"gpuflex_[a-z_]+", expr)}
+    exposed = {name for name, _ in scrape(Client())}
+    exposed |= set(REGISTRY._names_to_collectors)  # labelled series not yet observed
+    assert graphed and graphed <= exposed, graphed - exposed
+
+
+def test_launchers_give_each_process_kind_a_fresh_metrics_folder(monkeypatch, tmp_path) -> None:
+    from marketplace import cli
+
+    monkeypatch.setenv("GPUFLEX_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "GPUFLEX_METRICS_DIR", "GPUFLEX_METRICS_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    envs: list[dict[str, str]] = []
+    monkeypatch.setattr(cli, "_exec", lambda cmd, env: envs.append(env) or 0)
+    monkeypatch.setattr(cli.subprocess, "run", lambda *a, **k: 0)
+    assert cli.main(["serve", "--bind", "127.0.0.1:8123"]) == 0
+    assert cli.main(["worker", "--queues", "aggregation", "--metrics-port", "9101"]) == 0
+    assert cli.main(["beat"]) == 0
+    web, worker, beat = envs
+    root = tmp_path / "metrics"
+    assert web["PROMETHEUS_MULTIPROC_DIR"] == str(root / "web-127.0.0.1_8123")
+    assert worker["PROMETHEUS_MULTIPROC_DIR"] == str(root / "worker-aggregation")
+    assert beat["PROMETHEUS_MULTIPROC_DIR"] == str(root / "beat")
+    assert {e["GPUFLEX_METRICS_DIR"] for e in envs} == {str(root)}
+    assert worker["GPUFLEX_METRICS_PORT"] == "9101" and worker["GPUFLEX_PROCESS_ROLE"] == "worker"
+    assert all(Path(e["PROMETHEUS_MULTIPROC_DIR"]).is_dir() for e in envs)
+
+
+COUNT_ROUNDS = """
+import sys
+from marketplace.observability.metrics import ROUNDS_OPENED
+ROUNDS_OPENED.inc(int(sys.argv[1]))
+"""
+
+
+def test_the_worker_exporter_adds_up_every_process_of_the_host(monkeypatch, tmp_path) -> None:
+    """Two processes (a gunicorn worker, a Celery worker) count in their own folders; the
+    worker host's exporter, like /metrics, serves the sum."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    from marketplace.observability import worker_exporter
+
+    root = tmp_path / "metrics"
+    for folder, count in (("web-x", 2), ("worker-all", 3)):
+        (root / folder).mkdir(parents=True)
+        env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": str(root / folder)}
+        subprocess.run([sys.executable, "-c", COUNT_ROUNDS, str(count)], env=env, check=True,
+                       timeout=120)  # fmt: skip
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(root / "worker-all"))
+    monkeypatch.setenv("GPUFLEX_METRICS_DIR", str(root))
+    monkeypatch.setenv("GPUFLEX_METRICS_PORT", "0")
+    server = worker_exporter.serve_from_env()
+    try:
+        port = server.server_address[1]  # type: ignore[attr-defined]
+        found = samples(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text)
+    finally:
+        server.shutdown()  # type: ignore[attr-defined]
+    assert found[("gpuflex_rounds_opened_total", ())] == 5
+    monkeypatch.setenv("GPUFLEX_METRICS_PORT", "91o1")
+    with pytest.raises(ValueError, match="GPUFLEX_METRICS_PORT is '91o1'"):
+        worker_exporter.serve_from_env()
