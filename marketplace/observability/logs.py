@@ -52,3 +52,18 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD and key not in out:
                 out[key] = value
         return json.dumps(out, default=str, ensure_ascii=False)
+
+
+def json_handlers_for_celery(logger: logging.Logger | None = None, **_: Any) -> None:
+    """Celery's after_setup_logger: its own lines (the worker's, beat's) in JSON too when
+    GPUFLEX_LOG_FORMAT=json; Django's LOGGING already covers `marketplace` and `django`."""
+    from django.conf import settings
+
+    if logger is None or getattr(settings, "LOG_FORMAT", "plain") != "json":
+        return
+    from marketplace.server.request_id import RequestIdFilter
+
+    for handler in logger.handlers:
+        handler.setFormatter(JsonFormatter())
+        if not any(isinstance(f, RequestIdFilter) for f in handler.filters):
+            handler.addFilter(RequestIdFilter())

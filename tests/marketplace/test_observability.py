@@ -429,3 +429,23 @@ def test_the_worker_exporter_adds_up_every_process_of_the_host(monkeypatch, tmp_
     monkeypatch.setenv("GPUFLEX_METRICS_PORT", "91o1")
     with pytest.raises(ValueError, match="GPUFLEX_METRICS_PORT is '91o1'"):
         worker_exporter.serve_from_env()
+
+
+def test_celery_lines_are_json_too_when_asked(settings) -> None:
+    from marketplace.server.celery import _json_logs
+
+    stream = io.StringIO()
+    logger = logging.getLogger("test.celery.json")
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    try:
+        settings.LOG_FORMAT = "plain"
+        _json_logs(logger=logger)  # as Celery's after_setup_logger calls it
+        assert not isinstance(handler.formatter, JsonFormatter)
+        settings.LOG_FORMAT = "json"
+        _json_logs(logger=logger)
+        logger.warning("worker %s ready", "w1")
+    finally:
+        logger.removeHandler(handler)
+    line = json.loads(stream.getvalue())
+    assert line["message"] == "worker w1 ready" and line["request_id"] == "-"

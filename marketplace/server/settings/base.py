@@ -19,6 +19,7 @@ from marketplace.server.routing import default_queue
 from marketplace.server.secret_key import for_data_dir
 from marketplace.server.settings.observability import (  # noqa: F401
     GPUFLEX_METRICS_TOKEN,
+    LOG_FORMAT,
     LOG_FORMATTER,
     OBSERVABILITY_MIDDLEWARE,
 )
