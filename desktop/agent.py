@@ -327,6 +327,8 @@ class Agent:
         self._log: deque[LogEntry] = deque(maxlen=500)
         self._status = AgentStatus(server=self._settings.server_url)
         self._heartbeat_s = 10.0
+        # (when, "" or why it failed) of the last heartbeat: the local API's /readyz
+        self._last_beat: tuple[float, str] | None = None
         self._policy_working = False
         self.journal = Journal(self.paths.journal)
         # per agent, beside its tasks: the byte counts the server keeps stay each node's own
@@ -395,6 +397,23 @@ class Agent:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def last_heartbeat(self) -> tuple[float, str] | None:
+        """(time.time() it was sent, "" or why it failed) of the last heartbeat, or None."""
+        return self._last_beat
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self._heartbeat_s
+
+    def members(self) -> list[Agent]:
+        """The agents that talk to the marketplace: a multi-GPU host's lanes, else itself."""
+        return list(self._lanes) or [self]
+
+    def warm_state(self) -> str:
+        """The warm task worker's state (Sandbox.warm_state); "cold" before the sandbox."""
+        return self._sandbox.warm_state() if self._sandbox is not None else "cold"
 
     def status(self) -> AgentStatus:
         with self._lock:
@@ -1616,5 +1635,7 @@ class Agent:
                     earnings_total=str(money.get("total", "0.00")),
                 )
             self._set(network=self.netprobe.figures().to_dict())
+            self._last_beat = (time.time(), "")
         except (ApiError, Stopped) as exc:
             log.debug("heartbeat failed: %s", exc)
+            self._last_beat = (time.time(), str(exc) or type(exc).__name__)

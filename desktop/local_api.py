@@ -2,6 +2,10 @@
 with a per-user token (Windows), for the tray app and `gpuflex-node` (desktop.control).
 
     GET   /status              the agent's snapshot, its pid and the login's state
+    GET   /healthz             200 while the agent process answers (no token needed)
+    GET   /readyz              200 when logged in, the marketplace answered the last
+                               heartbeat and the warm task worker is up; else 503 naming
+                               what is not (desktop.health)
     POST  /pause   {reason}    pause (the reason is shown in the tray and sent to buyers)
     POST  /resume
     GET   /settings            the settings
@@ -37,6 +41,7 @@ from desktop import __version__, autostart
 from desktop.agent import Agent
 from desktop.config import CredentialsDamaged, InvalidSettings, apply_changes
 from desktop.control import endpoint_file, make_run_dir, write_private
+from desktop.health import readiness
 from desktop.local_datasets import DatasetRefused
 
 log = logging.getLogger("gpuflex.local_api")
@@ -46,6 +51,17 @@ DRAIN_LIMIT = 1024 * 1024  # a too-large body up to this is read and dropped, th
 MAX_LOG_LINES = 500
 # sun_path holds 108 bytes on Linux, 104 on macOS: a longer data path falls back to TCP
 MAX_SOCKET_PATH = 100
+
+
+class _Answer:
+    """An endpoint's answer with a status other than 200."""
+
+    def __init__(self, status: int, body: Any) -> None:
+        self.status, self.body = status, body
+
+
+# answered without the token: says only that the process is up (a supervisor's probe)
+_OPEN = frozenset({"/healthz"})
 
 
 class _BadRequest(Exception):
@@ -81,8 +97,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         try:
-            self._authorize()
             url = urlsplit(self.path)
+            if url.path not in _OPEN:
+                self._authorize()
             route = self.api.routes.get(url.path)
             if route is None:
                 raise _BadRequest(404, f"no such endpoint {url.path!r}")
@@ -91,6 +108,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _BadRequest(405, f"{url.path} takes {', '.join(route)}, not {method}")
             body = self._body() if method != "GET" else None
             status, answer = 200, fn(body, parse_qs(url.query))
+            if isinstance(answer, _Answer):
+                status, answer = answer.status, answer.body
         except _BadRequest as exc:
             status, answer = exc.status, {"error": str(exc)}
         except (InvalidSettings, DatasetRefused) as exc:
@@ -152,6 +171,8 @@ class LocalApi:
         self.socket_path = sock
         self.routes: dict[str, dict[str, Callable[[Any, dict[str, list[str]]], Any]]] = {
             "/status": {"GET": self._status},
+            "/healthz": {"GET": self._healthz},
+            "/readyz": {"GET": self._readyz},
             "/pause": {"POST": self._pause},
             "/resume": {"POST": self._resume},
             "/settings": {"GET": self._settings, "PATCH": self._change_settings},
@@ -219,6 +240,13 @@ class LocalApi:
             "running": self.agent.running,
             "login": login,
         }
+
+    def _healthz(self, body: Any, query: dict[str, list[str]]) -> Any:
+        return {"status": "ok", "pid": os.getpid(), "version": __version__}
+
+    def _readyz(self, body: Any, query: dict[str, list[str]]) -> Any:
+        ready, answer = readiness(self.agent)
+        return answer if ready else _Answer(503, answer)
 
     def _pause(self, body: dict[str, Any], query: dict[str, list[str]]) -> Any:
         reason = body.get("reason", "")

@@ -728,6 +728,14 @@ class Sandbox:
         assert out.code is not None
         return SandboxResult(*_classify(out.code, out.stderr_tail, self.limits), **base)
 
+    def warm_state(self) -> str:
+        """The warm task worker: "warm" (its zygote runs, torch imported), "cold" (not
+        started yet, or gone: the next task starts it) or "off" (every task starts cold)."""
+        if not self.warm:
+            return "off"
+        worker = self._worker
+        return "warm" if worker is not None and worker.alive() else "cold"
+
     def prewarm(self, tasks_dir: Path) -> None:
         """Start the warm worker for tasks under `tasks_dir` before the first task comes,
         and bring back the task files a crash left in its folder."""

@@ -57,6 +57,14 @@ def _tool(name: str) -> str:
     return local if os.path.exists(local) else (shutil.which(name) or name)
 
 
+def metrics_env(env: dict[str, str], name: str, role: str = "web") -> dict[str, str]:
+    """The server process's environment with its own, freshly emptied, metrics folder
+    (prometheus_client's multiprocess mode: marketplace/observability/multiproc.py)."""
+    from marketplace.observability.multiproc import prepare
+
+    return prepare(env, name) | {"GPUFLEX_PROCESS_ROLE": role}
+
+
 def _exec(cmd: list[str], env: dict[str, str]) -> int:
     """Become the server process, so that signals from a supervisor reach it directly."""
     os.execvpe(cmd[0], cmd, env)
@@ -121,6 +129,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.no_migrate:
         migrate = [sys.executable, "-m", "marketplace.manage", "migrate", "--noinput", "-v", "0"]
         subprocess.run(migrate, env=env, check=True)
+    env = metrics_env(env, f"web-{args.bind}")
     cmd = [
         _tool("gunicorn"),
         "marketplace.server.wsgi:application",
@@ -153,13 +162,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     if not args.no_beat:
         cmd.append("--beat-thread")  # the tick's clock in this process (server/celery.py)
-    return _exec(cmd, _server_env())
+    env = metrics_env(_server_env(), f"worker-{args.queues}", role="worker")
+    if args.metrics_port is not None:
+        env["GPUFLEX_METRICS_PORT"] = str(args.metrics_port)
+    return _exec(cmd, env)
 
 
 def cmd_beat(args: argparse.Namespace) -> int:
     """The periodic tick's clock alone: one per deployment, beside workers run --no-beat."""
     cmd = [_tool("celery"), "-A", "marketplace.server.celery", "beat", "--loglevel", args.loglevel]
-    return _exec(cmd, _server_env())
+    return _exec(cmd, metrics_env(_server_env(), "beat", role="worker"))
 
 
 # -- buyer commands ----------------------------------------------------------------------
@@ -467,6 +479,13 @@ def parser() -> argparse.ArgumentParser:
         default="all",
         help="aggregation has a queue of its own, so that a big job cannot starve the tick "
         "(docs/deploy.md)",
+    )
+    w.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve this host's metrics on GPUFLEX_METRICS_ADDR (127.0.0.1):PORT, for a host "
+        "without a web server (docs/deploy.md, Observability)",
     )
     w.set_defaults(func=cmd_worker)
 

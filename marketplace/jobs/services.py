@@ -9,6 +9,7 @@ from marketplace.events.services import job_changed
 from marketplace.jobs.errors import Conflict
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.ledger.services import release_escrow
+from marketplace.observability import metrics as obs
 from marketplace.rounds.lifecycle import round_deadline
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
 from marketplace.rounds.signals import bump_work_generation
@@ -100,9 +101,9 @@ def _end(job: Job, status: str, error: str = "", stop_reason: str = "") -> None:
     if job.parent_id:
         enqueue_sweep(job.parent_id)
     cancel_outstanding(job)
-    Round.objects.filter(job=job, status=RoundStatus.OPEN).update(
-        status=RoundStatus.CANCELLED, closed_at=timezone.now()
-    )
+    still_open = Round.objects.filter(job=job, status=RoundStatus.OPEN)
+    obs.rounds_cancelled(list(still_open.values_list("opened_at", flat=True)))
+    still_open.update(status=RoundStatus.CANCELLED, closed_at=timezone.now())
     if not Round.objects.filter(job=job, status=RoundStatus.AGGREGATING).exists():
         # else the aggregation still pays its verified work, then releases the rest
         release_escrow(job)

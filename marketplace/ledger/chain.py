@@ -49,6 +49,7 @@ from marketplace.ledger.models import (
 from marketplace.ledger.money import from_units, q, to_units
 from marketplace.ledger.posting import balance, post
 from marketplace.ledger.sums import exact_sum, exact_sums_by
+from marketplace.observability import metrics as obs
 
 log = logging.getLogger(__name__)
 _client: ChainClient | None = None
@@ -332,6 +333,7 @@ def close_batch(now: datetime | None = None, force: bool = False) -> SettlementR
             closed_reason=reason,
         )
         Transaction.objects.filter(pk__in=charge_ids).update(settlement=record)
+        obs.settlement_batch(reason)
         if chosen:
             total = q(sum((p.amount for p in chosen), Decimal(0)))
             post(

@@ -19,6 +19,7 @@ from marketplace.nodes import presence
 from marketplace.nodes.bounds import MAX_MEMORY_GB, MAX_MEMORY_MB, finite_in
 from marketplace.nodes.enrollment import redeem_enrollment_token
 from marketplace.nodes.models import Node, NodeKind, NodeState, NodeTraffic, reliability_score
+from marketplace.observability import metrics as obs
 
 
 def _memory_gb(hardware: dict[str, Any]) -> float:
@@ -124,6 +125,7 @@ def record_heartbeat(
         live["progress"] = progress
     held = tuple(str(t) for t in (task_id, *task_ids) if t)
     presence.record(presence.Beat(node_id, now, state, reason, live, network, held))
+    obs.heartbeat(state)
     conf = settings.GPUFLEX
     return {
         "server_time": now,

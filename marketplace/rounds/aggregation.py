@@ -38,6 +38,7 @@ from marketplace.ledger.services import (
 )
 from marketplace.ledger.tasks import enqueue_anchor
 from marketplace.nodes.services import record_verification
+from marketplace.observability import metrics as obs
 from marketplace.rounds.lifecycle import open_round, unit_states
 from marketplace.rounds.models import Round, RoundStatus, TaskResult
 from marketplace.rounds.scheduling import online_candidates
@@ -313,6 +314,8 @@ def run_aggregation(round_id: int) -> None:
         rnd.status = RoundStatus.DONE
         rnd.metrics = {k: v for k, v in outcome.metrics.items() if k != "used"}
         rnd.save(update_fields=["status", "metrics"])
+        obs.round_finished("done", rnd.opened_at)
+        obs.aggregation_took(outcome.metrics["aggregation_s"])
         job.rounds_done = rnd.number
         job.reached_target = outcome.reached_target
         job.privacy_epsilon_spent = spent_after(job, rnd.number)
@@ -392,6 +395,7 @@ def fail_aggregation(round_id: int, reason: str) -> None:
         rnd.status = RoundStatus.CANCELLED
         rnd.metrics = {"round": rnd.number, "error": error}
         rnd.save(update_fields=["status", "metrics"])
+        obs.round_finished("cancelled", rnd.opened_at)
         fail_job(job, error)
     log.warning("job %s failed at round %s: %s", job.pk, rnd.number, error)
 

@@ -17,6 +17,7 @@ from marketplace.jobs.models import Job
 from marketplace.jobs.models_io import State, store_model
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
+from marketplace.observability import metrics as obs
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.rounds.planning import may_work_on
 from marketplace.rounds.queue import enqueue_aggregation
@@ -67,6 +68,7 @@ def open_round(
         )
     transaction.on_commit(bump_work_generation)
     job_changed(job.pk)
+    obs.round_opened()
     return rnd
 
 
@@ -233,6 +235,7 @@ def start_aggregation(rnd: Round) -> None:
     outstanding.exclude(pk__in=kept_in_flight(rnd)).update(status=TaskStatus.CANCELLED)
     enqueue_aggregation(rnd.pk)
     job_changed(rnd.job_id)
+    obs.round_closed()
 
 
 def kept_in_flight(rnd: Round) -> list[Any]:

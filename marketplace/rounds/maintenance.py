@@ -25,6 +25,7 @@ from marketplace.ledger.reservations import unaffordable
 from marketplace.ledger.services import release_escrow
 from marketplace.ledger.tasks import enqueue_anchor
 from marketplace.nodes.services import mark_offline
+from marketplace.observability import metrics as obs
 from marketplace.rounds.aggregation import round_record_hash
 from marketplace.rounds.lifecycle import (
     maybe_close,
@@ -114,6 +115,7 @@ def give_up_secure_round(rnd: Round, reason: str) -> None:
     rnd.closed_at = timezone.now()
     rnd.metrics = {"round": rnd.number, "error": reason}
     rnd.save(update_fields=["status", "closed_at", "metrics"])
+    obs.round_finished("cancelled", rnd.opened_at)
     fail_job(job, reason)
     cancel_outstanding(job)
     job_changed(job.pk)

@@ -26,6 +26,7 @@ from marketplace.jobs.models import Job, JobStatus, Tier
 from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
+from marketplace.observability import metrics as obs
 from marketplace.rounds.delivery import model_source, record_model
 from marketplace.rounds.models import Round, RoundStatus, ShardCopy, Task, TaskStatus
 from marketplace.rounds.planning import (
@@ -330,6 +331,7 @@ def claim_batch(node: Node, count: int) -> list[Task]:
         try:
             with transaction.atomic():
                 won, lost = _lease_best(node, count, skip_locked)
+                obs.leased(len(won))  # counted if this transaction commits
                 if won or not lost:
                     by_id = Task.objects.select_related("round__job", "shard").in_bulk(won)
                     return [by_id[pk] for pk in won]
@@ -404,6 +406,7 @@ def claim_with_wait(node: Node, wait: float, count: int = 1) -> list[Task]:
     while not tasks:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            obs.claimed(0)
             return []
         time.sleep(min(delay, remaining))
         delay = min(delay * 2, 0.25)  # a counter read: a new round is seen within 0.25 s
@@ -411,6 +414,7 @@ def claim_with_wait(node: Node, wait: float, count: int = 1) -> list[Task]:
         if generation != seen or time.monotonic() - last_db >= _FALLBACK_POLL_S:
             seen, last_db = generation, time.monotonic()
             tasks = claim_batch(node, count)
+    obs.claimed(len(tasks))
     return tasks
 
 
@@ -546,6 +550,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
         if locked:
             _bulk_lease_postgres(leases, now, expires)
             funds.save()
+            obs.leased(len(leases))
             return len(leases)
         won = _bulk_lease_guarded(leases, now, expires)
         if won < len(leases):  # another process won some rows: reserve only what was leased
@@ -553,6 +558,7 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
                                            leased_at=now).values_list("pk", flat=True))  # fmt: skip
             funds.made = [r for r in funds.made if r[0] in ours]
         funds.save()
+        obs.leased(won)
         return won
 
 

@@ -22,6 +22,7 @@ from marketplace.jobs.errors import Conflict, UpdateRejectedError
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.jobs.services import cancel_outstanding
 from marketplace.ledger.services import charge_result, release_escrow, release_unpaid
+from marketplace.observability import metrics as obs
 from marketplace.rounds.lifecycle import unit_states
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult
 from trainer.replicas import claimed_device, claimed_precision
@@ -163,6 +164,7 @@ def finish_scoring(round_id: int) -> None:
                 release_unpaid(result)
         rnd.status, rnd.metrics = RoundStatus.DONE, metrics
         rnd.save(update_fields=["status", "metrics"])
+        obs.round_finished("done", rnd.opened_at)
         job.rounds_done = rnd.number
         # the model that was scored, for the buyer to see (and download) beside the result
         job.model_hash, job.model_file = rnd.input_model_hash, rnd.input_model_file

@@ -19,6 +19,7 @@ from marketplace.ledger.reservations import release_tasks, shrink_on_upload
 from marketplace.nodes.bounds import MAX_DATASET_ROWS
 from marketplace.nodes.models import Node
 from marketplace.nodes.services import record_verification
+from marketplace.observability import metrics as obs
 from marketplace.rounds.delivery import record_model
 from marketplace.rounds.lifecycle import maybe_close, two_round
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
@@ -238,6 +239,7 @@ def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
     )
     if updated:
         release_tasks([task.pk])  # nothing will be charged for this lease
+        obs.lease_released("lost" if lost else "released")
     if updated and lost and node_id is not None:
         record_verification(node_id, lost=1)
     if updated:

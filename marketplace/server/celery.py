@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from celery import Celery, bootsteps
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_init
 from click import Option
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.server.settings.base")
@@ -37,3 +38,22 @@ app.user_options["worker"].add(
            help="Run the beat scheduler as a thread of this worker (instead of -B's process).")
 )  # fmt: skip
 app.steps["worker"].add(ThreadedBeat)
+
+
+def _json_logs(**kwargs: Any) -> None:
+    from marketplace.observability.logs import json_handlers_for_celery
+
+    json_handlers_for_celery(**kwargs)
+
+
+# GPUFLEX_LOG_FORMAT=json reaches Celery's own log lines too (observability/logs.py)
+after_setup_logger.connect(_json_logs, weak=False)
+after_setup_task_logger.connect(_json_logs, weak=False)
+
+
+@worker_init.connect
+def _serve_metrics(**_: Any) -> None:
+    """`gpuflex worker --metrics-port`: this host's counters for Prometheus (observability)."""
+    from marketplace.observability.worker_exporter import serve_from_env
+
+    serve_from_env()

@@ -154,8 +154,33 @@ def test_the_loopback_transport_needs_the_users_token(market, logged_in, isolate
         conn = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=10)
         conn.request("GET", "/status", headers={"Authorization": "Bearer wrong"})
         assert conn.getresponse().status == 401
+        # a supervisor's liveness probe needs no token; readiness (the login's state) does
+        for path, status in (("/healthz", 200), ("/readyz", 401)):
+            conn = http.client.HTTPConnection("127.0.0.1", ep.port, timeout=10)
+            conn.request("GET", path)
+            assert conn.getresponse().status == status, path
     finally:
         d.close()
+
+
+def test_health_and_readiness_follow_the_marketplace(daemon, isolated_dirs, market) -> None:
+    """#36 item 1: the agent's /readyz: logged in, the marketplace answered the last
+    heartbeat, the warm task worker up; 503 naming what is not."""
+    status, body = raw(isolated_dirs, "GET", "/healthz")
+    assert status == 200 and body["status"] == "ok" and body["pid"] == os.getpid()
+    wait_for(lambda: raw(isolated_dirs, "GET", "/readyz")[0] == 200, timeout=180)
+    _, ready = raw(isolated_dirs, "GET", "/readyz")
+    assert set(ready["checks"]) == {"agent", "login", "marketplace", "worker"}
+    assert ready["failed"] == [] and ready["warm_workers"][0] in ("warm", "off")
+
+    market.fail_next(10**6)  # the marketplace answers nothing but 503 now
+    wait_for(lambda: raw(isolated_dirs, "GET", "/readyz")[0] == 503, timeout=120)
+    _, down = raw(isolated_dirs, "GET", "/readyz")
+    assert down["failed"] == ["marketplace"], down
+    assert down["checks"]["marketplace"].startswith("the last heartbeat failed")
+    with market.lock:
+        market._fail.clear()
+    wait_for(lambda: raw(isolated_dirs, "GET", "/readyz")[0] == 200, timeout=120)
 
 
 def test_cli_commands_are_clients_of_the_api(daemon, isolated_dirs, capsys) -> None:

@@ -17,6 +17,12 @@ import dj_database_url
 
 from marketplace.server.routing import default_queue
 from marketplace.server.secret_key import for_data_dir
+from marketplace.server.settings.observability import (  # noqa: F401
+    GPUFLEX_METRICS_TOKEN,
+    LOG_FORMAT,
+    LOG_FORMATTER,
+    OBSERVABILITY_MIDDLEWARE,
+)
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -60,11 +66,13 @@ INSTALLED_APPS = [
     "marketplace.sweeps",
     "marketplace.api",
     "marketplace.web",
+    "marketplace.observability",
 ]
 
 MIDDLEWARE = [
     # first: the id is on every log line, including those of the middleware below
     "marketplace.server.request_id.RequestIdMiddleware",
+    *OBSERVABILITY_MIDDLEWARE,
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -425,20 +433,18 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {"request_id": {"()": "marketplace.server.request_id.RequestIdFilter"}},
-    "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"}
-    },
+    "formatters": {"line": LOG_FORMATTER},  # GPUFLEX_LOG_FORMAT=json: settings/observability
     "handlers": {
         "console": {
             "class": "marketplace.server.request_id.StderrHandler",
             "filters": ["request_id"],
-            "formatter": "plain",
+            "formatter": "line",
         },
         "file": {
             "class": "logging.handlers.WatchedFileHandler",
             "filename": str(LOG_FILE),
             "filters": ["request_id"],
-            "formatter": "plain",
+            "formatter": "line",
         },
     },
     "loggers": {
