@@ -92,6 +92,13 @@ class Setting:
             return "1" if self.default else "0"
         if self.default is None:
             return "unset"
+        if self.unit == "bytes" and self.default % MIB == 0:
+            size = self.default // MIB
+            return (
+                f"{self.default} ({size // 1024} GiB)"
+                if size % 1024 == 0
+                else (f"{self.default} ({size} MiB)")
+            )
         return str(self.default)
 
 
