@@ -84,6 +84,16 @@ def test_no_settings_module_reads_the_environment_by_hand() -> None:
         assert "os.environ" not in source and "getenv" not in source, module
 
 
+def test_every_variable_a_settings_module_names_is_declared() -> None:
+    """A settings module added beside base.py reads only declared (so documented) variables."""
+    read_by_hand = re.compile(r"""(?:environ(?:\.get)?|getenv)\(?\[?\s*["']([A-Z][A-Z0-9_]+)["']""")
+    for module in SETTINGS_DIR.glob("*.py"):
+        if module.name in ("test.py", "environment.py"):
+            continue
+        names = set(read_by_hand.findall(module.read_text()))
+        assert names <= set(BY_NAME), (module.name, sorted(names - set(BY_NAME)))
+
+
 def test_gpuflex_serve_refuses_a_bad_setting_without_a_traceback(tmp_path: Path) -> None:
     out = run(["-m", "marketplace.cli", "serve", "--dev"], tmp_path, GPUFLEX_NODE_TIMEOUT_S="45s")
     assert out.returncode == 2
