@@ -191,7 +191,7 @@ TABLE: tuple[Setting, ...] = (
     _s("GPUFLEX_DEFAULT_SHARDS", "int", 4, "shards of a job whose spec names none", LIMITS,
        ge=1),
     _s("GPUFLEX_MODEL_PARAMS_PER_CREDIT", "decimal", "10000000", "model parameters a job may "
-       "have per credit of budget, below the tier's ceiling", LIMITS, gt=0),
+       "have per credit of budget, below the tier's ceiling; 0: the floor only", LIMITS, ge=0),
     _s("GPUFLEX_MODEL_PARAMS_FLOOR", "int", 5_000_000, "model parameters any job may have, "
        "whatever its budget", LIMITS, ge=0),
     _s("GPUFLEX_MAX_API_KEYS_PER_USER", "int", 50, "unrevoked API keys one user may hold",
@@ -229,7 +229,7 @@ TABLE: tuple[Setting, ...] = (
     _s("GPUFLEX_AGREEMENT_TOLERANCE", "float", 0.25, "relative L2 distance within which two "
        "replicas agree", TRUST, gt=0),
     _s("GPUFLEX_MIN_COSINE", "decimal", None, "an update whose cosine to the round's median is "
-       "below this is dropped", TRUST, ge=-1, le=1,
+       "below this is dropped; below -1 (say -2) the filter is off", TRUST, le=1,
        shown="unset (trainer.rounds.DEFAULT_MIN_COSINE)"),
     _s("GPUFLEX_MIN_RELIABILITY", "float", 0.2, "nodes below this reliability get no work",
        TRUST, ge=0, le=1),
