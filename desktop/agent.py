@@ -311,7 +311,7 @@ class Agent:
         self.policy_check_s = policy_check_s  # how often a running task re-checks the policy
         # > 1 simulates a slower GPU (demos and tests on one machine): see _record_trained
         self.compute_scale = max(float(self._settings.extra.get("compute_scale", 1.0)), 1.0)
-        # fault injection (`gpuflex-node run --byzantine`): "MODE:SCALE" for the task runner,
+        # fault injection (desktop/fault_injection.py): "MODE:SCALE" for the task runner,
         # which corrupts every update this node sends; "" for an honest node
         self.byzantine = str(self._settings.extra.get("byzantine") or "")
 

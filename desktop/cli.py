@@ -145,14 +145,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name in ("zone", "zone_listen", "zone_url"):
         if getattr(args, name) is not None:
             setattr(settings, name, getattr(args, name))
-    if args.byzantine_scale is not None and not (args.byzantine and args.byzantine_scale > 0):
-        print("--byzantine-scale needs --byzantine and a positive scale", file=sys.stderr)
-        return 2
-    if args.byzantine:  # kept out of the saved settings: only this run attacks
-        from desktop.task_runner import BYZANTINE_SCALES
-
-        scale = args.byzantine_scale or BYZANTINE_SCALES[args.byzantine]
-        settings.extra["byzantine"] = f"{args.byzantine}:{scale}"
+    # fault injection, set only by desktop/fault_injection.py (tests, bench), never an option
+    # here; kept out of the saved settings: only this run attacks
+    settings.extra.update(getattr(args, "faults", {}))
     from desktop.config import Paths
     from desktop.daemon import Daemon
     from desktop.service_lock import AlreadyRunning
@@ -432,8 +427,6 @@ def cmd_task(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from desktop.task_runner import BYZANTINE_SCALES  # no torch at import: cheap
-
     p = argparse.ArgumentParser(prog="gpuflex-node", description="GPUFlex contributor agent")
     p.add_argument("--version", action="version", version=f"gpuflex-node {__version__}")
     commands = "info,bench,login,run,status,pause,resume,stop,logs,settings,datasets,service,update"
@@ -469,20 +462,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--compute-scale",
         type=float,
         help="simulate a GPU this many times slower than this machine (demos and tests)",
-    )
-    s.add_argument(
-        "--byzantine",
-        choices=tuple(BYZANTINE_SCALES),
-        help="FAULT INJECTION, for testing robust aggregation only: this node attacks every "
-        "job it works on by sending corrupted updates (sign_flip: -scale x its real update; "
-        "noise: its update plus Gaussian noise of scale x its norm)",
-    )
-    s.add_argument(
-        "--byzantine-scale",
-        type=float,
-        help="how hard --byzantine attacks (default: "
-        + ", ".join(f"{v:g} for {k}" for k, v in BYZANTINE_SCALES.items())
-        + ")",
     )
     s.add_argument(
         "--zone",

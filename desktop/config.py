@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 APP = "gpuflex"
 KEYRING_SERVICE = "gpuflex"
+# Settings.extra keys for one run only, set by desktop/fault_injection.py (tests, bench):
+# never written to settings.json nor read from it, so no file turns a node into an attacker
+RUN_ONLY_EXTRA = frozenset({"byzantine"})
 
 
 @dataclass(frozen=True)
@@ -135,23 +138,38 @@ def load_settings(paths: Paths | None = None) -> Settings:
             broken = paths.settings_file.with_suffix(".broken")
             with contextlib.suppress(FileNotFoundError):
                 paths.settings_file.replace(broken)
-            log.warning("the settings file %s is damaged (%s): moved to %s, defaults used",
-                        paths.settings_file, exc, broken)  # fmt: skip
+            log.warning("the settings file %s is damaged or holds a bad value (%s): "
+                        "moved to %s, defaults used", paths.settings_file, exc, broken)  # fmt: skip
             return Settings()
 
 
 def _parse_settings(text: str) -> Settings:
+    """The file's settings, each value checked as a change through the local API is
+    (apply_changes): a bad one is InvalidSettings (a ValueError) naming the field, and the
+    file is treated as damaged. Fields this version does not know (a newer or older agent's)
+    are ignored, as before."""
     data = json.loads(text)
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
-    return Settings.from_dict(data)
+    known = {f.name for f in fields(Settings)}
+    values = {k: v for k, v in data.items() if k in known}
+    extra = values.get("extra")
+    if isinstance(extra, dict) and RUN_ONLY_EXTRA & extra.keys():
+        # fault injection is never read from a file: only desktop/fault_injection.py's run
+        log.warning("the settings file's extra %s ignored: fault injection is for tests only",
+                    sorted(RUN_ONLY_EXTRA & extra.keys()))  # fmt: skip
+        values["extra"] = {k: v for k, v in extra.items() if k not in RUN_ONLY_EXTRA}
+    return _with_changes(Settings(), values, loading=True)
 
 
 def save_settings(settings: Settings, paths: Paths | None = None) -> None:
     """Written whole, under the settings file's lock, through a temporary file of this
     writer's own (lanes and the CLI may save at the same moment)."""
     paths = paths or Paths.default()
-    text = json.dumps(settings.to_dict(), indent=2)
+    data = settings.to_dict()
+    # this run's fault injection (desktop/fault_injection.py) is never saved
+    data["extra"] = {k: v for k, v in data["extra"].items() if k not in RUN_ONLY_EXTRA}
+    text = json.dumps(data, indent=2)
     with shared_file.locked(paths.settings_file):
         try:  # keep the owner's permissions on it; a new one is readable as before
             mode = stat.S_IMODE(os.stat(paths.settings_file).st_mode)
@@ -293,7 +311,14 @@ class InvalidSettings(ValueError):
 
 def apply_changes(current: Settings, changes: dict[str, Any]) -> Settings:
     """`current` with `changes` (field name -> value) applied, each checked: the one place
-    settings from the local API (the tray, `gpuflex-node settings`) are validated."""
+    settings from the local API (the tray, `gpuflex-node settings`) and from the settings file
+    (load_settings) are validated."""
+    return _with_changes(current, changes, loading=False)
+
+
+def _with_changes(current: Settings, changes: dict[str, Any], *, loading: bool) -> Settings:
+    """apply_changes; `loading`: the settings file's own values, where the declared local
+    datasets are read back (the API changes them only through `datasets add/remove`)."""
     if not isinstance(changes, dict):
         raise InvalidSettings("settings must be a JSON object of field: value")
     kinds = {f.name: type(getattr(current, f.name)) for f in fields(Settings)}
@@ -302,10 +327,14 @@ def apply_changes(current: Settings, changes: dict[str, Any]) -> Settings:
         kind = kinds.get(name)
         if kind is None:
             raise InvalidSettings(f"unknown setting {name!r}")
-        if name == "local_datasets":  # each one is read and checked before it is declared
+        if name == "local_datasets" and not loading:  # each is checked before it is declared
             raise InvalidSettings(
                 "local_datasets change through 'gpuflex-node datasets add/remove' only"
             )
+        # fault injection only through desktop/fault_injection.py, never from the local API
+        run_only = RUN_ONLY_EXTRA & value.keys() if isinstance(value, dict) else set()
+        if name == "extra" and not loading and run_only - current.extra.keys():
+            raise InvalidSettings("extra: fault injection is for tests only")
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not kind:
@@ -337,6 +366,8 @@ def _check(s: Settings) -> None:
         raise InvalidSettings("idle_minutes must be 0 or more, max_gpu_temp_c 1 to 120")
     if isinstance(s.max_gpu_busy_pct, bool) or s.max_gpu_busy_pct not in range(5, 101):
         raise InvalidSettings("max_gpu_busy_pct must be a whole number from 5 to 100")
+    if not all(isinstance(d, dict) for d in s.local_datasets):
+        raise InvalidSettings("local_datasets must be a list of declared datasets")
     if not all(type(i) is int and 0 <= i < 64 for i in s.excluded_gpus):
         raise InvalidSettings("excluded_gpus must be a list of GPU indices (0 to 63)")
     for name in ("task_memory_mb", "task_cpu_s", "task_wall_s"):

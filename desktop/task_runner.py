@@ -63,8 +63,9 @@ LOCAL_DATA = "local_data.json"
 # result.json's reason when a download does not match the task's hash: the agent fetches it again
 CORRUPT_INPUT = "corrupt_input"
 
-# Fault injection for robustness tests (`gpuflex-node run --byzantine`): the agent sets this
-# variable on the sandbox, never the marketplace (task.json comes from the server, and a server
+# Fault injection for robustness tests (`python -m desktop.fault_injection --byzantine`, no
+# option of `gpuflex-node run`): the agent sets this variable on the sandbox, never the
+# marketplace (task.json comes from the server, and a server
 # must not be able to turn honest nodes into attackers). "MODE:SCALE"; each mode's default
 # scale is harmful enough that with one attacker in five plain FedAvg ends far below a clean
 # run (tests/system/test_fault_byzantine.py).

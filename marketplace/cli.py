@@ -143,6 +143,50 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _exec(cmd, env)
 
 
+# the commands that start a server process: their environment is checked before anything
+# starts, so a bad value is one message naming it, not a traceback from gunicorn or Celery
+SERVER_COMMANDS = frozenset({"serve", "worker", "beat", "manage"})
+
+
+def check_server_settings() -> None:
+    """CliError listing every bad server setting in the environment (settings/environment.py),
+    each as `NAME: got 'VALUE', wants ...`."""
+    from marketplace.server.settings.environment import SettingsError, check
+
+    try:
+        check(_server_env())
+    except SettingsError as exc:
+        raise CliError(
+            "refusing to start, the environment has bad settings (docs/settings.md):\n  "
+            + "\n  ".join(exc.problems)
+        ) from None
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    """The server's settings: their documentation, or this environment's values."""
+    from marketplace.server.settings import environment
+
+    if args.write:
+        path = Path(args.write)
+        path.write_text(environment.with_table(path.read_text(encoding="utf-8")), "utf-8")
+        return 0
+    if args.markdown:
+        print(environment.markdown(), end="")
+        return 0
+    check_server_settings()
+    values = environment.read(_server_env())
+    for setting in environment.TABLE:
+        value = values[setting.env]
+        if setting.secret and value:
+            value = "(set, hidden)"
+        elif isinstance(value, bool):
+            value = int(value)
+        elif value is None:
+            value = f"  # unset: {setting.default_text()}"
+        print(f"{setting.env}={value}")
+    return 0
+
+
 def cmd_nginx_config(args: argparse.Namespace) -> int:
     from marketplace.server.proxy import ProxySettings, nginx_server_block
 
@@ -505,6 +549,16 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--server-name", default="_")
     n.set_defaults(func=cmd_nginx_config)
 
+    st = sub.add_parser(
+        "settings",
+        help="check the server's environment and print its settings (--markdown: their reference)",
+    )
+    st.add_argument("--markdown", action="store_true", help="the reference table, Markdown")
+    st.add_argument(
+        "--write", metavar="DOC", help="rewrite DOC's generated table (docs/settings.md)"
+    )
+    st.set_defaults(func=cmd_settings)
+
     m = sub.add_parser("manage", help="Django management commands", add_help=False)
     m.add_argument("rest", nargs=argparse.REMAINDER)
     m.set_defaults(func=cmd_manage)
@@ -647,6 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     (as a shell reports SIGPIPE) when the reader of our output went away (`| head`)."""
     args = parser().parse_args(argv)
     try:
+        if args.command in SERVER_COMMANDS:
+            check_server_settings()
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, not at exit past our handler
         return status

@@ -45,7 +45,8 @@ class NodePlan:
     profile: str = "lan"  # a trainer.sim.network profile the agent's transport simulates
     compute_scale: float = 1.0  # > 1: a GPU that many times slower than this machine
     price: str = "0.40"
-    byzantine: str = ""  # "sign_flip" | "noise": the agent attacks (`--byzantine`, fault tests)
+    # "sign_flip" | "noise": the agent attacks (desktop/fault_injection.py, fault tests)
+    byzantine: str = ""
 
 
 def free_port() -> int:
@@ -170,12 +171,12 @@ class Cluster:
         return out.stdout.strip()
 
     def start_agent(self, plan: NodePlan) -> None:
-        cmd = [sys.executable, "-m", "desktop.cli", "run", "--server", self.url,
-               "--network-profile", plan.profile, "--claim-wait", "5"]  # fmt: skip
+        cmd = [sys.executable, "-m", "desktop.cli", "run"]
+        if plan.byzantine:  # fault injection's own entry point: no contributor option
+            cmd = [sys.executable, "-m", "desktop.fault_injection", "--byzantine", plan.byzantine]
+        cmd += ["--server", self.url, "--network-profile", plan.profile, "--claim-wait", "5"]
         if plan.compute_scale != 1.0:
             cmd += ["--compute-scale", str(plan.compute_scale)]
-        if plan.byzantine:
-            cmd += ["--byzantine", plan.byzantine]
         self._start(f"agent-{plan.name}", cmd, self.env() | self.agent_dirs(plan.name))
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

@@ -7,7 +7,16 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from marketplace.rounds.models import Round, Task, TaskResult
+from marketplace.rounds.models import (
+    ModelCopy,
+    Round,
+    SecAggRound,
+    ShardCopy,
+    Task,
+    TaskResult,
+    ZonePartial,
+)
+from marketplace.web.readonly_admin import ReadOnlyAdmin
 
 
 class RoundAdmin(admin.ModelAdmin):
@@ -25,6 +34,37 @@ class TaskResultAdmin(admin.ModelAdmin):
     list_filter = ["accepted", "verified", "credited"]
 
 
-for model, model_admin in [(Round, RoundAdmin), (Task, TaskAdmin), (TaskResult, TaskResultAdmin)]:
+# derived by the protocol (zone aggregators' partial sums, which node holds which model and
+# shard, a secure-aggregation round's phase): shown for diagnosis, never edited by hand
+class ZonePartialAdmin(ReadOnlyAdmin):
+    list_display = ["round", "zone", "aggregator", "num_samples", "size", "created_at"]
+    list_select_related = ["round", "aggregator"]
+
+
+class ModelCopyAdmin(ReadOnlyAdmin):
+    list_display = ["node", "job", "round_number", "updated_at"]
+    list_select_related = ["node", "job"]
+
+
+class ShardCopyAdmin(ReadOnlyAdmin):
+    list_display = ["node", "shard", "created_at"]
+    list_select_related = ["node", "shard"]
+
+
+class SecAggRoundAdmin(ReadOnlyAdmin):
+    list_display = ["round", "phase", "phase_deadline", "threshold"]
+    list_filter = ["phase"]
+    list_select_related = ["round"]
+
+
+for model, model_admin in [
+    (Round, RoundAdmin),
+    (Task, TaskAdmin),
+    (TaskResult, TaskResultAdmin),
+    (ZonePartial, ZonePartialAdmin),
+    (ModelCopy, ModelCopyAdmin),
+    (ShardCopy, ShardCopyAdmin),
+    (SecAggRound, SecAggRoundAdmin),
+]:
     if not admin.site.is_registered(model):
         admin.site.register(model, model_admin)

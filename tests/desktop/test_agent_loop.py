@@ -399,8 +399,8 @@ def test_a_corrupt_download_is_fetched_again_and_a_second_one_fails_the_task(
 def test_a_byzantine_agent_says_so_and_sends_the_flipped_update(
     market, logged_in, isolated_dirs, fake_bench, tmp_path
 ):
-    """`gpuflex-node run --byzantine` reaches the sandboxed runner (the agent has no torch):
-    the upload is the honest update of the same task, times -10."""
+    """`python -m desktop.fault_injection --byzantine` reaches the sandboxed runner (the agent
+    has no torch): the upload is the honest update of the same task, times -10."""
     honest = tmp_path / "honest"
     honest.mkdir()
     t = digits_task("t-11")

@@ -94,7 +94,8 @@ def test_run_rejects_a_compute_scale_below_one(capsys) -> None:
     assert "at least 1" in capsys.readouterr().err
 
 
-def test_run_byzantine_reaches_the_agent_settings(monkeypatch, capsys) -> None:
+def _spy_on_run(monkeypatch) -> list:
+    """The agent settings `run` would start with, for each run, without starting one."""
     seen = []
 
     class Spy:
@@ -113,12 +114,31 @@ def test_run_byzantine_reaches_the_agent_settings(monkeypatch, capsys) -> None:
     monkeypatch.setattr(desktop.agent, "Agent", Spy)
     monkeypatch.setattr(desktop.daemon, "Daemon", NoDaemon)
     monkeypatch.setattr(signal, "signal", lambda *a: None)
-    assert main(["run", "--byzantine", "sign_flip"]) == 0
-    assert main(["run", "--byzantine", "noise", "--byzantine-scale", "5"]) == 0
+    return seen
+
+
+def test_run_offers_contributors_no_fault_injection(monkeypatch, capsys) -> None:
+    """`gpuflex-node run --help` offers no attack to every contributor (issue 36): the switch
+    lives in desktop/fault_injection.py, for tests and the bench only."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "byzantine" not in capsys.readouterr().out.lower()
+    with pytest.raises(SystemExit):
+        main(["run", "--byzantine", "sign_flip"])
+    assert "unrecognized arguments: --byzantine" in capsys.readouterr().err
+
+
+def test_fault_injection_entry_point_reaches_the_agent_settings(monkeypatch, capsys) -> None:
+    from desktop import fault_injection
+
+    seen = _spy_on_run(monkeypatch)
+    assert fault_injection.main(["--byzantine", "sign_flip"]) == 0
+    assert fault_injection.main(["--byzantine", "noise", "--byzantine-scale", "5"]) == 0
     assert main(["run"]) == 0
     assert seen == ["sign_flip:10.0", "noise:5.0", None]
-    assert main(["run", "--byzantine-scale", "5"]) == 2  # a scale alone attacks nothing
-    assert main(["run", "--byzantine", "noise", "--byzantine-scale", "0"]) == 2
-    assert "needs --byzantine" in capsys.readouterr().err
+    assert fault_injection.main(["--byzantine", "noise", "--byzantine-scale", "0"]) == 2
+    assert "must be positive" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["run", "--byzantine", "poison"])
+        fault_injection.main(["--byzantine", "poison"])
+    with pytest.raises(SystemExit):  # an attack must be named
+        fault_injection.main(["--byzantine-scale", "5"])

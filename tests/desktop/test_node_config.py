@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import stat
 
-from desktop.config import Credentials, Paths, Settings, load_settings, save_settings
+import pytest
+
+from desktop.config import (
+    Credentials,
+    InvalidSettings,
+    Paths,
+    Settings,
+    apply_changes,
+    load_settings,
+    save_settings,
+)
 from desktop.journal import Journal
 
 
@@ -201,3 +213,55 @@ def test_settings_saved_from_many_threads_are_always_whole(isolated_dirs: Paths)
     assert load_settings(isolated_dirs).node_name.endswith("-9")
     assert not isolated_dirs.settings_file.with_suffix(".broken").exists()
     assert not [p for p in isolated_dirs.config.iterdir() if p.name.endswith(".tmp")]
+
+
+def _saved_then_edited(paths: Paths, **edits) -> None:
+    """The owner's settings file, written by the agent, then edited by hand."""
+    save_settings(Settings(server_url="https://m.example", node_name="rig"), paths)
+    data = json.loads(paths.settings_file.read_text())
+    paths.settings_file.write_text(json.dumps(data | edits))
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        ({"gpu_memory_fraction": 1.5}, "gpu_memory_fraction"),
+        ({"task_wall_s": "3600"}, "task_wall_s"),
+        ({"kind": "attacker"}, "kind"),
+        ({"price_per_gpu_hour": "free"}, "price_per_gpu_hour"),
+        ({"schedule_start": "25:00", "schedule_end": "07:00"}, "schedule_start"),
+        ({"local_datasets": ["not a dataset"]}, "local_datasets"),
+    ],
+)
+def test_a_bad_value_in_the_settings_file_is_refused_naming_the_field(
+    isolated_dirs: Paths, caplog, edit, named
+) -> None:
+    """settings.json is checked on load as a change through the local API is (issue 36): a
+    bad value is not run on; the file is moved aside, as a damaged one is, saying which."""
+    _saved_then_edited(isolated_dirs, **edit)
+    with caplog.at_level(logging.WARNING, logger="desktop.config"):
+        assert load_settings(isolated_dirs) == Settings()
+    assert isolated_dirs.settings_file.with_suffix(".broken").exists()
+    assert named in caplog.text and "moved to" in caplog.text
+
+
+def test_a_good_settings_file_loads_with_its_datasets_and_unknown_fields(
+    isolated_dirs: Paths,
+) -> None:
+    dataset = {"name": "clinic", "path": "/data/clinic.csv", "rows": 10}
+    _saved_then_edited(isolated_dirs, local_datasets=[dataset], from_a_newer_agent=True)
+    loaded = load_settings(isolated_dirs)
+    assert loaded.node_name == "rig" and loaded.local_datasets == [dataset]
+    assert not isolated_dirs.settings_file.with_suffix(".broken").exists()
+
+
+def test_fault_injection_is_never_read_from_nor_saved_to_the_settings_file(
+    isolated_dirs: Paths,
+) -> None:
+    _saved_then_edited(isolated_dirs, extra={"byzantine": "sign_flip:10", "compute_scale": 2})
+    assert load_settings(isolated_dirs).extra == {"compute_scale": 2}
+    attacking = Settings(extra={"byzantine": "noise:30.0"})  # desktop.fault_injection's run
+    save_settings(attacking, isolated_dirs)
+    assert load_settings(isolated_dirs).extra == {}
+    with pytest.raises(InvalidSettings, match="fault injection"):
+        apply_changes(Settings(), {"extra": {"byzantine": "sign_flip:10"}})

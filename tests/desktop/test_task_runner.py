@@ -64,8 +64,8 @@ def _delta(folder: Path) -> dict:
 def test_a_byzantine_node_flips_or_noises_the_update_it_would_have_sent(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """`gpuflex-node run --byzantine`: the runner is deterministic for a task, so the attacked
-    update is exactly the honest one, flipped and scaled or with seeded noise added."""
+    """`desktop.fault_injection --byzantine`: the runner is deterministic for a task, so the
+    attacked update is exactly the honest one, flipped and scaled or with seeded noise added."""
     honest = _folder(tmp_path / "honest", digits_task("t-5", steps=3))
     assert task_runner.run(honest) == task_runner.EXIT_OK
     good = _delta(honest)

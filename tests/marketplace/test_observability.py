@@ -11,7 +11,6 @@ import secrets
 from pathlib import Path
 
 import pytest
-from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
@@ -136,12 +135,13 @@ def test_json_log_lines_parse_and_carry_the_request_id() -> None:
 
 def test_log_format_setting_is_checked(monkeypatch) -> None:
     from marketplace.server.settings import observability
+    from marketplace.server.settings.environment import SettingsError
 
     try:
         monkeypatch.setenv("GPUFLEX_LOG_FORMAT", "json")
         assert importlib.reload(observability).LOG_FORMATTER["()"].endswith("JsonFormatter")
         monkeypatch.setenv("GPUFLEX_LOG_FORMAT", "xml")
-        with pytest.raises(ImproperlyConfigured, match="GPUFLEX_LOG_FORMAT is 'xml'"):
+        with pytest.raises(SettingsError, match="GPUFLEX_LOG_FORMAT: got 'xml', wants"):
             importlib.reload(observability)
     finally:
         monkeypatch.delenv("GPUFLEX_LOG_FORMAT")

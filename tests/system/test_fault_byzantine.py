@@ -1,7 +1,7 @@
-"""Byzantine nodes on the real path (issue #13): one agent in five (`gpuflex-node run
---byzantine`) sends sign-flipped or noisy updates. With Krum or a trimmed mean the job ends
-within 2 points of the clean run's accuracy; plain FedAvg under the same attack ends far below
-it (so the attack is a real one, and the test can fail).
+"""Byzantine nodes on the real path (issue #13): one agent in five (`python -m
+desktop.fault_injection --byzantine`) sends sign-flipped or noisy updates. With Krum or a
+trimmed mean the job ends within 2 points of the clean run's accuracy; plain FedAvg under the
+same attack ends far below it (so the attack is a real one, and the test can fail).
 
 The job runs on the platform tier, which never replicates tasks, and with the marketplace's
 statistical check (GPUFLEX_MIN_COSINE) switched off: a sign-flipped update points away from

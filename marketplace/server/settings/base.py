@@ -9,14 +9,15 @@ reverse proxy, and optionally GPUFLEX_STORAGE=s3.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
 from marketplace.server.routing import default_queue
 from marketplace.server.secret_key import for_data_dir
+from marketplace.server.settings.environment import read
 from marketplace.server.settings.observability import (  # noqa: F401
     GPUFLEX_METRICS_TOKEN,
     LOG_FORMAT,
@@ -24,27 +25,21 @@ from marketplace.server.settings.observability import (  # noqa: F401
     OBSERVABILITY_MIDDLEWARE,
 )
 
-
-def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+# Every variable below is declared, typed and bounded once in environment.py (documented in
+# docs/settings.md from there); a bad value stops the import here with SettingsError naming
+# each one, and `gpuflex serve`/`worker`/`manage` check the same before they start anything.
+_env: dict[str, Any] = read()
 
 
-def env_list(name: str, default: str) -> list[str]:
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
-
-
-DATA_DIR = Path(os.environ.get("GPUFLEX_DATA_DIR", Path.cwd() / ".gpuflex")).resolve()
+DATA_DIR = Path(_env["GPUFLEX_DATA_DIR"] or Path.cwd() / ".gpuflex").resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)  # SQLite, media and the broker live here
 
 # Never a constant anyone knows: without SECRET_KEY, this data dir's own generated key.
 # `gpuflex serve` refuses that (and any weak key) outside development mode, so several web
 # servers never sign with different keys; production.py refuses to start without a real one.
-SECRET_KEY = os.environ.get("SECRET_KEY") or for_data_dir(DATA_DIR)
-DEBUG = env_bool("DEBUG", False)
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+SECRET_KEY = _env["SECRET_KEY"] or for_data_dir(DATA_DIR)
+DEBUG = _env["DEBUG"]
+ALLOWED_HOSTS = [host.strip() for host in _env["ALLOWED_HOSTS"].split(",") if host.strip()]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -87,7 +82,7 @@ MIDDLEWARE = [
 # Forwarded headers (X-Forwarded-For, X-Forwarded-Proto) are believed only from this many
 # reverse proxies in front of the server, set by the operator; by default nobody's, since
 # any client can send them (accounts/client_ip.py, REST_FRAMEWORK's NUM_PROXIES).
-TRUSTED_PROXIES = int(os.environ.get("GPUFLEX_TRUSTED_PROXIES", "0"))
+TRUSTED_PROXIES = _env["GPUFLEX_TRUSTED_PROXIES"]
 if TRUSTED_PROXIES > 0:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # the pages send the CSRF token from their forms (web/static/web/js), never from the cookie
@@ -129,8 +124,8 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", f"sqlite:///{DATA_DIR / 'gpuflex.sqlite3'}"),
-        conn_max_age=int(os.environ.get("CONN_MAX_AGE", "60")),
+        _env["DATABASE_URL"] or f"sqlite:///{DATA_DIR / 'gpuflex.sqlite3'}",
+        conn_max_age=_env["CONN_MAX_AGE"],
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -142,7 +137,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = os.environ.get("REDIS_URL", "")
+REDIS_URL = _env["REDIS_URL"]
 if REDIS_URL:
     CACHES = {
         # Django's, keeping its Redis client (server/redis_cache.py)
@@ -155,12 +150,12 @@ MEDIA_ROOT = str(DATA_DIR / "media")
 STATIC_ROOT = str(DATA_DIR / "static")
 STATIC_URL = "static/"
 
-if os.environ.get("GPUFLEX_STORAGE", "filesystem") == "s3":
+if _env["GPUFLEX_STORAGE"] == "s3":
     _default_storage = {
         "BACKEND": "storages.backends.s3.S3Storage",
         "OPTIONS": {
-            "bucket_name": os.environ.get("AWS_STORAGE_BUCKET_NAME", "gpuflex"),
-            "endpoint_url": os.environ.get("AWS_S3_ENDPOINT_URL") or None,
+            "bucket_name": _env["AWS_STORAGE_BUCKET_NAME"],
+            "endpoint_url": _env["AWS_S3_ENDPOINT_URL"] or None,
             "default_acl": None,
             "file_overwrite": True,
         },
@@ -183,123 +178,119 @@ USE_TZ = True
 # -- GPUFlex ---------------------------------------------------------------------------------
 
 GPUFLEX = {
-    "HEARTBEAT_INTERVAL_S": float(os.environ.get("GPUFLEX_HEARTBEAT_INTERVAL_S", "10")),
+    "HEARTBEAT_INTERVAL_S": _env["GPUFLEX_HEARTBEAT_INTERVAL_S"],
     # a node silent this long is offline and its leased work goes back to the queue
-    "NODE_TIMEOUT_S": float(os.environ.get("GPUFLEX_NODE_TIMEOUT_S", "45")),
-    "LEASE_TIMEOUT_S": float(os.environ.get("GPUFLEX_LEASE_TIMEOUT_S", "300")),
-    "ROUND_DEADLINE_S": float(os.environ.get("GPUFLEX_ROUND_DEADLINE_S", "900")),
+    "NODE_TIMEOUT_S": _env["GPUFLEX_NODE_TIMEOUT_S"],
+    "LEASE_TIMEOUT_S": _env["GPUFLEX_LEASE_TIMEOUT_S"],
+    "ROUND_DEADLINE_S": _env["GPUFLEX_ROUND_DEADLINE_S"],
     "MAX_CLAIM_WAIT_S": 30.0,
     # live pushes (marketplace/events/stream.py): each open stream holds a server thread, so
     # a process keeps at most this many and answers 503 (poll instead) beyond
-    "EVENT_STREAMS_PER_PROCESS": int(os.environ.get("GPUFLEX_EVENT_STREAMS_PER_PROCESS", "8")),
+    "EVENT_STREAMS_PER_PROCESS": _env["GPUFLEX_EVENT_STREAMS_PER_PROCESS"],
     "EVENT_KEEPALIVE_S": 15.0,
-    "EVENT_STREAM_MAX_S": float(os.environ.get("GPUFLEX_EVENT_STREAM_MAX_S", "300")),
-    "DEFAULT_SHARDS": int(os.environ.get("GPUFLEX_DEFAULT_SHARDS", "4")),
-    "MAX_DATASET_BYTES": int(os.environ.get("GPUFLEX_MAX_DATASET_BYTES", str(64 * 2**20))),
+    "EVENT_STREAM_MAX_S": _env["GPUFLEX_EVENT_STREAM_MAX_S"],
+    "DEFAULT_SHARDS": _env["GPUFLEX_DEFAULT_SHARDS"],
+    "MAX_DATASET_BYTES": _env["GPUFLEX_MAX_DATASET_BYTES"],
     # a buyer's tokenizer.json and Hugging Face config are read and built by the worker that
     # prepares the job, in a child process with this much address space (interpreter and
     # libraries included; a model's build gets 3x its bytes more) and this long
     # (marketplace/jobs/isolation.py): a panic, abort or runaway kills the child alone
-    "ISOLATED_MEMORY_MB": int(os.environ.get("GPUFLEX_ISOLATED_MEMORY_MB", "4096")),
-    "ISOLATED_SECONDS": float(os.environ.get("GPUFLEX_ISOLATED_SECONDS", "600")),
+    "ISOLATED_MEMORY_MB": _env["GPUFLEX_ISOLATED_MEMORY_MB"],
+    "ISOLATED_SECONDS": _env["GPUFLEX_ISOLATED_SECONDS"],
     # what one uploaded image archive may hold (trainer.datasets.ArchiveLimits): members,
     # bytes decompressed, a member's decompressed / packed ratio, pixels per image, and the
     # float32 tensor its images become on the server
     "IMAGE_ARCHIVE": {
-        "max_members": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_MEMBERS", "100000")),
-        "max_total_bytes": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_BYTES", str(1 << 30))),
-        "max_ratio": float(os.environ.get("GPUFLEX_ARCHIVE_MAX_RATIO", "100")),
-        "max_pixels": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_PIXELS", str(4096 * 4096))),
-        "max_decoded_bytes": int(os.environ.get("GPUFLEX_ARCHIVE_MAX_DECODED", str(2 << 30))),
+        "max_members": _env["GPUFLEX_ARCHIVE_MAX_MEMBERS"],
+        "max_total_bytes": _env["GPUFLEX_ARCHIVE_MAX_BYTES"],
+        "max_ratio": _env["GPUFLEX_ARCHIVE_MAX_RATIO"],
+        "max_pixels": _env["GPUFLEX_ARCHIVE_MAX_PIXELS"],
+        "max_decoded_bytes": _env["GPUFLEX_ARCHIVE_MAX_DECODED"],
     },
-    "MAX_UPDATE_BYTES": int(os.environ.get("GPUFLEX_MAX_UPDATE_BYTES", str(256 * 2**20))),
+    "MAX_UPDATE_BYTES": _env["GPUFLEX_MAX_UPDATE_BYTES"],
     # -- chunked dataset uploads (docs/uploads.md) --
     # open sessions' partial files: on the media folder's filesystem, so that a finished
     # upload moves into storage by a rename; shared by all web servers of a deployment
-    "UPLOAD_DIR": os.environ.get("GPUFLEX_UPLOAD_DIR", str(DATA_DIR / "uploads")),
-    "MAX_UPLOAD_BYTES": int(os.environ.get("GPUFLEX_MAX_UPLOAD_BYTES", str(8 * 2**30))),
-    "MAX_UPLOAD_CHUNK_BYTES": int(
-        os.environ.get("GPUFLEX_MAX_UPLOAD_CHUNK_BYTES", str(64 * 2**20))
-    ),
+    "UPLOAD_DIR": _env["GPUFLEX_UPLOAD_DIR"] or str(DATA_DIR / "uploads"),
+    "MAX_UPLOAD_BYTES": _env["GPUFLEX_MAX_UPLOAD_BYTES"],
+    "MAX_UPLOAD_CHUNK_BYTES": _env["GPUFLEX_MAX_UPLOAD_CHUNK_BYTES"],
     # bytes of open and finished, not yet used, uploads one account may hold
-    "UPLOAD_QUOTA_BYTES": int(os.environ.get("GPUFLEX_UPLOAD_QUOTA_BYTES", str(20 * 2**30))),
+    "UPLOAD_QUOTA_BYTES": _env["GPUFLEX_UPLOAD_QUOTA_BYTES"],
     # an open session without a chunk this long, and a finished upload no job took in
     # UPLOAD_KEEP_S, are removed by the tick with their bytes
-    "UPLOAD_STALE_S": float(os.environ.get("GPUFLEX_UPLOAD_STALE_S", str(24 * 3600))),
-    "UPLOAD_KEEP_S": float(os.environ.get("GPUFLEX_UPLOAD_KEEP_S", str(7 * 24 * 3600))),
+    "UPLOAD_STALE_S": _env["GPUFLEX_UPLOAD_STALE_S"],
+    "UPLOAD_KEEP_S": _env["GPUFLEX_UPLOAD_KEEP_S"],
     # model size per job (marketplace/jobs/limits.py): the tier's ceiling, scaled down for
     # small budgets at this many parameters per credit, never below the floor
     "MAX_MODEL_PARAMS": {"volunteer": 100_000_000, "hybrid": 500_000_000, "platform": 2 * 10**9},
-    "MODEL_PARAMS_PER_CREDIT": os.environ.get("GPUFLEX_MODEL_PARAMS_PER_CREDIT", "10000000"),
-    "MODEL_PARAMS_FLOOR": int(os.environ.get("GPUFLEX_MODEL_PARAMS_FLOOR", "5000000")),
+    "MODEL_PARAMS_PER_CREDIT": _env["GPUFLEX_MODEL_PARAMS_PER_CREDIT"],
+    "MODEL_PARAMS_FLOOR": _env["GPUFLEX_MODEL_PARAMS_FLOOR"],
     # BOINC-style adaptive replication: every task of a node with fewer verified results
     # than this is replicated; afterwards only REPLICATION_SHARE of them, at random.
-    "TRUST_AFTER_VERIFIED": int(os.environ.get("GPUFLEX_TRUST_AFTER_VERIFIED", "3")),
-    "REPLICATION_SHARE": float(os.environ.get("GPUFLEX_REPLICATION_SHARE", "0.1")),
+    "TRUST_AFTER_VERIFIED": _env["GPUFLEX_TRUST_AFTER_VERIFIED"],
+    "REPLICATION_SHARE": _env["GPUFLEX_REPLICATION_SHARE"],
     # platform nodes (enrolled by an operator) are not replicated until trusted, but this
     # share of their tasks still gets a verification replica (a keyed draw per task)
-    "PLATFORM_SPOT_CHECK_RATE": float(os.environ.get("GPUFLEX_PLATFORM_SPOT_CHECK_RATE", "0.05")),
+    "PLATFORM_SPOT_CHECK_RATE": _env["GPUFLEX_PLATFORM_SPOT_CHECK_RATE"],
     # relative L2 distance within which two replicas claiming the same precision agree:
     # trainer.replicas.CROSS_DEVICE_TOLERANCE (measured, see there), since one precision still
     # runs differently on different devices; a fleet of one kind of device may set 1e-3
-    "AGREEMENT_TOLERANCE": float(os.environ.get("GPUFLEX_AGREEMENT_TOLERANCE", "0.25")),
+    "AGREEMENT_TOLERANCE": _env["GPUFLEX_AGREEMENT_TOLERANCE"],
     # an update pointing away from the round's median is dropped (sign-flip / scaling
     # attacks); unset: trainer.rounds.DEFAULT_MIN_COSINE, the simulator's too
-    "MIN_COSINE": os.environ.get("GPUFLEX_MIN_COSINE"),
-    "MIN_RELIABILITY": float(os.environ.get("GPUFLEX_MIN_RELIABILITY", "0.2")),
-    "TICK_S": float(os.environ.get("GPUFLEX_TICK_S", "5")),
+    "MIN_COSINE": _env["GPUFLEX_MIN_COSINE"],
+    "MIN_RELIABILITY": _env["GPUFLEX_MIN_RELIABILITY"],
+    "TICK_S": _env["GPUFLEX_TICK_S"],
     # an aggregating round untouched this long is assumed lost with its worker
-    "STUCK_AGGREGATION_S": float(os.environ.get("GPUFLEX_STUCK_AGGREGATION_S", "120")),
+    "STUCK_AGGREGATION_S": _env["GPUFLEX_STUCK_AGGREGATION_S"],
     # a job's mlflow_uri must resolve to public addresses (trainer/tracking.py): set this
     # where the tracking server is on the deployment's own network
-    "TRACKING_ALLOW_PRIVATE": os.environ.get("GPUFLEX_TRACKING_ALLOW_PRIVATE", "") == "1",
+    "TRACKING_ALLOW_PRIVATE": _env["GPUFLEX_TRACKING_ALLOW_PRIVATE"],
     # an ended job's working files are deleted this long after it ends (rounds/retention.py)
-    "ENDED_JOB_FILES_GRACE_S": float(os.environ.get("GPUFLEX_ENDED_JOB_FILES_GRACE_S", "300")),
+    "ENDED_JOB_FILES_GRACE_S": _env["GPUFLEX_ENDED_JOB_FILES_GRACE_S"],
     # -- money (docs/money.md) --
-    "PLATFORM_FEE": os.environ.get("GPUFLEX_PLATFORM_FEE", "0.10"),
-    "QUALITY_BONUS_MAX": os.environ.get("GPUFLEX_QUALITY_BONUS_MAX", "0.10"),
+    "PLATFORM_FEE": _env["GPUFLEX_PLATFORM_FEE"],
+    "QUALITY_BONUS_MAX": _env["GPUFLEX_QUALITY_BONUS_MAX"],
     # prices are per reference GPU-hour: a GPU with this fp32 matmul throughput
-    "REFERENCE_FP32_TFLOPS": float(os.environ.get("GPUFLEX_REFERENCE_FP32_TFLOPS", "20")),
+    "REFERENCE_FP32_TFLOPS": _env["GPUFLEX_REFERENCE_FP32_TFLOPS"],
     # inference is charged per sample: a sample's forward FLOPs at the reference throughput,
     # and never less than this many reference seconds (a row's I/O and bookkeeping)
-    "INFERENCE_MIN_S_PER_SAMPLE": float(
-        os.environ.get("GPUFLEX_INFERENCE_MIN_S_PER_SAMPLE", "0.0001")
-    ),
-    "MIN_SPEED_FACTOR": float(os.environ.get("GPUFLEX_MIN_SPEED_FACTOR", "0.01")),
-    "MAX_SPEED_FACTOR": float(os.environ.get("GPUFLEX_MAX_SPEED_FACTOR", "8")),
+    "INFERENCE_MIN_S_PER_SAMPLE": _env["GPUFLEX_INFERENCE_MIN_S_PER_SAMPLE"],
+    "MIN_SPEED_FACTOR": _env["GPUFLEX_MIN_SPEED_FACTOR"],
+    "MAX_SPEED_FACTOR": _env["GPUFLEX_MAX_SPEED_FACTOR"],
     # a node whose benchmark is more than this many times what its tasks show is billed at
     # what they show, and loses reliability (ledger/speed.py)
-    "SPEED_MARGIN": float(os.environ.get("GPUFLEX_SPEED_MARGIN", "2")),
-    "MIN_PAYOUT": os.environ.get("GPUFLEX_MIN_PAYOUT", "5"),
+    "SPEED_MARGIN": _env["GPUFLEX_SPEED_MARGIN"],
+    "MIN_PAYOUT": _env["GPUFLEX_MIN_PAYOUT"],
     # a job goes on only while its escrow covers this many times its dearest round so far
-    "ROUND_BUDGET_MARGIN": os.environ.get("GPUFLEX_ROUND_BUDGET_MARGIN", "1.5"),
+    "ROUND_BUDGET_MARGIN": _env["GPUFLEX_ROUND_BUDGET_MARGIN"],
     # -- scale (docs/scale.md) --
     # with REDIS_URL, heartbeats and claims' "seen" marks go to Redis and the tick writes them
     # to the database in one batch (nodes/presence.py); 0 writes each one straight through
-    "PRESENCE_IN_REDIS": env_bool("GPUFLEX_PRESENCE_IN_REDIS", True),
+    "PRESENCE_IN_REDIS": _env["GPUFLEX_PRESENCE_IN_REDIS"],
     # with REDIS_URL, API-key lookups are cached this long; a revocation reaches every worker
     # at once (accounts/key_cache.py); 0 looks every key up in the database
-    "KEY_CACHE_S": float(os.environ.get("GPUFLEX_KEY_CACHE_S", "300")),
+    "KEY_CACHE_S": _env["GPUFLEX_KEY_CACHE_S"],
     # the prefix of every key GPUFlex writes to Redis (besides Django's cache and Celery's)
-    "REDIS_PREFIX": os.environ.get("GPUFLEX_REDIS_PREFIX", "gpuflex"),
+    "REDIS_PREFIX": _env["GPUFLEX_REDIS_PREFIX"],
     # -- accounts --
     # unrevoked user keys one user may hold; revoke one to make another
-    "MAX_API_KEYS_PER_USER": int(os.environ.get("GPUFLEX_MAX_API_KEYS_PER_USER", "50")),
+    "MAX_API_KEYS_PER_USER": _env["GPUFLEX_MAX_API_KEYS_PER_USER"],
 }
 
 # -- chain (docs/money.md): "" disabled, "embedded" an in-process EVM (tests, one process),
 # else a JSON-RPC URL with CHAIN_DEPLOYMENT (JSON of the addresses) and CHAIN_OPERATOR_KEY.
 CHAIN = {
-    "URL": os.environ.get("GPUFLEX_CHAIN_URL", ""),
-    "DEPLOYMENT": os.environ.get("GPUFLEX_CHAIN_DEPLOYMENT", ""),
-    "OPERATOR_KEY": os.environ.get("GPUFLEX_CHAIN_OPERATOR_KEY", ""),
+    "URL": _env["GPUFLEX_CHAIN_URL"],
+    "DEPLOYMENT": _env["GPUFLEX_CHAIN_DEPLOYMENT"],
+    "OPERATOR_KEY": _env["GPUFLEX_CHAIN_OPERATOR_KEY"],
     # token base units per credit: 10**6 for a 6-decimal stablecoin; native: wei per credit
-    "UNITS_PER_CREDIT": int(os.environ.get("GPUFLEX_CHAIN_UNITS_PER_CREDIT", str(10**12))),
-    "TOKEN": os.environ.get("GPUFLEX_CHAIN_TOKEN", "0x0000000000000000000000000000000000000000"),
+    "UNITS_PER_CREDIT": _env["GPUFLEX_CHAIN_UNITS_PER_CREDIT"],
+    "TOKEN": _env["GPUFLEX_CHAIN_TOKEN"],
     # a settlement batch closes when this many verified contributions wait, or when the oldest
     # waiting contribution or payout has waited DEADLINE_S, whichever comes first
-    "BATCH_MAX": int(os.environ.get("GPUFLEX_SETTLEMENT_BATCH_MAX", "1000")),
-    "DEADLINE_S": float(os.environ.get("GPUFLEX_SETTLEMENT_DEADLINE_S", "30")),
+    "BATCH_MAX": _env["GPUFLEX_SETTLEMENT_BATCH_MAX"],
+    "DEADLINE_S": _env["GPUFLEX_SETTLEMENT_DEADLINE_S"],
 }
 
 # Updates arrive as raw request bodies; the view checks the size and answers 413 itself.
@@ -308,7 +299,7 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 4 * 2**20
 
 # -- Celery ----------------------------------------------------------------------------------
 
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = _env["CELERY_BROKER_URL"]
 if CELERY_BROKER_URL.startswith("filesystem://"):
     _broker_dir = DATA_DIR / "broker"
     for _folder in ("queue", "processed", "control"):  # kombu expects them to exist
@@ -333,7 +324,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_ALWAYS_EAGER = _env["CELERY_TASK_ALWAYS_EAGER"]
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_BEAT_SCHEDULE = {
     # a tick not started within its own period is dropped: the next one does its work, and a
@@ -350,8 +341,8 @@ if CHAIN["URL"]:
     CELERY_BEAT_SCHEDULE["gpuflex-settle-chain"] = {
         "task": "marketplace.ledger.tasks.settle_chain",
         # how often the deadline is checked: a batch closes at most this long after it is due
-        "schedule": float(os.environ.get("GPUFLEX_SETTLE_S", "5")),
-        "options": {"expires": float(os.environ.get("GPUFLEX_SETTLE_S", "5"))},
+        "schedule": _env["GPUFLEX_SETTLE_S"],
+        "options": {"expires": _env["GPUFLEX_SETTLE_S"]},
     }
 CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 
@@ -373,16 +364,16 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["marketplace.api.throttles.KeyRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
-        "key": os.environ.get("GPUFLEX_THROTTLE_KEY", "6000/min"),
-        "heartbeat": os.environ.get("GPUFLEX_THROTTLE_HEARTBEAT", "120/min"),
-        "probe": os.environ.get("GPUFLEX_THROTTLE_PROBE", "60/hour"),
+        "key": _env["GPUFLEX_THROTTLE_KEY"],
+        "heartbeat": _env["GPUFLEX_THROTTLE_HEARTBEAT"],
+        "probe": _env["GPUFLEX_THROTTLE_PROBE"],
         # per client address: unknown or revoked API keys, after which it is refused a while
-        "auth_failure": os.environ.get("GPUFLEX_THROTTLE_AUTH_FAILURE", "30/min"),
+        "auth_failure": _env["GPUFLEX_THROTTLE_AUTH_FAILURE"],
         # per user
-        "submit": os.environ.get("GPUFLEX_THROTTLE_SUBMIT", "120/hour"),
-        "key_create": os.environ.get("GPUFLEX_THROTTLE_KEY_CREATE", "30/hour"),
+        "submit": _env["GPUFLEX_THROTTLE_SUBMIT"],
+        "key_create": _env["GPUFLEX_THROTTLE_KEY_CREATE"],
         # per client address, on the web sign-up page
-        "signup": os.environ.get("GPUFLEX_THROTTLE_SIGNUP", "10/hour"),
+        "signup": _env["GPUFLEX_THROTTLE_SIGNUP"],
     },
     # the client address is X-Forwarded-For's entry this many proxies back, else REMOTE_ADDR
     "NUM_PROXIES": TRUSTED_PROXIES,
@@ -395,8 +386,8 @@ REST_FRAMEWORK = {
 # right password or not (attempts are kept in the database, shared by every worker). By the
 # pair, not the name alone, so that nobody can lock another user out from elsewhere; and a
 # success resets only its own pair, so logging into one's own account resets nothing else.
-AXES_FAILURE_LIMIT = int(os.environ.get("GPUFLEX_LOGIN_FAILURE_LIMIT", "10"))
-AXES_COOLOFF_TIME = timedelta(minutes=float(os.environ.get("GPUFLEX_LOGIN_COOLOFF_MIN", "15")))
+AXES_FAILURE_LIMIT = _env["GPUFLEX_LOGIN_FAILURE_LIMIT"]
+AXES_COOLOFF_TIME = timedelta(minutes=_env["GPUFLEX_LOGIN_COOLOFF_MIN"])
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "marketplace.accounts.client_ip.client_ip"
@@ -427,7 +418,7 @@ SPECTACULAR_SETTINGS = {
 # Errors reach stderr and a file, each line carrying its request's id (request_id.py); Django
 # alone mails them to ADMINS, which is empty. WatchedFileHandler: every gunicorn worker appends
 # to the one file and reopens it after logrotate moves it.
-LOG_FILE = Path(os.environ.get("GPUFLEX_LOG_FILE", DATA_DIR / "logs" / "marketplace.log"))
+LOG_FILE = Path(_env["GPUFLEX_LOG_FILE"] or DATA_DIR / "logs" / "marketplace.log")
 LOG_FILE.parent.mkdir(parents=True, exist_ok=True)
 LOGGING = {
     "version": 1,

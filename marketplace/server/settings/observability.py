@@ -9,22 +9,18 @@ OTEL_EXPORTER_OTLP_ENDPOINT  traces go there over OTLP/HTTP (marketplace/observa
 
 from __future__ import annotations
 
-import os
-
-from django.core.exceptions import ImproperlyConfigured
+from marketplace.server.settings.environment import read
 
 LOG_FORMATS = {
     "plain": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
     "json": {"()": "marketplace.observability.logs.JsonFormatter"},
 }
-LOG_FORMAT = os.environ.get("GPUFLEX_LOG_FORMAT", "plain").strip().lower() or "plain"
-if LOG_FORMAT not in LOG_FORMATS:
-    raise ImproperlyConfigured(
-        f"GPUFLEX_LOG_FORMAT is {LOG_FORMAT!r}; it takes one of {', '.join(LOG_FORMATS)}"
-    )
+# declared and checked in environment.py: a bad GPUFLEX_LOG_FORMAT stops the import there,
+# naming the variable, what it got and what it wants
+_env = read()
+LOG_FORMAT = _env["GPUFLEX_LOG_FORMAT"]
 LOG_FORMATTER = LOG_FORMATS[LOG_FORMAT]
-
-GPUFLEX_METRICS_TOKEN = os.environ.get("GPUFLEX_METRICS_TOKEN", "")
+GPUFLEX_METRICS_TOKEN = _env["GPUFLEX_METRICS_TOKEN"]
 
 OBSERVABILITY_MIDDLEWARE = [
     # request counts and durations by route, around everything after them
