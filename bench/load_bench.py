@@ -366,6 +366,7 @@ def _cpu_per_request(
         "server_cpu_s": cpu,
     }  # fmt: skip
     connection.close()
+    out["load_average"] = os.getloadavg()[0]  # the machine's, as the section ends
     hb_s = out["heartbeat"]["cpu_s_per_request"]
     out["nodes_per_core_at_10s_heartbeats"] = 10 / hb_s if hb_s else None
     return out
@@ -601,9 +602,11 @@ def render_cpu(c: dict[str, Any], r: dict[str, Any]) -> list[str]:
         f"section alone): the gunicorn server's CPU time (master and all {r['gunicorn_workers']} "
         f"workers × {r['gunicorn_threads']} threads, from /proc) before and after the requests, "
         f"divided by the requests; sent by {c['threads']} keep-alive clients whose own CPU is "
-        "not counted, nor PostgreSQL's and Redis's. CPU-seconds per request do not depend on the "
-        "machine's other load; the schedule's wall time does (this machine's "
-        f"{r['cpus']} CPUs are shared).",
+        "not counted, nor PostgreSQL's and Redis's. CPU-seconds per request depend far less on "
+        "the machine's other load than wall times (runs with the same code here differed by up "
+        "to a quarter); the schedule's wall time depends on it fully (this machine's "
+        f"{r['cpus']} CPUs are shared; 1-minute load average as the section ended: "
+        f"{c.get('load_average') or 0:.1f}).",
         "",
         "| figure | measured | goal | |",
         "|---|---|---|---|",
