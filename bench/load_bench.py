@@ -1,7 +1,11 @@
 """The load bench (`python -m bench.run --only load`): 1,000 simulated agents (Locust,
 bench/load_agents.py) against `gpuflex serve` on loopback, on the production stack:
 gunicorn, PostgreSQL, Redis (presence, key cache, throttles) and a Celery worker whose tick
-flushes presence. Each phase is one headless Locust run bounded in time:
+flushes presence. First, on the quiet server, `cpu_per_request` (no Locust): the server's
+CPU seconds per request for a heartbeat, a claim of 8 tasks and a 401, from gunicorn's
+/proc times around a known number of requests (so the load generator's own CPU, and the
+machine's other load, are not in them), then 10,000 tasks to 1,000 nodes through the live
+claim endpoint. Then each phase is one headless Locust run bounded in time:
 
 1. baseline: every agent asks for the cheapest answer the server gives (a 401 with no key:
    no database, no cache) at the pace of the heartbeat phase;
@@ -11,7 +15,9 @@ flushes presence. Each phase is one headless Locust run bounded in time:
 4. schedule: a fresh job of 10,000 tasks; all agents start at once and claim until each
    holds 10: the time from the first claim sent to the last answer received.
 
-    python -m bench.load_bench [--phase-s 60] [--workers 2] [--threads 8]
+    python -m bench.load_bench [--phase-s 60] [--workers 2] [--threads 8] [--cpu-only]
+
+`python -m bench.request_profile` profiles the same requests in process (cProfile).
 
 Prints one JSON line. The machine is shared by the load generator and the server: the
 figures say how many gunicorn workers and Locust processes ran.
@@ -219,6 +225,153 @@ def _leases_check(claimed: dict[str, list[str]], node_ids: list[int], job: Any) 
     }
 
 
+BEAT = {
+    "state": "idle",
+    "metrics": {"gpu_util": 0.1, "gpu_temp_c": 50, "gpu_mem_used_mb": 100},
+    "network": {"rtt_ms": 1, "up_mbps": 1000, "down_mbps": 1000},
+}
+
+
+def _requests_cpu(
+    url: str,
+    server: subprocess.Popen,
+    make: list[tuple[str, str, str | None]],
+    *,
+    expect: tuple[int, ...],
+    threads: int = 4,
+) -> dict[str, Any]:
+    """Send the requests `make` lists (method, path, key) from `threads` keep-alive clients
+    and return the server's CPU seconds per request: its process group's CPU time (master
+    and every worker, from /proc) before and after, divided by the requests. The client's
+    own CPU is not in it, nor is the rest of the machine's load; PostgreSQL's and Redis's
+    CPU is not either (they are other processes)."""
+    import httpx
+
+    chunks = [make[i::threads] for i in range(threads)]
+    codes: dict[int, int] = {}
+
+    def send(chunk: list[tuple[str, str, str | None]]) -> dict[int, int]:
+        seen: dict[int, int] = {}
+        with httpx.Client(base_url=url, timeout=60) as http:
+            for method, path, key in chunk:
+                headers = {"Authorization": f"Bearer {key}"} if key else {}
+                body = BEAT if path.endswith("heartbeat") else None
+                code = http.request(method, path, headers=headers, json=body).status_code
+                seen[code] = seen.get(code, 0) + 1
+        return seen
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    started, cpu = time.monotonic(), _cpu_s(server.pid)
+    with ThreadPoolExecutor(threads) as pool:
+        for seen in pool.map(send, chunks):
+            for code, n in seen.items():
+                codes[code] = codes.get(code, 0) + n
+    cpu, wall = _cpu_s(server.pid) - cpu, time.monotonic() - started
+    n = len(make)
+    return {
+        "requests": n,
+        "statuses": {str(k): v for k, v in sorted(codes.items())},
+        "unexpected": sum(v for k, v in codes.items() if k not in expect),
+        "server_cpu_s": cpu,
+        "cpu_s_per_request": cpu / n,
+        "wall_s": wall,
+    }
+
+
+def cpu_per_request(
+    url: str,
+    server: subprocess.Popen,
+    keys: list[str],
+    node_ids: list[int],
+    *,
+    requests: int = 2000,
+    schedule_tasks: int = 10_000,
+    threads: int = 4,
+) -> dict[str, Any]:
+    """Server CPU per request, independent of the load generator (`_requests_cpu`), for a
+    heartbeat, a claim of 8 tasks and a 401 that touches nothing; then `schedule_tasks`
+    tasks to every node through the live claim endpoint (each node claims 8 at a time until
+    it holds its share), timed from the first claim sent to the last answer, checked
+    against the database for leases handed out twice."""
+    from django.db import connection
+
+    from marketplace.jobs.models import Job
+
+    # the jobs the other phases use wait: claims here lease only this section's tasks
+    others = list(Job.objects.filter(status="running").values_list("pk", flat=True))
+    Job.objects.filter(pk__in=others).update(status="paused")
+    try:
+        return _cpu_per_request(url, server, keys, node_ids, requests, schedule_tasks, threads)
+    finally:
+        Job.objects.filter(pk__in=others).update(status="running")
+        connection.close()
+
+
+def _cpu_per_request(
+    url: str,
+    server: subprocess.Popen,
+    keys: list[str],
+    node_ids: list[int],
+    requests: int,
+    schedule_tasks: int,
+    threads: int,
+) -> dict[str, Any]:
+    from django.db import connection
+
+    from marketplace.jobs.models import Job
+
+    out: dict[str, Any] = {"threads": threads}
+    n = min(requests, len(keys) * 4)
+    hb = [("POST", "/api/v1/agent/heartbeat", keys[i % len(keys)]) for i in range(n)]
+    _requests_cpu(url, server, hb[: 4 * threads], expect=(200,), threads=threads)  # warm
+    out["heartbeat"] = _requests_cpu(url, server, hb, expect=(200,), threads=threads)
+    out["401"] = _requests_cpu(
+        url, server, [("GET", "/api/v1/nodes/", None)] * n, expect=(401,), threads=threads
+    )
+    job = _seed_job("cpu-claims", 8 * n + 8 * len(keys))
+    connection.close()
+    claims = [("POST", "/api/v1/agent/claim?max=8", keys[i % len(keys)]) for i in range(n // 4)]
+    out["claim"] = _requests_cpu(url, server, claims, expect=(200,), threads=threads)
+    out["claim"]["tasks"] = 8
+    Job.objects.filter(pk=job.pk).update(status="completed")
+    connection.close()
+
+    # the schedule: every node claims (8, then the rest) until it holds its share
+    job = _seed_job("cpu-schedule", schedule_tasks)
+    connection.close()
+    share = -(-schedule_tasks // len(keys))
+    first = [("POST", f"/api/v1/agent/claim?max={min(8, share)}", k) for k in keys]
+    rest = [("POST", f"/api/v1/agent/claim?max={share - 8}", k) for k in keys] if share > 8 else []
+    claimed: dict[str, list[str]] = {}
+    import httpx
+
+    def node_claims(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=120) as http:
+            for j in range(i, len(keys), 64):
+                for method, path, key in (first[j], *(rest[j : j + 1])):
+                    r = http.request(method, path, headers={"Authorization": f"Bearer {key}"})
+                    if r.status_code == 200:
+                        claimed.setdefault(str(j), []).extend(t["id"] for t in r.json()["tasks"])
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    started, cpu = time.monotonic(), _cpu_s(server.pid)
+    with ThreadPoolExecutor(64) as pool:
+        list(pool.map(node_claims, range(64)))
+    wall, cpu = time.monotonic() - started, _cpu_s(server.pid) - cpu
+    check = _leases_check(claimed, node_ids, job)
+    out["schedule"] = check | {
+        "tasks": schedule_tasks, "nodes": len(keys), "client_threads": 64, "wall_s": wall,
+        "server_cpu_s": cpu,
+    }  # fmt: skip
+    connection.close()
+    out["load_average"] = os.getloadavg()[0]  # the machine's, as the section ends
+    hb_s = out["heartbeat"]["cpu_s_per_request"]
+    out["nodes_per_core_at_10s_heartbeats"] = 10 / hb_s if hb_s else None
+    return out
+
+
 def _drain(url: str, deadline_s: float = 60) -> None:
     """Wait until the server answers a trivial request quickly again: requests a phase left
     queued in gunicorn would otherwise be counted against the next phase."""
@@ -273,7 +426,9 @@ def run(
     schedule_tasks: int = 10_000,
     database_url: str = DEFAULT_DATABASE,
     redis_url: str = DEFAULT_REDIS,
+    cpu_only: bool = False,
 ) -> dict[str, Any]:
+    """Every phase; with `cpu_only`, only the `cpu_per_request` section (no Locust)."""
     _reset_database(database_url)
     tag = secrets.token_hex(4)
     with tempfile.TemporaryDirectory(prefix="gpuflex-load-") as tmp:
@@ -315,6 +470,12 @@ def run(
         }  # fmt: skip
         try:
             _wait_listening(url)
+            # first, on a quiet server: what each request costs it, whatever sends them
+            print("load: server CPU per request, and the schedule", file=sys.stderr)
+            out["cpu_per_request"] = cpu_per_request(url, server, keys, node_ids,
+                                                     schedule_tasks=schedule_tasks)  # fmt: skip
+            if cpu_only:
+                return out
             print(f"load: baseline, {agents} agents, {phase_s:.0f} s", file=sys.stderr)
             out["baseline"] = _locust(
                 "baseline",
@@ -417,6 +578,55 @@ def render(r: dict[str, Any]) -> list[str]:
     """The load table of results.md."""
     if "error" in r:
         return ["## Load (1,000 Locust agents)", "", f"failed: {r['error']}", ""]
+    cpu = render_cpu(r["cpu_per_request"], r) if "cpu_per_request" in r else []
+    if "baseline" not in r:  # --cpu-only
+        return cpu
+    return cpu + _render_locust(r)
+
+
+CPU_GOALS = {"heartbeat": 0.001, "claim": 0.005, "schedule_s": 10.0, "nodes_per_core": 10_000}
+
+
+def render_cpu(c: dict[str, Any], r: dict[str, Any]) -> list[str]:
+    """The cpu_per_request table of results.md."""
+    hb, cl, un, sc = c["heartbeat"], c["claim"], c["401"], c["schedule"]
+
+    def ms(p: dict[str, Any]) -> str:
+        return f"{1000 * p['cpu_s_per_request']:.2f} ms ({p['requests']:,} requests)"
+
+    per_core = c["nodes_per_core_at_10s_heartbeats"] or 0
+    return [
+        "## Server CPU per request (`cpu_per_request`)",
+        "",
+        f"`python -m bench.run --only load` (or `python -m bench.load_bench --cpu-only` for this "
+        f"section alone): the gunicorn server's CPU time (master and all {r['gunicorn_workers']} "
+        f"workers × {r['gunicorn_threads']} threads, from /proc) before and after the requests, "
+        f"divided by the requests; sent by {c['threads']} keep-alive clients whose own CPU is "
+        "not counted, nor PostgreSQL's and Redis's. CPU-seconds per request depend far less on "
+        "the machine's other load than wall times (runs with the same code here differed by up "
+        "to a quarter); the schedule's wall time depends on it fully (this machine's "
+        f"{r['cpus']} CPUs are shared; 1-minute load average as the section ended: "
+        f"{c.get('load_average') or 0:.1f}).",
+        "",
+        "| figure | measured | goal | |",
+        "|---|---|---|---|",
+        f"| server CPU per heartbeat (Redis presence, cached key) | {ms(hb)} | ≤ 1 ms "
+        f"| {_met(hb['cpu_s_per_request'] <= CPU_GOALS['heartbeat'])} |",
+        f"| server CPU per claim ({cl['tasks']} tasks) | {ms(cl)} | ≤ 5 ms "
+        f"| {_met(cl['cpu_s_per_request'] <= CPU_GOALS['claim'])} |",
+        f"| server CPU per 401 (no key: no database, no cache) | {ms(un)} | — | |",
+        f"| {sc['tasks']:,} tasks to {sc['nodes']:,} nodes through `POST agent/claim` "
+        f"({sc['client_threads']} client threads) | {sc['wall_s']:.1f} s wall, "
+        f"{sc['server_cpu_s']:.1f} s server CPU; {sc['leased_twice']} leased twice, database "
+        f"agrees: {sc['db_agrees']} | < 10 s, none twice "
+        f"| {_met(sc['wall_s'] < CPU_GOALS['schedule_s'] and sc['leased_twice'] == 0)} |",
+        f"| nodes one core carries at 10 s heartbeats (10 / CPU s per heartbeat) "
+        f"| {per_core:,.0f} | ≥ 10,000 | {_met(per_core >= CPU_GOALS['nodes_per_core'])} |",
+        "",
+    ]
+
+
+def _render_locust(r: dict[str, Any]) -> list[str]:
     b, hb, db, cl, sc = (r[k] for k in ("baseline", "heartbeat", "heartbeat_db", "claims",
                                         "schedule"))  # fmt: skip
 
@@ -471,10 +681,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--phase-s", type=float, default=60)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="only the cpu_per_request section (no Locust phases)",
+    )
     args = parser.parse_args(argv)
     database = os.environ.get("BENCH_LOAD_DATABASE_URL", DEFAULT_DATABASE)
     result = run(agents=args.agents, phase_s=args.phase_s, workers=args.workers,
-                 threads=args.threads, database_url=database)  # fmt: skip
+                 threads=args.threads, database_url=database,
+                 cpu_only=args.cpu_only)  # fmt: skip
     print(json.dumps(result))
 
 

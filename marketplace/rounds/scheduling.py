@@ -232,8 +232,47 @@ def _declared_rows(node: Node, dataset: str) -> int:
     return rows if isinstance(rows, int) and rows > 0 else 0
 
 
-def _lease(task: Task, node: Node) -> bool:
+def _lease_rows(task: Task, node: Node) -> int | None:
+    """Federated: the silo's size as declared now, frozen for this lease (uploads.py); 0 for
+    none, which no later declaration changes. None for a task on a shard."""
+    if task.reserved_for_id is None:
+        return None
+    return _declared_rows(node, task.round.job.federated_dataset)
+
+
+def _lease(task: Task, node: Node, sized: dict | None = None) -> bool:
+    """Lease one task to `node` with a compare-and-set UPDATE (the path without row locks);
+    whether it was won."""
     now = timezone.now()
+    steps, batch, codec, replicate = _lease_terms(task, node, sized)
+    won = Task.objects.filter(pk=task.pk, status=TaskStatus.PENDING).update(
+        status=TaskStatus.LEASED,
+        node=node,
+        leased_at=now,
+        lease_expires=now + timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"]),
+        attempts=task.attempts + 1,
+        steps=steps,
+        batch_size=batch,
+        codec=codec,
+        price_per_gpu_hour=node.price_per_gpu_hour,
+        # federated: the silo's size as declared now, frozen for this lease (uploads.py); 0
+        # for none, which no later declaration changes
+        declared_rows=_lease_rows(task, node),
+    )
+    if won != 1:
+        return False
+    if replicate:
+        add_replica(task, steps, batch, codec)
+    job_changed(task.round.job_id)
+    return True
+
+
+def _lease_terms(
+    task: Task, node: Node, sized: dict[tuple[Any, ...], tuple[int, int, str]] | None = None
+) -> tuple[int, int, str, bool]:
+    """(steps, batch size, codec, whether a replica is made) of `task` leased to `node`.
+    `sized` keeps one claim's work sizes: its tasks of one round on equal shards get the
+    same work, sized once."""
     job = task.round.job
     spec = job.parsed_spec
     steps, batch, codec = task.steps, task.batch_size, task.codec
@@ -242,14 +281,16 @@ def _lease(task: Task, node: Node) -> bool:
         work = planned_work(planned, spec)
         steps, batch, codec = work.steps, work.batch_size, work.codec
     elif steps is None:
-        work = size_work(
-            spec,
-            node,
-            task.shard.size if task.shard else 0,
-            input_shape=job.input_shape,
-            num_classes=job.num_classes,
-        )
-        steps, batch, codec = work.steps, work.batch_size, work.codec
+        shard_size = task.shard.size if task.shard else 0
+        memo = (task.round_id, shard_size)
+        if sized is None or memo not in sized:
+            work = size_work(
+                spec, node, shard_size, input_shape=job.input_shape, num_classes=job.num_classes
+            )
+            if sized is None:
+                sized = {}
+            sized[memo] = (work.steps, work.batch_size, work.codec)
+        steps, batch, codec = sized[memo]
     # federated tasks train on data only their node has: a replica could not agree; and a
     # far node's two-round task is not replicated: a replica's on-time result would settle
     # the unit and the far node's update, folded in a round later, would be thrown away
@@ -264,28 +305,7 @@ def _lease(task: Task, node: Node) -> bool:
         # top-k's error feedback makes an upload depend on the node's earlier tasks, so two
         # honest replicas would not agree; a verified task travels as deterministic int8
         codec = "int8"
-    won = Task.objects.filter(pk=task.pk, status=TaskStatus.PENDING).update(
-        status=TaskStatus.LEASED,
-        node=node,
-        leased_at=now,
-        lease_expires=now + timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"]),
-        attempts=task.attempts + 1,
-        steps=steps,
-        batch_size=batch,
-        codec=codec,
-        price_per_gpu_hour=node.price_per_gpu_hour,
-        # federated: the silo's size as declared now, frozen for this lease (uploads.py); 0
-        # for none, which no later declaration changes
-        declared_rows=(
-            None if task.reserved_for_id is None else _declared_rows(node, job.federated_dataset)
-        ),
-    )
-    if won != 1:
-        return False
-    if replicate:
-        add_replica(task, steps, batch, codec)
-    job_changed(job.pk)
-    return True
+    return steps, batch, codec, replicate
 
 
 def add_replica(
@@ -331,40 +351,85 @@ def claim_batch(node: Node, count: int) -> list[Task]:
         try:
             with transaction.atomic():
                 won, lost = _lease_best(node, count, skip_locked)
-                obs.leased(len(won))  # counted if this transaction commits
-                if won or not lost:
-                    by_id = Task.objects.select_related("round__job", "shard").in_bulk(won)
-                    return [by_id[pk] for pk in won]
+            if won or not lost:
+                obs.leased(len(won))  # counted once this claim's transaction has committed
+                # read after the commit, not under the job's escrow lock (`Funds`) that every
+                # claim on the job queues for: the leased rows are this node's now
+                by_id = Task.objects.select_related("round__job", "shard").in_bulk(won)
+                return share_related([by_id[pk] for pk in won])
         except IntegrityError:
             continue  # raced into a unit this node already holds; pick another
     return []
 
 
+def share_related(tasks: list[Task]) -> list[Task]:
+    """One Round and one Job instance per round and job among `tasks` (select_related gives
+    each row its own): a job's spec is then parsed once per claim (`Job.parsed_spec` is
+    cached on the instance), not once per task."""
+    rounds: dict[Any, Round] = {}
+    jobs: dict[Any, Job] = {}
+    for task in tasks:
+        rnd = rounds.setdefault(task.round_id, task.round)
+        rnd.job = jobs.setdefault(rnd.job_id, rnd.job)
+        task.round = rnd
+    return tasks
+
+
 def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], bool]:
-    """(ids leased, whether a compare-and-set was lost) within the caller's transaction."""
+    """(ids leased, whether a compare-and-set was lost) within the caller's transaction.
+
+    With row locks (PostgreSQL) the candidates are this transaction's until it ends, so
+    their leases are written together in one UPDATE after the choice; without them (SQLite)
+    each lease is its own compare-and-set, which another claim may win."""
     pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
     funds = Funds()  # each lease reserves its most possible charge in its job's escrow
     won: list[Any] = []
+    chosen: list[tuple[Task, tuple[int, int, str, bool]]] = []  # row-locked: leased below
     units: set[tuple[Any, ...]] = set()
+    sized: dict[tuple[Any, ...], tuple[int, int, str]] = {}
     lost = False
     for group in preference(node):
-        if len(won) >= count:
+        if len(won) + len(chosen) >= count:
             break
         # a few spares: replicas of one unit are skipped, and SQLite may lose a lease
         for task in _candidates(pool.filter(group), node, 2 * count + 2, skip_locked):
             unit = (task.round_id, *task.unit)
-            if len(won) >= count:
+            if len(won) + len(chosen) >= count:
                 break
             if unit in units or not funds.affords(task.round.job_id, node):
                 continue
-            if _lease(task, node):
-                funds.reserve(task.pk, task.round.job_id, node)
+            if skip_locked:
+                chosen.append((task, _lease_terms(task, node, sized)))
+            elif _lease(task, node, sized):
                 won.append(task.pk)
-                units.add(unit)
             else:
                 lost = True
+                continue
+            funds.reserve(task.pk, task.round.job_id, node)
+            units.add(unit)
+    if chosen:
+        _lease_locked(node, chosen)
+        won = [task.pk for task, _ in chosen]
     funds.save()
     return won, lost
+
+
+def _lease_locked(node: Node, chosen: list[tuple[Task, tuple[int, int, str, bool]]]) -> None:
+    """Lease rows this transaction holds locked (FOR UPDATE) to `node`: one UPDATE for all
+    of them, then the replicas the terms ask for, and one ring per job."""
+    now = timezone.now()
+    expires = now + timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
+    leases = [
+        (task.pk, node.pk, steps, batch, codec, node.price_per_gpu_hour, _lease_rows(task, node))
+        for task, (steps, batch, codec, _) in chosen
+    ]
+    if _bulk_lease_postgres(leases, now, expires) != len(leases):
+        # cannot happen while the rows are locked; if it did, nothing of this claim stays
+        raise IntegrityError("a locked candidate was no longer pending")
+    for task, (steps, batch, codec, replicate) in chosen:
+        if replicate:
+            add_replica(task, steps, batch, codec)
+    job_changed(*{task.round.job_id for task, _ in chosen})
 
 
 def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> list[Task]:
@@ -389,7 +454,7 @@ def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> 
                 key = (task.replica, task.round_id, not affine, no_shard, task.shard_id or 0)
                 found[task.pk] = (key, task)
     # a held task the second list also returned keeps the first list's (affine) key
-    return [task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n]
+    return share_related([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
 
 
 def claim_with_wait(node: Node, wait: float, count: int = 1) -> list[Task]:
@@ -437,14 +502,29 @@ def overlap_allowed(task: Task) -> bool:
     return not replicas.exists()
 
 
-def task_payload(task: Task) -> dict[str, Any]:
-    """The task as docs/agent-api.md defines it."""
+def task_payloads(tasks: Sequence[Task]) -> list[dict[str, Any]]:
+    """The payloads of one claim's tasks: how the node gets a round's model is worked out
+    (and a seeded model recorded) once per round, not once per task."""
+    sources: dict[tuple[Any, Any], dict[str, Any]] = {}
+    return [task_payload(task, sources) for task in tasks]
+
+
+def task_payload(
+    task: Task, sources: dict[tuple[Any, Any], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The task as docs/agent-api.md defines it. `sources` keeps the model sources already
+    worked out for (node, round): the same for every task of a round the node leases."""
     job = task.round.job
-    source = model_source(task)
-    if source["kind"] == "seed":
-        # the node builds round 1's model itself as it starts the task: it holds it from
-        # now on, whatever becomes of its update, and later rounds can come as deltas
-        record_model(task.node_id, job, task.round)
+    memo = (task.node_id, task.round_id)
+    source = sources.get(memo) if sources is not None else None
+    if source is None:
+        source = model_source(task)
+        if source["kind"] == "seed":
+            # the node builds round 1's model itself as it starts the task: it holds it from
+            # now on, whatever becomes of its update, and later rounds can come as deltas
+            record_model(task.node_id, job, task.round)
+        if sources is not None:
+            sources[memo] = source
     payload = {
         "id": str(task.id),
         "job_id": str(job.id),
@@ -544,7 +624,8 @@ def lease_batch(nodes: list[Node], *, slots: int = 1) -> int:
                     else size_work(specs[job_id], node, shard_size)
                 )
                 steps, batch, codec = work.steps, work.batch_size, work.codec
-            leases.append((task_id, node_id, steps, batch, codec, node.price_per_gpu_hour))
+            # no federated task here (reserved ones wait for their node's claim): no rows
+            leases.append((task_id, node_id, steps, batch, codec, node.price_per_gpu_hour, None))
             funds.reserve(task_id, job_id, node)
         job_changed(*{by_id[lease[0]][4] for lease in leases})
         if locked:
@@ -599,12 +680,12 @@ def _bulk_lease_guarded(leases: list[tuple], now: datetime, expires: datetime) -
         return cursor.rowcount
 
 
-def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) -> None:
+def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) -> int:
     """One UPDATE ... FROM unnest(arrays): Django's bulk_update builds a CASE per row and
-    field, which costs seconds of Python for thousands of rows."""
+    field, which costs seconds of Python for thousands of rows. Returns the rows leased."""
     if not leases:
-        return
-    ids, nodes, steps, batches, codecs, prices = (
+        return 0
+    ids, nodes, steps, batches, codecs, prices, rows = (
         list(column) for column in zip(*leases, strict=True)
     )
     with connection.cursor() as cursor:
@@ -613,10 +694,10 @@ def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) 
             UPDATE {Task._meta.db_table} AS t
             SET status = %s, node_id = v.node_id, steps = v.steps, batch_size = v.batch_size,
                 codec = v.codec, price_per_gpu_hour = v.price, attempts = t.attempts + 1,
-                leased_at = %s, lease_expires = %s
+                declared_rows = v.declared_rows, leased_at = %s, lease_expires = %s
             FROM unnest(%s::uuid[], %s::bigint[], %s::int[], %s::int[], %s::text[],
-                        %s::numeric[])
-                AS v(id, node_id, steps, batch_size, codec, price)
+                        %s::numeric[], %s::bigint[])
+                AS v(id, node_id, steps, batch_size, codec, price, declared_rows)
             WHERE t.id = v.id AND t.status = %s
             """,
             [
@@ -629,6 +710,8 @@ def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) 
                 batches,
                 codecs,
                 prices,
+                rows,
                 TaskStatus.PENDING,
             ],
         )
+        return cursor.rowcount

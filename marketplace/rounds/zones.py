@@ -67,6 +67,8 @@ def _replicated(task: Task) -> bool:
 def zone_route(task: Task) -> dict[str, Any] | None:
     """Where a just-leased task's update goes (the claim's `zone`), or None: to the
     coordinator, as on a flat job."""
+    if not uses_zones(task):  # the job's spec never changes: no need to read the lease
+        return None
     # as leased: a claim's task objects may predate their lease
     task = Task.objects.select_related("node", "shard", "round__job").get(pk=task.pk)
     node = task.node

@@ -43,7 +43,7 @@ from marketplace.nodes.services import (
 )
 from marketplace.rounds.delivery import model_bytes, record_model, record_shard
 from marketplace.rounds.lifecycle import close_after_far_leases
-from marketplace.rounds.scheduling import claim_with_wait, task_payload
+from marketplace.rounds.scheduling import claim_with_wait, task_payloads
 from marketplace.rounds.uploads import accept_update, fail_task, task_for_node
 from marketplace.rounds.zones import accept_partial, hand_off, zone_model, zone_round, zone_route
 
@@ -88,7 +88,7 @@ class ClaimView(AgentView):
         if not tasks:
             return Response(status=status.HTTP_204_NO_CONTENT)
         close_after_far_leases(tasks)
-        payloads = [with_zone(task_payload(t), t) for t in tasks]
+        payloads = [with_zone(p, t) for p, t in zip(task_payloads(tasks), tasks, strict=True)]
         return Response(ClaimReplySerializer({"task": payloads[0], "tasks": payloads}).data)
 
 

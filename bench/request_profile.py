@@ -1,0 +1,148 @@
+"""Where a request's server CPU goes, in process: the agent endpoints called as gunicorn
+calls them (Django's WSGI handler, the full middleware stack) against PostgreSQL and Redis,
+many times, under cProfile or just timed with the process's CPU clock.
+
+    python -m bench.request_profile [--requests 2000] [--profile heartbeat|claim|401]
+
+Prints one JSON line: CPU ms per request and database queries per request for a heartbeat,
+a claim of 8 tasks and a 401 (no key); with --profile, the cProfile of that kind (top
+functions by cumulative time) on stderr. The figures are this process's CPU time, which the
+machine's other load does not inflate (PostgreSQL's and Redis's own CPU is not in them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.marketplace_bench import _manage, _reset_database, _server_env
+
+DEFAULT_DATABASE = "postgres://postgres@127.0.0.1:5432/gpuflex_reqprof"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
+BEAT = json.dumps(
+    {
+        "state": "idle",
+        "metrics": {"gpu_util": 0.1, "gpu_temp_c": 50, "gpu_mem_used_mb": 100},
+        "network": {"rtt_ms": 1, "up_mbps": 1000, "down_mbps": 1000},
+    }
+).encode()
+
+
+def _call(app: Callable, method: str, path: str, key: str | None, body: bytes = b"") -> int:
+    """One request through the WSGI application, as gunicorn hands it over."""
+    path, _, query = path.partition("?")
+    environ = {
+        "REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,
+        "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1",
+        "REMOTE_ADDR": "127.0.0.1", "HTTP_HOST": "127.0.0.1:8000",
+        "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body), "wsgi.url_scheme": "http", "wsgi.errors": sys.stderr,
+        "wsgi.version": (1, 0), "wsgi.multithread": True, "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }  # fmt: skip
+    if key:
+        environ["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    status: list[str] = []
+    result = app(environ, lambda s, h, exc_info=None: status.append(s))
+    b"".join(result)
+    if hasattr(result, "close"):
+        result.close()
+    return int(status[0].split()[0])
+
+
+def run(requests: int = 2000, profile: str | None = None, top: int = 45) -> dict[str, Any]:
+    database_url = os.environ.get("BENCH_PROFILE_DATABASE_URL", DEFAULT_DATABASE)
+    _reset_database(database_url)
+    with tempfile.TemporaryDirectory(prefix="gpuflex-reqprof-") as tmp:
+        env = _server_env(Path(tmp) / "data", database_url) | {
+            "SECRET_KEY": secrets.token_urlsafe(48),
+            "REDIS_URL": os.environ.get("BENCH_PROFILE_REDIS_URL", DEFAULT_REDIS),
+            "GPUFLEX_REDIS_PREFIX": f"reqprof-{secrets.token_hex(4)}",
+            "GPUFLEX_DEV": "0",
+            "ALLOWED_HOSTS": "127.0.0.1",
+        }
+        (Path(tmp) / "data").mkdir()
+        _manage(env, "migrate", "--noinput", "-v", "0")
+        os.environ.update(env)
+        import django
+
+        django.setup()
+        from django.core.wsgi import get_wsgi_application
+        from django.db import connection
+
+        from bench.load_bench import _seed_job, _seed_nodes
+
+        claims_per_node = 4
+        node_count = max(50, requests // claims_per_node)
+        keys = _seed_nodes(node_count)
+        _seed_job("reqprof", node_count * claims_per_node * 8 * 2)
+        app = get_wsgi_application()
+        kinds: dict[str, Callable[[int], int]] = {
+            "heartbeat": lambda i: _call(app, "POST", "/api/v1/agent/heartbeat",
+                                         keys[i % len(keys)], BEAT),
+            "claim": lambda i: _call(app, "POST", "/api/v1/agent/claim?max=8",
+                                     keys[i % len(keys)]),
+            "401": lambda i: _call(app, "GET", "/api/v1/nodes/", None),
+        }  # fmt: skip
+        expect = {"heartbeat": 200, "claim": 200, "401": 401}
+        out: dict[str, Any] = {"requests": requests}
+        for name, call in kinds.items():
+            n = requests if name != "claim" else min(requests, node_count * claims_per_node)
+            for i in range(min(50, n)):  # warm: first-request imports, the key cache
+                assert call(i) == expect[name], f"{name} answered {call(i)}"
+            queries: list[str] = []
+
+            def count(execute, sql, params, many, context, seen=queries):
+                seen.append(sql[:160])
+                return execute(sql, params, many, context)
+
+            with connection.execute_wrapper(count):
+                call(n)
+            prof = cProfile.Profile() if profile == name else None
+            cpu = time.process_time()
+            if prof:
+                prof.enable()
+            for i in range(n):
+                code = call(i)
+                if code != expect[name]:
+                    raise SystemExit(f"{name} {i}: {code}")
+            if prof:
+                prof.disable()
+            cpu = time.process_time() - cpu
+            out[name] = {
+                "requests": n,
+                "cpu_ms_per_request": 1000 * cpu / n,
+                "queries_per_request": len(queries),
+                "queries": queries,
+            }
+            if prof:
+                text = io.StringIO()
+                order = os.environ.get("PROFILE_SORT", "cumulative")
+                pstats.Stats(prof, stream=text).sort_stats(order).print_stats(top)
+                print(text.getvalue(), file=sys.stderr)
+        connection.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="bench.request_profile")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--profile", choices=["heartbeat", "claim", "401"])
+    parser.add_argument("--top", type=int, default=45)
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.requests, args.profile, args.top)))
+
+
+if __name__ == "__main__":
+    main()
