@@ -667,7 +667,7 @@ def _bulk_lease_guarded(leases: list[tuple], now: datetime, expires: datetime) -
             prep("id", task_id),
             TaskStatus.PENDING,
         )
-        for task_id, node_id, steps, batch, codec, price in leases
+        for task_id, node_id, steps, batch, codec, price, _rows in leases  # no federated
     ]
     sql = (
         f"UPDATE {table} SET status = %s, node_id = %s, leased_at = %s, lease_expires = %s, "
