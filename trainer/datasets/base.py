@@ -13,10 +13,6 @@ Task = Literal["classification", "language_model"]
 IGNORE_INDEX = -100
 
 
-class DatasetError(ValueError):
-    """User data that cannot be loaded; the message names the file and what is wrong."""
-
-
 @dataclass(frozen=True)
 class Dataset:
     """Train and held-out test tensors.
