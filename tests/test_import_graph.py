@@ -123,3 +123,55 @@ def test_the_marketplace_parses_a_jobs_spec_in_one_place() -> None:
                 raw_reads.add(f"{module}:{node.lineno}")
     assert parsers == {"marketplace.jobs.submission", "marketplace.jobs.models"}
     assert raw_reads == set()
+
+
+# What the web process (and `gpuflex manage`) may not load: models are built, checked and
+# aggregated by the Celery worker (issue 36: 417 MB and 7.9 s of imports in every web process).
+HEAVY = ("torch", "numpy", "transformers", "tokenizers", "safetensors", "scipy", "PIL", "optuna")
+_WEB_PROCESS = """
+import os, sys
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.server.settings.base")
+import marketplace.server.wsgi
+from django.urls import get_resolver
+
+def views(patterns):
+    for pattern in patterns:
+        if hasattr(pattern, "url_patterns"):
+            yield from views(pattern.url_patterns)
+        else:
+            yield pattern.callback
+
+modules = {view.__module__ for view in views(get_resolver().url_patterns)}
+assert len(modules) > 10, modules
+print(" ".join(sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))))
+"""
+
+
+def _fresh(args: list[str]) -> str:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_web_process_imports_no_torch() -> None:
+    """A fresh interpreter imports the WSGI app and every view module behind its URL conf."""
+    assert _fresh(["-c", _WEB_PROCESS, *HEAVY]).split() == []
+
+
+def test_manage_check_imports_no_torch() -> None:
+    probe = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules}"
+        f" & {set(HEAVY)!r})))\n"
+        "from marketplace.cli import main\n"
+        "main(['manage', 'check'])\n"
+    )
+    out = _fresh(["-c", probe])
+    assert "LOADED []" in out, out[-2000:]

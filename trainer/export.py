@@ -19,17 +19,15 @@ import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
 
 import torch
 from torch import nn
 
+from trainer.export_formats import FORMATS
 from trainer.models import build_model
 from trainer.spec import ModelSpec
 from trainer.updates import decode_state, encode_state
 
-Format = Literal["safetensors", "hf", "onnx", "torchscript"]
-FORMATS: tuple[str, ...] = get_args(Format)
 # architectures that have a `transformers` model (trainer.hf_byte)
 HF_ARCHS = frozenset({"transformer"})
 VOCAB = 256  # the byte transformer's vocabulary

@@ -1,8 +1,9 @@
 """/api/v1/: agent, providers, buyers, market, operators, keys, schema and docs."""
 
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 
+from marketplace.api.schema_view import CachedSchemaView
 from marketplace.api.views import agent, jobs, keys, ledger, market, nodes, secagg, uploads
 
 urlpatterns = [
@@ -94,6 +95,6 @@ urlpatterns = [
     path("keys/", keys.KeyListView.as_view(), name="keys"),
     path("keys/<int:pk>", keys.KeyDetailView.as_view(), name="key-detail"),
     # schema
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", CachedSchemaView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]

@@ -203,11 +203,17 @@ class Cluster:
             if not self.alive(name):
                 raise RuntimeError(f"{name} exited; see {self.root / 'logs' / f'{name}.log'}")
             try:
-                httpx.get(f"{url or self.url}/api/v1/schema/", timeout=2.0)
-                return
+                status = httpx.get(f"{url or self.url}/readyz", timeout=2.0).status_code
             except httpx.TransportError:
-                time.sleep(0.2)
-        raise TimeoutError(f"the web server did not answer within {timeout:.0f} s")
+                status = None
+            # The readiness probe: 200 once the server reaches its database, broker and
+            # cache. A server without one (404) is ready once its routing answers at all;
+            # anything else (503 not ready yet, a proxy's 502 before its upstream is up)
+            # means wait. Not the OpenAPI schema: generating it costs seconds of CPU.
+            if status in (200, 404):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"the web server was not ready within {timeout:.0f} s")
 
     def close(self) -> None:
         """Agents first (gracefully: they finish their journal), then the server side."""

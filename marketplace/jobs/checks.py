@@ -10,23 +10,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from marketplace.jobs import scoring
 from marketplace.jobs.errors import InvalidSpec
 from marketplace.jobs.limits import ModelCap
-from marketplace.jobs.privacy import settle_noise
 from marketplace.nodes.models import Node
-from marketplace.rounds import resharding
 from marketplace.rounds.lifecycle import quorum_units, schema_misfit
-from trainer.aggregation import round_size_problems
-from trainer.datasets import Dataset
 from trainer.fit import Footprint, estimate_memory, measure_footprint
 from trainer.hf_limits import least_parameters
-from trainer.models import ModelSpecError, meta_weights
-from trainer.sharding import ShardingError
 from trainer.spec import HF_ARCHS, JobSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from marketplace.jobs import scoring
+    from trainer.datasets import Dataset
 
 
 def _problems(problems: list[tuple[str, str]]) -> list[dict[str, str]]:
@@ -84,6 +82,8 @@ def measure_here(
 ) -> Footprint:
     """Measured on the meta device, the checkpoint checked by its header: the weights are
     built by a worker (jobs/preparation.py), never in this request."""
+    from trainer.models import ModelSpecError, meta_weights
+
     try:
         weights = meta_weights(checkpoint) if checkpoint else None
         return measure_footprint(model, input_shape, num_classes, lm, weights)
@@ -107,6 +107,9 @@ def check_job(
     """Every check of a loaded dataset against the spec: the model's size against the cap,
     federated silos, shard plans, privacy noise. In the request for most jobs; in the worker
     (jobs/worker_checks.py), with `measure` in a child process, for those needs_worker names."""
+    from marketplace.jobs import scoring
+    from marketplace.jobs.privacy import settle_noise
+
     if spec.scoring:  # every row, in the file's order
         scoring.check_data(spec, source, dataset)
         dataset = scoring.rows_dataset(dataset)
@@ -168,6 +171,9 @@ def _memory_gb(spec: JobSpec, footprint: Footprint) -> float:
 
 
 def _plan(spec: JobSpec, dataset: Dataset) -> list:
+    from marketplace.rounds import resharding
+    from trainer.sharding import ShardingError
+
     num_shards = spec.sharding.num_shards or min(
         settings.GPUFLEX["DEFAULT_SHARDS"], dataset.num_train
     )
@@ -182,6 +188,8 @@ def _plan(spec: JobSpec, dataset: Dataset) -> list:
 def _check_round_size(spec: JobSpec, shards: int) -> None:
     """Refuse a strategy that could not aggregate the updates a round closing on quorum
     brings (one per shard: replicas only verify each other), rather than fail at round 1."""
+    from trainer.aggregation import round_size_problems
+
     quorum = spec.rounds.quorum
     source = f"{shards} shards, closing at quorum {quorum:g}"
     problems = round_size_problems(spec.aggregation, quorum_units(quorum, shards), source)

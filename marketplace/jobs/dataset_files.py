@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 
 from marketplace.jobs import files
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
-from trainer.datasets import ArchiveLimits, ArchiveTooLarge, Dataset, DatasetError, load_dataset
-from trainer.datasets.archives import ARCHIVE_SUFFIXES, archive_suffix
-from trainer.datasets.tokenizer import MAX_TOKENIZER_BYTES
+from trainer.datasets.errors import ARCHIVE_SUFFIXES
 from trainer.spec import JobSpec
+
+if TYPE_CHECKING:
+    from trainer.datasets import ArchiveLimits, Dataset
 
 # the suffixes each uploaded kind is stored under; the upload's own name picks one
 SUFFIXES: dict[str, tuple[str, ...]] = {
@@ -44,11 +46,15 @@ def tokenizer_name(job_id: object) -> str:
 
 
 def archive_limits() -> ArchiveLimits:
+    from trainer.datasets import ArchiveLimits
+
     return ArchiveLimits(**settings.GPUFLEX["IMAGE_ARCHIVE"])
 
 
 def stored_name(kind: str, upload_name: str) -> str:
     """`dataset<suffix>`: the suffix the format is read by, from the buyer's file name."""
+    from trainer.datasets.archives import archive_suffix
+
     lower = upload_name.lower()
     if kind == "image_folder":
         suffix = archive_suffix(lower)
@@ -70,6 +76,8 @@ def load_uploaded_dataset(
     format: stored_name), checked whole; `tokenizer`: the uploaded tokenizer.json of a text
     job that names one. Any file name will do for `path` (a chunked upload's assembled part
     file): the reader sees it under stored_name, through a link."""
+    from trainer.datasets import ArchiveTooLarge, DatasetError, load_dataset
+
     wanted = stored_name(spec.dataset.kind, shown) if spec.dataset.kind in SUFFIXES else path.name
     with tempfile.TemporaryDirectory(prefix="gpuflex-dataset-") as tmp:
         if path.name != wanted:
@@ -97,6 +105,8 @@ def receive_tokenizer(spec: JobSpec, upload: UploadedFile | None, tmp: Path) -> 
     """The uploaded tokenizer.json written to `tmp`, when the spec names one; a file the spec
     names but the request lacks (or the other way round) is a 400. Read later as JSON only
     (trainer/datasets/tokenizer.py)."""
+    from trainer.datasets.tokenizer import MAX_TOKENIZER_BYTES
+
     named = spec.dataset.tokenizer
     if upload is None:
         if named is not None:

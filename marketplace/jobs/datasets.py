@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from marketplace.jobs import files, isolation
 from marketplace.jobs.dataset_files import archive_limits, tokenizer_name
 from marketplace.jobs.models import Job
-from trainer.datasets import Dataset, load_dataset
 from trainer.spec import JobSpec
+
+if TYPE_CHECKING:
+    from trainer.datasets import Dataset
 
 # the last few jobs' datasets, by (job, file): a worker aggregating a job's rounds loads its
 # dataset once; jobs and their files never change
@@ -30,6 +33,8 @@ def job_dataset(job: Job) -> Dataset:
 
 
 def _load(job_id: object, dataset_file: str, spec: JobSpec) -> Dataset:
+    from trainer.datasets import load_dataset
+
     if not dataset_file:
         return load_dataset(spec.dataset, seed=spec.seed)
     with contextlib.ExitStack() as stack:

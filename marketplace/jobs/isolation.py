@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from marketplace.jobs.errors import InvalidDataset, InvalidSpec, TooLarge
-from trainer.datasets import Dataset
 from trainer.fit import Footprint
 from trainer.isolated import IsolatedError, Limits, read_dataset, read_model, run_step
 from trainer.spec import DatasetSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from trainer.datasets import Dataset
 
 _CRASHES = ("crash", "memory", "time")
 

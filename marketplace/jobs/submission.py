@@ -12,7 +12,7 @@ import uuid
 from contextlib import nullcontext
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from django.conf import settings
@@ -20,7 +20,7 @@ from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 
 from marketplace.accounts.models import User
-from marketplace.jobs import files, scoring
+from marketplace.jobs import files
 from marketplace.jobs.checks import check_hf_size, check_job, measure_here, needs_worker, spec_error
 from marketplace.jobs.dataset_files import (
     SUFFIXES,
@@ -34,19 +34,16 @@ from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.market import ANY_PRICE, market_price
 from marketplace.jobs.model_files import checkpoint_name, receive_model_files
 from marketplace.jobs.models import Job, Shard, Tier
-from marketplace.jobs.preparation import enqueue_preparation
 from marketplace.ledger.services import check_credit, fund_child, hold_budget
-from marketplace.rounds import resharding
 from marketplace.rounds.planning import JobNeeds
 from marketplace.uploads import services as uploads
 from marketplace.uploads.models import Upload
-from trainer.aggregation import build_strategy
-from trainer.datasets import Dataset, DatasetError, load_dataset
-from trainer.datasets.tokenizer import read_tokenizer_json
 from trainer.fit import Footprint
-from trainer.models import ModelSpecError, meta_weights
 from trainer.nesting import TooDeep, check_depth, loads_json, loads_yaml
 from trainer.spec import JobSpec, SpecError, parse_spec
+
+if TYPE_CHECKING:
+    from trainer.datasets import Dataset
 
 UPLOAD_KINDS = frozenset(SUFFIXES)
 BUILTIN_KINDS = {"digits"}
@@ -159,6 +156,8 @@ def _load(
 ) -> tuple[Dataset, Path | None]:
     """The dataset, checked by its format's loader (jobs/dataset_files.py) from the file
     _receive gives; `assembled_name` is the buyer's name for an assembled file."""
+    from trainer.datasets import load_dataset
+
     path = _receive(spec, upload, tmp, assembled)
     if path is None:
         return load_dataset(spec.dataset, seed=spec.seed), None
@@ -198,6 +197,8 @@ def submit_job(
 
     `max_price_per_gpu_hour` None: the market's price for it (jobs/market.py), the median
     asking price of the online nodes that fit its requirements and tier."""
+    from marketplace.jobs import scoring
+
     if max_price_per_gpu_hour is not None and max_price_per_gpu_hour <= 0:
         # a job at price 0 was accepted and its tasks leased
         raise MarketplaceError(
@@ -284,6 +285,8 @@ def _shown(spec: JobSpec, upload: UploadedFile | None, chunked: Upload | None) -
 
 
 def _check_header(path: Path) -> None:
+    from trainer.models import ModelSpecError, meta_weights
+
     try:
         meta_weights(path)
     except ModelSpecError as exc:
@@ -292,6 +295,9 @@ def _check_header(path: Path) -> None:
 
 def _check_tokenizer_json(path: Path) -> None:
     """Size, UTF-8, JSON nesting and shape: never the tokenizers library, in a request."""
+    from trainer.datasets import DatasetError
+    from trainer.datasets.tokenizer import read_tokenizer_json
+
     try:
         read_tokenizer_json(path)
     except DatasetError as exc:
@@ -363,6 +369,10 @@ def _store(
     """Write the job's files and rows. `dataset` and `footprint` None: a job accepted on
     bounded checks (needs_worker), without shards, its footprint {} until the worker that
     prepares it has read and measured it (jobs/worker_checks.py)."""
+    from marketplace.jobs.preparation import enqueue_preparation
+    from marketplace.rounds import resharding
+    from trainer.aggregation import build_strategy
+
     job_id = uuid.uuid4()
     base = files.job_dir(job_id)
     written: list[str] = []

@@ -12,7 +12,6 @@ from marketplace.nodes.models import NodeSpeed
 from marketplace.nodes.selectors import benchmark_of
 from marketplace.nodes.services import record_verification
 from marketplace.rounds.models import TaskResult
-from trainer.models import ModelSpecError, model_size
 
 # the job's recent results its reference utilization is taken from (one bounded query)
 PEER_WINDOW = 200
@@ -25,6 +24,8 @@ _PARAMS: dict[object, int] = {}
 def job_parameters(job: Job) -> int:
     """The job's model's parameter count (built on the meta device, once per job and
     process); 0 when it cannot be measured (then nothing is judged)."""
+    from trainer.models import ModelSpecError, model_size
+
     if job.pk in _PARAMS:
         return _PARAMS[job.pk]
     params = 0

@@ -16,7 +16,6 @@ from marketplace.jobs.errors import MarketplaceError
 from marketplace.jobs.models import Job, Shard
 from marketplace.nodes.models import Node
 from marketplace.rounds.models import ModelCopy, Round, ShardCopy, Task
-from trainer.delivery import delivery_codec
 
 # deltas longer than this are not worth the round trips: the node fetches the whole model
 MAX_CHAIN = 8
@@ -24,6 +23,8 @@ MAX_CHAIN = 8
 
 def model_source(task: Task) -> dict[str, Any]:
     """How the task's node gets the round's model (docs/agent-api.md, "Model delivery")."""
+    from trainer.delivery import delivery_codec
+
     rnd, job = task.round, task.round.job
     if delivery_codec(job.parsed_spec) is None or job.parsed_spec.scoring:
         return {"kind": "full"}  # a scoring job's model is never the seed's

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
@@ -14,21 +14,19 @@ from django.utils import timezone
 from marketplace.events.services import job_changed
 from marketplace.jobs import files
 from marketplace.jobs.models import Job
-from marketplace.jobs.models_io import State, store_model
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
 from marketplace.observability import metrics as obs
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.rounds.planning import may_work_on
 from marketplace.rounds.queue import enqueue_aggregation
-from marketplace.rounds.resharding import round_shards
 from marketplace.rounds.scheduling import job_needs, node_view, nodes_that_may_work_on
-from marketplace.rounds.secagg import hold_for_unmask
 from marketplace.rounds.signals import bump_work_generation
 from marketplace.rounds.sizing import is_far, plan_cohort
-from trainer.aggregation import min_updates
-from trainer.local import derive_seed
 from trainer.spec import JobSpec
+
+if TYPE_CHECKING:
+    from marketplace.jobs.models_io import State
 
 
 def round_deadline(job: Job, now: datetime | None = None) -> datetime:
@@ -43,6 +41,10 @@ def open_round(
     """Store the round's input model and create one pending task per shard. `delta` is
     (stored payload, base model hash) for delta-delivered jobs: how nodes that hold the
     previous round's model get this one (marketplace.rounds.delivery)."""
+    from marketplace.jobs.models_io import store_model
+    from marketplace.rounds.resharding import round_shards
+    from trainer.local import derive_seed
+
     model_hash, model_file = store_model(job, number, state)
     delta_file, delta_base = delta if delta and delta[0] else ("", "")
     rnd = Round.objects.create(
@@ -75,6 +77,8 @@ def open_round(
 def fewest_shards(spec: JobSpec) -> int:
     """The fewest shards whose quorum still brings the updates the strategy needs to
     aggregate a round (the rule submission checks): an elastic job is never re-cut below."""
+    from trainer.aggregation import min_updates
+
     need = min_updates(spec.aggregation)
     count = need
     while quorum_units(spec.rounds.quorum, count) < need:
@@ -130,6 +134,8 @@ def silo_fits(job: Job, node: Node) -> bool:
 def reserve_silos(rnd: Round) -> int:
     """One task per online node holding the job's local dataset, reserved for that node;
     silos that come online later join while the round is open (the tick calls this)."""
+    from trainer.local import derive_seed
+
     job = rnd.job
     taken = set(Task.objects.filter(round=rnd).values_list("reserved_for_id", flat=True))
     seed = job.parsed_spec.seed
@@ -206,6 +212,8 @@ def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
     the others alone (plan_round's on-time quorum), as long as those bring enough updates
     to aggregate: a round never closes empty-handed only because its far work is out. A
     scoring job's round needs every unit: each holds rows the result must have."""
+    from trainer.aggregation import min_updates
+
     spec = rnd.job.parsed_spec
     if spec.scoring:
         return all(s.settled for s in states)
@@ -224,6 +232,8 @@ def start_aggregation(rnd: Round) -> None:
     for what `kept_in_flight` keeps: a later round folds its update in (FedBuff). A secure-
     aggregation round first asks its survivors for the shares that unmask the sum, and starts
     aggregating once they are in (marketplace.rounds.secagg_replies)."""
+    from marketplace.rounds.secagg import hold_for_unmask
+
     if hold_for_unmask(rnd):
         return
     now = timezone.now()

@@ -11,7 +11,6 @@ from marketplace.jobs.errors import Conflict, MarketplaceError
 from marketplace.nodes.models import Node
 from marketplace.rounds.lifecycle import start_aggregation
 from marketplace.rounds.models import Round, RoundStatus
-from marketplace.rounds.secagg import locked_state, member_of, round_view, secagg_task
 from marketplace.rounds.secagg_models import SecAggPhase
 from trainer.secagg.shamir import SHARE_BYTES
 
@@ -45,6 +44,8 @@ def _parsed(revealed: Any, survivors: set[int], dropped: set[int]) -> dict[str, 
 
 
 def accept_unmask(node: Node, task_id: object, revealed: Any) -> dict[str, Any]:
+    from marketplace.rounds.secagg import locked_state, member_of, round_view, secagg_task
+
     task = secagg_task(node, task_id)
     with transaction.atomic():
         rnd = Round.objects.select_for_update().select_related("job").get(pk=task.round_id)

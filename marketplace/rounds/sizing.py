@@ -20,8 +20,6 @@ from marketplace.nodes.models import Node, NodeState
 from marketplace.nodes.selectors import benchmark_of, network_of
 from marketplace.rounds.models import TaskResult
 from trainer.adapt import NodeMeasurement, NodePlan, PolicyState, RoundPlan, Tier, plan_round
-from trainer.local import planned_steps
-from trainer.models import build_model
 from trainer.spec import JobSpec, ModelSpec
 
 # Assumed until a node reports better: a slow home link and an overhead-bound small step.
@@ -48,6 +46,8 @@ def size_work(
     num_classes: int = 0,
     peers: Sequence[Node] | None = None,
 ) -> Work:
+    from trainer.local import planned_steps
+
     batch = spec.local.batch_size
     if not spec.adaptation.enabled or not input_shape:
         codec = spec.compression.codec if spec.compression.codec != "auto" else "none"
@@ -182,6 +182,8 @@ def step_seconds(benchmark: dict, spec: JobSpec) -> float:
 
 @lru_cache(maxsize=128)
 def model_numel(model_json: str, input_shape: tuple[int, ...], num_classes: int) -> int:
+    from trainer.models import build_model
+
     model = build_model(ModelSpec.model_validate_json(model_json), input_shape, num_classes)
     return sum(t.numel() for t in model.state_dict().values())
 

@@ -14,7 +14,6 @@ from django.utils import timezone
 from marketplace.events.services import job_changed
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
-from marketplace.jobs.models_io import load_model_file
 from marketplace.ledger.reservations import release_tasks, shrink_on_upload
 from marketplace.nodes.bounds import MAX_DATASET_ROWS
 from marketplace.nodes.models import Node
@@ -23,17 +22,9 @@ from marketplace.observability import metrics as obs
 from marketplace.rounds.delivery import record_model
 from marketplace.rounds.lifecycle import maybe_close, two_round
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
-from marketplace.rounds.scoring import check_result
-from marketplace.rounds.secagg import check_masked, secure
 from marketplace.rounds.signals import bump_work_generation
-from marketplace.rounds.verification import verify_unit
-from trainer.compression import decode_any
-from trainer.hashing import bytes_hash
 from trainer.lora import update_part
 from trainer.nesting import TooDeep, loads_json
-from trainer.privacy import noise_problem
-from trainer.replicas import claimed_device, claimed_precision
-from trainer.updates import UpdateRejected, encode_state
 
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
 # what an update's X-GPUFlex-Metrics may report: name -> (min, max)
@@ -123,6 +114,13 @@ def federated_samples(node: Node, task: Task, metrics: dict[str, float]) -> int:
 
 def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str | None) -> int:
     """Store a validated update; returns 201 (new) or 200 (the same bytes again)."""
+    from marketplace.rounds.scoring import check_result
+    from marketplace.rounds.secagg import check_masked, secure
+    from marketplace.rounds.verification import verify_unit
+    from trainer.hashing import bytes_hash
+    from trainer.replicas import claimed_device, claimed_precision
+    from trainer.updates import UpdateRejected
+
     task = task_for_node(node, task_id)
     digest = bytes_hash(body)
     existing = TaskResult.objects.filter(task=task).first()
@@ -193,6 +191,12 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
 def _store_update(node: Node, task: Task, body: bytes, name: str) -> tuple[str, str]:
     """Check a training update against the round's model and store it as `name`; returns
     the precision and device it claims."""
+    from marketplace.jobs.models_io import load_model_file
+    from trainer.compression import decode_any
+    from trainer.privacy import noise_problem
+    from trainer.replicas import claimed_device, claimed_precision
+    from trainer.updates import UpdateRejected, encode_state
+
     # the part of the model an update carries: a LoRA job's adapters alone (trainer.lora)
     spec = task.round.job.parsed_spec
     reference = update_part(spec.model, load_model_file(task.round.input_model_file))

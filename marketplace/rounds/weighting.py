@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
 from marketplace.rounds.models import Round
 from marketplace.rounds.sizing import measurement, plan_key
 from trainer.adapt.health import health
-from trainer.aggregation import ClientUpdate, health_weighted
 
-Labelled = tuple[ClientUpdate, str]
+if TYPE_CHECKING:
+    from trainer.aggregation import ClientUpdate
+
+Labelled = tuple["ClientUpdate", str]
 
 
 def health_scores(job: Job, rnd: Round, node_ids: Iterable[object]) -> dict[str, float]:
@@ -47,6 +49,8 @@ def health_scores(job: Job, rnd: Round, node_ids: Iterable[object]) -> dict[str,
 def weigh(job: Job, rnd: Round, updates: list[Labelled]) -> tuple[list[Labelled], dict[str, Any]]:
     """The updates as the job's spec weights them, and what to add to the round's metrics:
     the weighting used and, for "health", each contributing node's score."""
+    from trainer.aggregation import health_weighted
+
     if job.parsed_spec.aggregation.weighting != "health":
         return updates, {"weighting": "samples"}
     scores = health_scores(job, rnd, {u.node_id for u, _ in updates})

@@ -8,10 +8,10 @@ from django.urls import get_resolver
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "marketplace.server.settings.base")
 application = get_wsgi_application()
-# Import every view now (they pull in torch through trainer/), so that a worker's first
-# request does not pay seconds of imports while clients wait.
+# Import every view now, so that a worker's first request does not pay their imports while
+# clients wait (none imports torch: the Celery worker builds and checks models, issue 36).
 get_resolver().url_patterns  # noqa: B018
 # Everything imported so far lives as long as the worker: out of the collector's sight, a
-# full collection no longer walks torch's and Django's hundreds of thousands of objects
+# full collection no longer walks Django's hundreds of thousands of objects
 # (measured: a claim's query building spent most of its time in those pauses).
 gc.freeze()

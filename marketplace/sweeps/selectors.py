@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from marketplace.jobs.models import Job
 from marketplace.ledger.selectors import job_costs
 from marketplace.sweeps.models import SweepTrial
-from trainer import sweep as study
+
+if TYPE_CHECKING:
+    from trainer import sweep as study
 
 
 def records(sweep: Job) -> list[study.TrialRecord]:
+    from trainer import sweep as study
+
     return [
         study.TrialRecord(
             t.number,
@@ -25,6 +29,8 @@ def records(sweep: Job) -> list[study.TrialRecord]:
 
 def best_trial(sweep: Job) -> SweepTrial | None:
     """The completed trial with the best value; None before one completes."""
+    from trainer import sweep as study
+
     spec = sweep.parsed_spec.sweep
     best = study.best(spec, records(sweep)) if spec else None
     return None if best is None else SweepTrial.objects.get(sweep=sweep, number=best.number)

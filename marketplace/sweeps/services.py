@@ -35,7 +35,6 @@ from marketplace.ledger.services import release_escrow
 from marketplace.rounds.models import Round, RoundStatus
 from marketplace.sweeps.models import SweepTrial, TrialState
 from marketplace.sweeps.selectors import records
-from trainer import sweep as study
 from trainer.spec import SpecError
 from trainer.sweep_space import SweepSpec
 
@@ -65,6 +64,8 @@ def _sweep_spec(sweep: Job) -> SweepSpec:
 
 
 def _record_round(sweep: Job, child_id: object, number: int) -> None:
+    from trainer import sweep as study
+
     trial = SweepTrial.objects.select_for_update().filter(sweep=sweep, job_id=child_id).first()
     rnd = Round.objects.filter(job_id=child_id, number=number, status=RoundStatus.DONE).first()
     if trial is None or rnd is None:
@@ -85,6 +86,8 @@ def _record_round(sweep: Job, child_id: object, number: int) -> None:
 
 def _sync_ended(sweep: Job) -> None:
     """Running trials whose job ended take its outcome."""
+    from trainer import sweep as study
+
     spec = _sweep_spec(sweep)
     running = SweepTrial.objects.select_for_update().filter(
         sweep=sweep, state=TrialState.RUNNING, job__isnull=False
@@ -116,6 +119,8 @@ def _share(sweep: Job, left: int) -> Decimal:
 
 
 def _start_trials(sweep: Job) -> None:
+    from trainer import sweep as study
+
     spec = _sweep_spec(sweep)
     trials = SweepTrial.objects.filter(sweep=sweep)
     while True:
@@ -146,6 +151,8 @@ def _start_trials(sweep: Job) -> None:
 def _maybe_finish(sweep: Job) -> None:
     """Every trial started has ended, and no more will start: the sweep completes with the
     best trial's model, or fails when no trial completed."""
+    from trainer import sweep as study
+
     spec = _sweep_spec(sweep)
     trials = SweepTrial.objects.filter(sweep=sweep)
     if trials.filter(state=TrialState.RUNNING).exists():

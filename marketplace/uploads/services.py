@@ -33,8 +33,6 @@ from marketplace.uploads.errors import (
 )
 from marketplace.uploads.models import Upload, UploadStatus
 from marketplace.uploads.selectors import quota_used, upload_of
-from trainer.datasets.base import DatasetError
-from trainer.datasets.tabular import check_csv_head
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +145,9 @@ def head_problem(upload: Upload) -> str | None:
     """What the start of the upload's file already shows is wrong, for the formats whose
     start says something on its own (CSV: the text, the header, the field size, the rows'
     widths); None for the others, checked whole when a job uses the file."""
+    from trainer.datasets.base import DatasetError
+    from trainer.datasets.tabular import check_csv_head
+
     if not upload.filename.lower().endswith(".csv"):
         return None
     path = partial.partial_path(upload.pk)

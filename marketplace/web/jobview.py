@@ -17,19 +17,16 @@ from django.urls import reverse
 from desktop.money import amount
 from marketplace.jobs import files
 from marketplace.jobs.models import ACTIVE_STATUSES, Job
-from marketplace.jobs.privacy import privacy_summary
 from marketplace.jobs.selectors import federated_status, node_states_of
 from marketplace.ledger.selectors import job_costs
 from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import network_of
-from marketplace.rounds.aggregation import provenance_name
 from marketplace.rounds.models import Round
 from marketplace.rounds.selectors import leased_nodes, node_work, rounds_of
 from marketplace.rounds.sizing import measurement
 from marketplace.sweeps.selectors import best_trial, trial_rows
 from marketplace.web.labels import short_labels
 from trainer.adapt import health
-from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
 from trainer.spec import JobSpec, SpecError
 
 # RTT bands for the topology's link colours (ms): a LAN, a good WAN, a far or poor one.
@@ -177,6 +174,8 @@ def is_live(payload: dict[str, Any]) -> bool:
 def live_payload(job: Job) -> dict[str, Any]:
     """Everything the job page updates while it is open: pushed on each change (its event
     stream), or polled where a stream cannot be held."""
+    from marketplace.jobs.privacy import privacy_summary
+
     rows = node_rows(job)
     return {
         "status": job.status,
@@ -225,6 +224,9 @@ def provenance(job: Job) -> dict[str, Any]:
     Replaying every round from artifacts (`gpuflex` verify) is heavier; the page checks the
     chain itself, which detects any altered, missing or reordered record.
     """
+    from marketplace.rounds.aggregation import provenance_name
+    from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
+
     empty = {"records": [], "ok": None, "problems": [], "head": "", "count": 0, "url": ""}
     if not job.rounds_done or job.kind == "sweep":  # a sweep's rounds are its trials' own
         return empty

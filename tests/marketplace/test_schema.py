@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 from rest_framework.test import APIClient
 
 
@@ -34,3 +37,58 @@ def test_unknown_path_is_a_json_404(db) -> None:
     response = APIClient().get("/api/v1/nothing-here")
     assert response.status_code == 404
     assert response.json()["error"] == "not_found"
+
+
+def test_concurrent_first_schema_requests_share_one_generation(db, monkeypatch) -> None:
+    """Issue 36: racing first requests for the schema on a fresh worker returned 500
+    (drf-spectacular's extension loading, tfranzel/drf-spectacular#1122) and each request
+    paid a full generation. Now the schema is generated once per process and served to all:
+    every thread reaches the view before the first generation may finish, and still only one
+    generation runs."""
+    from django.db import connections
+    from drf_spectacular.generators import SchemaGenerator
+    from drf_spectacular.views import SpectacularAPIView
+
+    from marketplace.api import schema_view
+
+    schema_view.clear_cache()  # as in a fresh process
+    threads = 6
+    start = threading.Barrier(threads)
+    arrived = threading.Semaphore(0)
+    generations: list[int] = []
+    real_get, real_generate = SpectacularAPIView.get, SchemaGenerator.get_schema
+
+    def get(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        arrived.release()
+        return real_get(self, request, *args, **kwargs)
+
+    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        generations.append(1)
+        if len(generations) == 1:  # the first waits until every request is in the view
+            for _ in range(threads):
+                assert arrived.acquire(timeout=60)
+        return real_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpectacularAPIView, "get", get)
+    monkeypatch.setattr(SchemaGenerator, "get_schema", generate)
+    answers: list[tuple[int, bytes]] = []
+
+    def fetch() -> None:
+        try:
+            start.wait(timeout=60)
+            response = APIClient().get(
+                "/api/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json"
+            )
+            answers.append((response.status_code, response.content))
+        finally:
+            connections.close_all()
+
+    workers = [threading.Thread(target=fetch) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert [status for status, _ in answers] == [200] * threads
+    assert len({body for _, body in answers}) == 1
+    assert len(generations) == 1
+    schema_view.clear_cache()

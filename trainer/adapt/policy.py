@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from trainer.adapt.health import NodeMeasurement, Tier, classify, health
-from trainer.delivery import delivery_codec
 from trainer.spec import JobSpec
 
 # Codecs from most to least faithful; "auto" takes the first whose upload costs little
@@ -85,6 +84,8 @@ def choose_codec(m: NodeMeasurement, numel: int, spec: JobSpec) -> str:
 def download_codec(spec: JobSpec) -> str:
     """How the job delivers the global model (trainer.delivery): a dense delta chain every
     node rebuilds bit for bit (top-k would starve nodes of most of the model), or whole."""
+    from trainer.delivery import delivery_codec
+
     codec = delivery_codec(spec)
     return codec.name if codec is not None else "none"
 

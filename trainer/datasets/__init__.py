@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from trainer.datasets.archives import ArchiveLimits, ArchiveTooLarge, load_image_archive
-from trainer.datasets.base import IGNORE_INDEX, Dataset, DatasetError
-from trainer.datasets.digits import load_digits_dataset
-from trainer.datasets.images import load_image_folder
-from trainer.datasets.tabular import load_csv_dataset, load_npz_dataset, load_parquet_dataset
-from trainer.datasets.text import load_text_dataset
+from trainer.datasets.errors import ArchiveLimits, ArchiveTooLarge, DatasetError
 from trainer.spec import DatasetSpec
+
+if TYPE_CHECKING:
+    from trainer.datasets.base import Dataset
+
+# The loaders (torch, numpy, PIL) load on first use: the web process names DatasetError and
+# the archive limits from here, or a submodule such as trainer.datasets.tokenizer, and must
+# not pay for torch (issue 36).
+_LAZY = {
+    "IGNORE_INDEX": "trainer.datasets.base",
+    "Dataset": "trainer.datasets.base",
+    "load_image_archive": "trainer.datasets.archives",
+    "load_digits_dataset": "trainer.datasets.digits",
+    "load_image_folder": "trainer.datasets.images",
+    "load_csv_dataset": "trainer.datasets.tabular",
+    "load_npz_dataset": "trainer.datasets.tabular",
+    "load_parquet_dataset": "trainer.datasets.tabular",
+    "load_text_dataset": "trainer.datasets.text",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "IGNORE_INDEX",
@@ -38,6 +62,12 @@ def load_dataset(
     """Load what `spec` describes; relative paths are resolved against `base_dir`
     (normally the folder of the job spec file) when given, else the working directory.
     `archive_limits`: what an image archive may hold (trainer/datasets/archives.py)."""
+    from trainer.datasets.archives import load_image_archive
+    from trainer.datasets.digits import load_digits_dataset
+    from trainer.datasets.images import load_image_folder
+    from trainer.datasets.tabular import load_csv_dataset, load_npz_dataset, load_parquet_dataset
+    from trainer.datasets.text import load_text_dataset
+
     if spec.kind == "digits":
         return load_digits_dataset(spec.test_fraction, seed)
     path = _resolve(spec, base_dir)

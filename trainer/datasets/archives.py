@@ -27,34 +27,18 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from trainer.datasets.base import Dataset, DatasetError
+from trainer.datasets.base import Dataset
 from trainer.datasets.classification import classification_dataset
+from trainer.datasets.errors import (
+    ARCHIVE_SUFFIXES,
+    ArchiveLimits,
+    ArchiveTooLarge,
+    DatasetError,
+    archive_suffix,
+)
 from trainer.datasets.pixels import IMAGE_SUFFIXES, stack_images, to_array
 
-ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
 _FORMATS = ("PNG", "JPEG", "BMP", "GIF")  # IMAGE_SUFFIXES' formats
-
-
-class ArchiveTooLarge(DatasetError):
-    """An archive over a size limit (a likely decompression bomb): the marketplace's 413."""
-
-
-@dataclass(frozen=True)
-class ArchiveLimits:
-    """What one archive may hold. The defaults suit a dataset that fits in a node's memory;
-    the marketplace passes its own (settings.GPUFLEX["IMAGE_ARCHIVE"])."""
-
-    max_members: int = 100_000
-    max_total_bytes: int = 1 << 30  # all members decompressed
-    max_ratio: float = 100.0  # a member's decompressed size over its packed size
-    max_pixels: int = 4096 * 4096  # per image, from its header, before decoding
-    max_decoded_bytes: int = 2 << 30  # the float32 tensor the images become
-
-
-def archive_suffix(name: str) -> str | None:
-    """The archive suffix `name` ends with (lower case), or None."""
-    lower = name.lower()
-    return next((s for s in ARCHIVE_SUFFIXES if lower.endswith(s)), None)
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,13 @@ from typing import Literal
 
 import torch
 
+# re-exported: the loaders raise it from here; it lives where the web process can name it
+from trainer.datasets.errors import DatasetError as DatasetError
+
 Task = Literal["classification", "language_model"]
 
 # Targets at padded positions of a language-model sample; cross-entropy skips them.
 IGNORE_INDEX = -100
-
-
-class DatasetError(ValueError):
-    """User data that cannot be loaded; the message names the file and what is wrong."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.datasets.base import DatasetError
+from trainer.datasets.errors import DatasetError
 from trainer.nesting import TooDeep, loads_json
 
 # GPT-2's tokenizer.json is 1.4 MB and large multilingual ones about 20 MB

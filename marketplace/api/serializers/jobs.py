@@ -9,7 +9,6 @@ from rest_framework import serializers
 
 from marketplace.api.serializers import numbers
 from marketplace.jobs.models import Job, Tier
-from marketplace.jobs.privacy import privacy_summary
 from marketplace.jobs.selectors import federated_status, node_states_of, scoring_result
 from marketplace.ledger.selectors import job_costs
 from marketplace.rounds.models import Round
@@ -148,6 +147,8 @@ class JobSerializer(serializers.ModelSerializer):
         """A private job's promise and what it has spent: mode, clip_norm, noise_multiplier,
         the target epsilon and delta, and epsilon_spent after the rounds done (None before
         the first); null for a job without differential privacy."""
+        from marketplace.jobs.privacy import privacy_summary
+
         return privacy_summary(job)
 
     def get_costs(self, job: Job) -> dict[str, str | int]:

@@ -45,7 +45,6 @@ from marketplace.rounds.delivery import model_bytes, record_model, record_shard
 from marketplace.rounds.lifecycle import close_after_far_leases
 from marketplace.rounds.scheduling import claim_with_wait, task_payloads
 from marketplace.rounds.uploads import accept_update, fail_task, task_for_node
-from marketplace.rounds.zones import accept_partial, hand_off, zone_model, zone_round, zone_route
 
 SAFETENSORS = "application/octet-stream"
 
@@ -94,6 +93,8 @@ class ClaimView(AgentView):
 
 def with_zone(payload: dict, task: object) -> dict:
     """A zones job's task names the aggregator its update goes to (rounds.zones)."""
+    from marketplace.rounds.zones import zone_route
+
     route = zone_route(task)
     return payload | {"zone": route} if route else payload
 
@@ -177,6 +178,8 @@ class TaskHandOffView(AgentView):
 
     @extend_schema(request=HandOffSerializer, responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def post(self, request: Request, task_id: str) -> Response:
+        from marketplace.rounds.zones import hand_off
+
         body = HandOffSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         hand_off(self.node(request), task_id, **body.validated_data)
@@ -188,12 +191,16 @@ class ZoneRoundView(AgentView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(404, 409)})
     def get(self, request: Request, round_id: int) -> Response:
+        from marketplace.rounds.zones import zone_round
+
         return Response(zone_round(self.node(request), round_id))
 
 
 class ZoneModelView(AgentView):
     @extend_schema(responses={(200, SAFETENSORS): OpenApiTypes.BINARY, **errors(404, 409)})
     def get(self, request: Request, round_id: int) -> HttpResponse:
+        from marketplace.rounds.zones import zone_model
+
         return encoded_response(request, zone_model(self.node(request), round_id), SAFETENSORS)
 
 
@@ -205,6 +212,8 @@ class ZonePartialView(AgentView):
         responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT, **errors(409, 413, 422)},
     )
     def put(self, request: Request) -> Response:
+        from marketplace.rounds.zones import accept_partial
+
         body = _body(request)
         code, partial = accept_partial(self.node(request), body)
         count_traffic(partial.aggregator_id, partial.round.job_id, up=len(body))

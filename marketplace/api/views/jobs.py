@@ -32,16 +32,13 @@ from marketplace.events import topics
 from marketplace.events.stream import CONTENT_TYPE, event_stream
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict
-from marketplace.jobs.export import job_model_download
 from marketplace.jobs.models import ACTIVE_STATUSES, Job
 from marketplace.jobs.selectors import jobs_of
 from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import submit_job
 from marketplace.jobs.tracking import job_record
-from marketplace.rounds.aggregation import provenance_name
-from marketplace.rounds.scoring import predictions_file
 from marketplace.rounds.selectors import rounds_of
-from trainer.export import FORMATS
+from trainer.export_formats import FORMATS
 
 _ID_PREFIX = re.compile(r"[0-9a-f-]+")
 
@@ -168,6 +165,8 @@ class JobModelView(BuyerView):
         },
     )
     def get(self, request: Request, pk: str) -> HttpResponse:
+        from marketplace.jobs.export import job_model_download
+
         job = self.job(request, pk)
         download = job_model_download(job, request.query_params.get("format", "safetensors"))
         response = HttpResponse(download.data, content_type=download.content_type)
@@ -183,6 +182,8 @@ class JobPredictionsView(BuyerView):
         "dataset's order: row, prediction (the class index) and prob_<k> per class.",
     )
     def get(self, request: Request, pk: str) -> HttpResponse:
+        from marketplace.rounds.scoring import predictions_file
+
         job = self.job(request, pk)
         response = HttpResponse(
             predictions_file(job), content_type="application/vnd.apache.parquet"
@@ -244,6 +245,8 @@ class JobAnchorsView(BuyerView):
 class JobProvenanceView(BuyerView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def get(self, request: Request, pk: str) -> HttpResponse:
+        from marketplace.rounds.aggregation import provenance_name
+
         job = self.job(request, pk)
         if not job.rounds_done:
             raise Conflict("No round has finished yet, so there is no provenance record.")

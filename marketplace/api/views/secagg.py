@@ -15,7 +15,6 @@ from marketplace.api.serializers.secagg import (
     SharesSerializer,
 )
 from marketplace.api.views.agent import AgentView
-from marketplace.rounds import secagg
 from marketplace.rounds.secagg_replies import accept_unmask
 
 
@@ -24,10 +23,14 @@ class SecAggView(AgentView):
 
     @extend_schema(responses={200: SecAggRoundSerializer, **errors(400)})
     def get(self, request: Request, task_id: str) -> Response:
+        from marketplace.rounds import secagg
+
         return Response(secagg.status(self.node(request), task_id))
 
     @extend_schema(request=KeysSerializer, responses={200: SecAggRoundSerializer, **errors(409)})
     def post(self, request: Request, task_id: str) -> Response:
+        from marketplace.rounds import secagg
+
         body = KeysSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         return Response(secagg.advertise(self.node(request), task_id, **body.validated_data))
@@ -39,10 +42,14 @@ class SecAggSharesView(AgentView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(400, 409)})
     def get(self, request: Request, task_id: str) -> Response:
+        from marketplace.rounds import secagg
+
         return Response({"shares": secagg.incoming(self.node(request), task_id)})
 
     @extend_schema(request=SharesSerializer, responses={200: SecAggRoundSerializer, **errors(409)})
     def post(self, request: Request, task_id: str) -> Response:
+        from marketplace.rounds import secagg
+
         body = SharesSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         shares = body.validated_data["shares"]

@@ -17,7 +17,6 @@ from marketplace.events import topics
 from marketplace.events.stream import event_stream
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, InvalidSpec, MarketplaceError
-from marketplace.jobs.export import formats_for, job_model_download
 from marketplace.jobs.market import market_price
 from marketplace.jobs.models import Job
 from marketplace.jobs.selectors import jobs_of, scoring_result
@@ -27,8 +26,6 @@ from marketplace.ledger.metering import Rules, speed_factor
 from marketplace.ledger.selectors import balances
 from marketplace.nodes.selectors import benchmark_of, online_nodes
 from marketplace.numbers import is_ascii_text
-from marketplace.rounds.aggregation import provenance_name
-from marketplace.rounds.scoring import predictions_file
 from marketplace.sweeps.selectors import best_trial, trial_rows
 from marketplace.web import estimate, jobview
 from marketplace.web.access import buyer_required
@@ -176,6 +173,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
 @buyer_required
 @require_GET
 def job_detail(request: HttpRequest, pk: str) -> HttpResponse:
+    from marketplace.jobs.export import formats_for
+
     job = _job(request, pk)
     if job is None:
         return not_found(request, "job")
@@ -236,6 +235,8 @@ def job_action(request: HttpRequest, pk: str, action: str) -> HttpResponse:
 @require_GET
 def job_model(request: HttpRequest, pk: str) -> HttpResponse:
     """The latest global model in a format (?format=), as the API's /jobs/{id}/model gives it."""
+    from marketplace.jobs.export import job_model_download
+
     job = _job(request, pk)
     if job is None:
         return not_found(request, "job")
@@ -254,6 +255,8 @@ def job_model(request: HttpRequest, pk: str) -> HttpResponse:
 @require_GET
 def job_predictions(request: HttpRequest, pk: str) -> HttpResponse:
     """A finished inference job's predictions (Parquet), as the API's /jobs/{id}/predictions."""
+    from marketplace.rounds.scoring import predictions_file
+
     job = _job(request, pk)
     if job is None:
         return not_found(request, "job")
@@ -270,6 +273,8 @@ def job_predictions(request: HttpRequest, pk: str) -> HttpResponse:
 @buyer_required
 @require_GET
 def job_provenance(request: HttpRequest, pk: str) -> HttpResponse:
+    from marketplace.rounds.aggregation import provenance_name
+
     job = _job(request, pk)
     if job is None or not job.rounds_done:
         return not_found(request, "provenance record")
