@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from tests.marketplace.agents import Agent
 from tests.marketplace.helpers import HARDWARE, SMALL_SPEC
 
 PASSWORD = "correct-horse-battery-9"
+CHROMIUM = Path("/usr/lib/chromium/chromium")  # Debian's; never `playwright install`
 _names = itertools.count()
 
 
@@ -102,3 +104,16 @@ def run_until_idle(agents: list[Agent], limit: int = 100) -> int:
         if not worked:
             return done
     raise AssertionError("work never ran out")
+
+
+@pytest.fixture
+def browser(monkeypatch) -> Iterator:
+    """Debian's chromium through Playwright."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # plain synchronous code all the same
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+        yield browser
+        browser.close()

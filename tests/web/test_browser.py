@@ -15,7 +15,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
@@ -28,11 +28,10 @@ from marketplace.jobs.models import Job
 from marketplace.ledger.services import grant_credit
 from tests.live_agents import live_agent
 from tests.marketplace.helpers import SMALL_SPEC
-from tests.web.conftest import PASSWORD
+from tests.web.conftest import CHROMIUM, PASSWORD
 from trainer.hashing import state_hash
 from trainer.updates import decode_state
 
-CHROMIUM = Path("/usr/lib/chromium/chromium")
 LAPTOP = {"width": 1366, "height": 850}
 PHONE = {"width": 390, "height": 844}
 ROUNDS = 3
@@ -41,18 +40,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed"),
 ]
-
-
-@pytest.fixture
-def browser(monkeypatch) -> Iterator:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
-    # plain synchronous code all the same
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        yield browser
-        browser.close()
 
 
 class Console:

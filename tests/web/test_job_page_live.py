@@ -8,8 +8,6 @@ takes seconds: what it checks is the page, not the training.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from django.db import connections
 
@@ -22,18 +20,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not CHROMIUM.exists(), reason="Debian's chromium is not installed"),
 ]
-
-
-@pytest.fixture
-def chromium(monkeypatch) -> Iterator:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    # Playwright's sync API runs an event loop in this thread; the test's ORM calls are plain
-    # synchronous code all the same
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
-        yield browser
-        browser.close()
 
 
 def _until_round_closes(agents, job: Job, number: int, limit: int = 50) -> None:
@@ -50,7 +36,7 @@ def _until_round_closes(agents, job: Job, number: int, limit: int = 50) -> None:
 
 
 def test_provenance_and_node_states_follow_the_job_without_reload(
-    live_server, chromium, make_user, make_node, make_job, settings
+    live_server, browser, make_user, make_node, make_job, settings
 ) -> None:
     # a page's stream notices its closed page at the next keepalive and frees its connection
     settings.GPUFLEX = settings.GPUFLEX | {"EVENT_KEEPALIVE_S": 1.0}
@@ -58,7 +44,7 @@ def test_provenance_and_node_states_follow_the_job_without_reload(
     job = make_job(buyer, spec_data=SMALL_SPEC | {"rounds": {"max_rounds": 2}})
     agents = [agent_for(make_node(make_user("provider"))) for _ in range(3)]
     console = Console()
-    context = chromium.new_context(viewport=LAPTOP)
+    context = browser.new_context(viewport=LAPTOP)
     try:
         page = context.new_page()
         console.watch(page)
