@@ -84,6 +84,7 @@ from desktop.task_runner import (
     PROGRESS,
     STOP,
 )
+from desktop.warm_keeper import WarmKeeper
 
 log = logging.getLogger("gpuflex.agent")
 
@@ -339,6 +340,7 @@ class Agent:
         self._continuation: Continuation | None = None
         self._uploading: set[str] = set()  # overlap tasks whose upload runs in the background
         self.zone: Any = None  # desktop.zone_server.ZoneService while this node aggregates
+        self.warm: WarmKeeper | None = None  # starts and stops the sandbox's warm worker
         # the local datasets are to be advertised (at start, and after any change)
         self._datasets_due = threading.Event()
         self._datasets_due.set()
@@ -412,7 +414,10 @@ class Agent:
         return list(self._lanes) or [self]
 
     def warm_state(self) -> str:
-        """The warm task worker's state (Sandbox.warm_state); "cold" before the sandbox."""
+        """The warm task worker's state (WarmKeeper.state: "idle" while no work wants it);
+        "cold" before the sandbox."""
+        if self.warm is not None:
+            return self.warm.state()
         return self._sandbox.warm_state() if self._sandbox is not None else "cold"
 
     def status(self) -> AgentStatus:
@@ -735,7 +740,11 @@ class Agent:
         if self._lane is not None:  # its tasks see only this lane's GPU (desktop.lanes)
             self._sandbox.env.update(lane_env(self._lane))
         self.paths.tasks.mkdir(parents=True, exist_ok=True)
-        self._sandbox.prewarm(self.paths.tasks)  # torch imported before the first task comes
+        # the warm worker starts when work is offered (desktop.warm_keeper), not now: a node
+        # with no work holds only the agent. What a crash left in its folder comes back now
+        self._sandbox.recover(self.paths.tasks)
+        self.warm = WarmKeeper(self._sandbox, self.paths.tasks,
+                               lambda: self._settings.warm_idle_s)  # fmt: skip
         for left in self.paths.tasks.glob(f"*{CONTINUED}"):  # a crash cut it short: dropped
             shutil.rmtree(left, ignore_errors=True)
         transport = self._transport
@@ -895,6 +904,7 @@ class Agent:
         assert self.client is not None
         outage = 0
         while not self._stop.is_set():
+            self._cool_warm()
             if self._datasets_due.is_set():
                 self._advertise_datasets()
             if self._paused.is_set():
@@ -940,6 +950,14 @@ class Agent:
                 else:
                     self._error(f"marketplace error: {exc}")
                     self._sleep(self.idle_sleep_s * 5)
+
+    def _cool_warm(self) -> None:
+        """Stop the warm task worker once no work has used it for `warm_idle_s`."""
+        cont = self._continuation
+        busy = cont is not None and cont.thread is not None and cont.thread.is_alive()
+        if self.warm is not None and self.warm.cool(busy):
+            self._info(f"warm task worker stopped: no work for {self._settings.warm_idle_s:g} s"
+                       " (the next task starts it again)")  # fmt: skip
 
     def _advertise_datasets(self) -> None:
         """Tell the marketplace which local datasets this node holds (never their rows)."""
@@ -1017,6 +1035,15 @@ class Agent:
         )  # fmt: skip
 
     def _process(self, rec: TaskRecord) -> None:
+        if self.warm is not None:
+            self.warm.offered()  # torch imports in the worker while the inputs download
+        try:
+            self._process_task(rec)
+        finally:
+            if self.warm is not None:
+                self.warm.used()
+
+    def _process_task(self, rec: TaskRecord) -> None:
         assert self.client is not None
         if rec.state in ("claimed", "ready") and self._deadline_passed(rec.task):
             self._finish_failed(rec, "cancelled", "the task's deadline passed before it ran")
