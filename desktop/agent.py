@@ -35,13 +35,20 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from desktop import __version__, local_datasets
+from desktop.agent_status import (  # re-exported: the CLI, the tray and tests import them here
+    AgentStatus,
+    Event,
+    LaneStatus,
+    LogEntry,
+    State,
+    TaskStatus,
+)
 from desktop.bench_result import BenchmarkResult
 from desktop.client import (
     ApiError,
@@ -56,10 +63,11 @@ from desktop.config import Credentials, Paths, Settings, load_settings, save_set
 from desktop.hardware import GpuInfo, HardwareReport, gpu_metrics
 from desktop.input_cache import InputCache
 from desktop.journal import Journal, TaskRecord
-from desktop.lanes import lane_env, lane_hardware, lane_name, lane_paths, lane_scope, plan_lanes
+from desktop.lanes import lane_env, lane_hardware, lane_paths, lane_scope, plan_lanes
 from desktop.local_datasets import DatasetRefused, LocalDataset
-from desktop.netprobe import NetProbe, NetworkFigures
+from desktop.netprobe import NetProbe
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
+from desktop.presence import Presence, registration_hardware
 from desktop.probe import probe
 from desktop.sandbox import Limits, Sandbox, SandboxResult, task_argv
 from desktop.secagg_client import ProtocolError, SecAggDropped, SecAggSession, uses_secagg
@@ -88,161 +96,16 @@ from desktop.warm_keeper import WarmKeeper
 
 log = logging.getLogger("gpuflex.agent")
 
+__all__ = ["Agent", "AgentStatus", "Event", "LaneStatus", "LogEntry", "State", "TaskStatus",
+           "registration_hardware"]  # fmt: skip
+
 TASK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")  # ids become folder names: no traversal
 MAX_TRAIN_ATTEMPTS = 3  # a task that kills the sandbox this often is reported, not retried
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
 # how often a running task re-checks the work policy: a game that starts is noticed within
 # this, and the task pauses within the sandbox's PAUSE_GRACE_S more (the owner's 2 s)
 POLICY_CHECK_S = 0.5
-HEARTBEAT_TASKS = 32  # the most task_ids a heartbeat names (docs/agent-api.md)
-LINK_PROBE_BYTES = 32 * 1024  # times a 0.3 Mbit/s link in about a second (desktop.netprobe)
 CONTINUED = ".continue"  # a continuation's folder: the task's id and this (see Continuation)
-
-
-class State(StrEnum):
-    STOPPED = "stopped"
-    STARTING = "starting"
-    IDLE = "idle"  # waiting for work from the marketplace
-    WORKING = "working"
-    PAUSED = "paused"  # by the owner
-    WAITING = "waiting"  # the work policy says not now (in use, on battery, too hot...)
-    ERROR = "error"  # cannot go on without help (not logged in, key revoked)
-
-    @property
-    def api(self) -> str:
-        return {"working": "working", "paused": "paused", "waiting": "waiting"}.get(
-            self.value, "idle"
-        )
-
-
-@dataclass(frozen=True)
-class TaskStatus:
-    id: str
-    job_id: str
-    round: int
-    # "downloading" | "training" | "uploading"; for overlap: "uploading, training on" and,
-    # once uploaded, "training on" (until the job's next task is in)
-    phase: str
-    progress: float  # 0..1 of training
-    started: float
-
-
-@dataclass(frozen=True)
-class LogEntry:
-    time: float
-    level: str  # "info" | "warning" | "error"
-    message: str
-    seq: int = 0  # increasing per agent: a client asks for the lines after the last it saw
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"time": self.time, "level": self.level, "message": self.message, "seq": self.seq}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LogEntry:
-        return cls(float(data["time"]), str(data["level"]), str(data["message"]),
-                   int(data.get("seq", 0)))  # fmt: skip
-
-    def __str__(self) -> str:
-        return f"{dt.datetime.fromtimestamp(self.time):%H:%M:%S} {self.message}"
-
-
-@dataclass(frozen=True)
-class LaneStatus:
-    """One GPU's lane of a multi-GPU agent (desktop.lanes): its node and what it does."""
-
-    gpu: int
-    gpu_name: str
-    state: State = State.STOPPED
-    reason: str = ""
-    task: TaskStatus | None = None
-    node_id: str = ""
-    completed: int = 0
-    failed: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "state": self.state.value,
-                "task": None if self.task is None else self.task.__dict__}  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> LaneStatus:
-        task = d.get("task")
-        return cls(
-            gpu=int(d["gpu"]), gpu_name=str(d.get("gpu_name", "")),
-            state=State(d.get("state", "stopped")), reason=str(d.get("reason", "")),
-            task=None if not task else TaskStatus(**task), node_id=str(d.get("node_id", "")),
-            completed=int(d.get("completed", 0)), failed=int(d.get("failed", 0)),
-        )  # fmt: skip
-
-    def doing(self) -> str:
-        """`waiting: another program uses the GPU (game)`, `working, task t-1 training 40%`."""
-        what = self.state.value + (f": {self.reason}" if self.reason else "")
-        if self.task is not None:
-            what += f", task {self.task.id} {self.task.phase} {100 * self.task.progress:.0f}%"
-        return what
-
-    def line(self) -> str:
-        """`GPU 1 (RTX 3080): waiting: ...`, for the tray and the status window."""
-        return f"GPU {self.gpu} ({self.gpu_name}): {self.doing()}"
-
-
-@dataclass(frozen=True)
-class AgentStatus:
-    state: State = State.STOPPED
-    reason: str = ""  # why waiting, paused or in error, in words
-    task: TaskStatus | None = None
-    server: str = ""
-    node_id: str = ""
-    registered: bool = False
-    earnings_today: str = "0.00"
-    earnings_total: str = "0.00"
-    completed: int = 0
-    failed: int = 0
-    isolated: bool = False  # tasks run under bubblewrap
-    hardware: HardwareReport | None = None
-    benchmark: BenchmarkResult | None = None
-    network: dict[str, float | None] = field(default_factory=dict)
-    last_error: str = ""
-    lanes: tuple[LaneStatus, ...] = ()  # one per GPU on a multi-GPU machine, else none
-
-    @property
-    def paused(self) -> bool:
-        return self.state is State.PAUSED
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "state": self.state.value, "reason": self.reason,
-            "task": None if self.task is None else self.task.__dict__,
-            "server": self.server, "node_id": self.node_id, "registered": self.registered,
-            "earnings": {"today": self.earnings_today, "total": self.earnings_total},
-            "completed": self.completed, "failed": self.failed, "isolated": self.isolated,
-            "network": self.network, "last_error": self.last_error, "updated": time.time(),
-            "hardware": None if self.hardware is None else self.hardware.to_dict(),
-            "benchmark": None if self.benchmark is None else self.benchmark.to_dict(),
-            "lanes": [lane.to_dict() for lane in self.lanes],
-        }  # fmt: skip
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AgentStatus:
-        """The snapshot as the local API carries it (desktop.control): the GUI's view."""
-        task, hw, bench = d.get("task"), d.get("hardware"), d.get("benchmark")
-        earnings = d.get("earnings") or {}
-        return cls(
-            state=State(d.get("state", "stopped")), reason=str(d.get("reason", "")),
-            task=None if not task else TaskStatus(**task),
-            server=str(d.get("server", "")), node_id=str(d.get("node_id", "")),
-            registered=bool(d.get("registered")),
-            earnings_today=str(earnings.get("today", "0.00")),
-            earnings_total=str(earnings.get("total", "0.00")),
-            completed=int(d.get("completed", 0)), failed=int(d.get("failed", 0)),
-            isolated=bool(d.get("isolated")),
-            hardware=None if not hw else HardwareReport.from_dict(hw),
-            benchmark=None if not bench else BenchmarkResult.from_dict(bench),
-            network=dict(d.get("network") or {}), last_error=str(d.get("last_error", "")),
-            lanes=tuple(LaneStatus.from_dict(lane) for lane in d.get("lanes") or ()),
-        )  # fmt: skip
-
-
-Event = tuple[str, Any]  # ("log", LogEntry) | ("state", AgentStatus) | ("task_done", dict)
 
 
 @dataclass
@@ -254,22 +117,6 @@ class Continuation:
     stop: threading.Event = field(default_factory=threading.Event)  # a graceful stop wanted
     thread: threading.Thread | None = None
     uploader: threading.Thread | None = None
-
-
-def registration_hardware(hw: HardwareReport, s: Settings, isolated: bool) -> dict[str, Any]:
-    """The hardware report plus the summary fields the marketplace schedules on: `gpu_model`,
-    `memory_gb` (the GPU's memory, or for a CPU node the RAM a task may use) and `isolation`
-    (whether this node's sandbox confines a task, or only limits it: a job may require
-    `isolation: full`)."""
-    gpu = hw.primary_gpu if hw.accelerator != "cpu" else None
-    memory_mb = gpu.memory_total_mb if gpu else min(hw.ram_total_mb, s.task_memory_mb)
-    return {
-        **hw.to_dict(),
-        "gpu_model": gpu.name if gpu else "",
-        "memory_gb": round(memory_mb / 1024, 2),
-        "accelerator": hw.accelerator,
-        "isolation": "full" if isolated else "limits",
-    }
 
 
 class Agent:
@@ -327,14 +174,12 @@ class Agent:
         self._subscribers: list[Callable[[Event], None]] = []
         self._log: deque[LogEntry] = deque(maxlen=500)
         self._status = AgentStatus(server=self._settings.server_url)
-        self._heartbeat_s = 10.0
-        # (when, "" or why it failed) of the last heartbeat: the local API's /readyz
-        self._last_beat: tuple[float, str] | None = None
         self._policy_working = False
         self.journal = Journal(self.paths.journal)
         # per agent, beside its tasks: the byte counts the server keeps stay each node's own
         self.inputs = InputCache(self.paths.tasks.parent / "inputs")
         self.netprobe = NetProbe()
+        self.presence = Presence(self)  # registration and heartbeats (desktop.presence)
         self.client: MarketplaceClient | None = None
         self.simnet: SimulatedNetwork | None = None
         self._continuation: Continuation | None = None
@@ -403,11 +248,11 @@ class Agent:
     @property
     def last_heartbeat(self) -> tuple[float, str] | None:
         """(time.time() it was sent, "" or why it failed) of the last heartbeat, or None."""
-        return self._last_beat
+        return self.presence.last_beat
 
     @property
     def heartbeat_interval_s(self) -> float:
-        return self._heartbeat_s
+        return self.presence.interval_s
 
     def members(self) -> list[Agent]:
         """The agents that talk to the marketplace: a multi-GPU host's lanes, else itself."""
@@ -577,12 +422,12 @@ class Agent:
                 self._run_lanes(gpus)
                 return
             self._setup()
-            if not self._register():
+            if not self.presence.register():
                 return
             self._start_zone_service()
-            self._probe_link()
+            self.presence.probe_link()
             self._hb_thread = threading.Thread(
-                target=self._heartbeats, name="gpuflex-heartbeat", daemon=True
+                target=self.presence.run, name="gpuflex-heartbeat", daemon=True
             )
             self._hb_thread.start()
             self._loop()
@@ -765,65 +610,6 @@ class Agent:
             node_id=self.credentials.node_id(self._key_scope()) or "",
         )  # fmt: skip
 
-    def _register(self) -> bool:
-        """Register once per server; waits (state ERROR) until the owner has logged in."""
-        assert self.client is not None and self._hardware and self._bench
-        s = self._settings
-        while not self._stop.is_set():
-            if self.client.node_key:
-                self._set(registered=True, state=State.IDLE, reason="")
-                return True
-            provider = self.credentials.provider_key()
-            if not provider:
-                if self.status().state is not State.ERROR:
-                    self._error("not logged in: run 'gpuflex-node login' or open Settings")
-                self._set(state=State.ERROR, reason="not logged in: run 'gpuflex-node login'")
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
-            name = s.node_name or self._hardware.cpu_name
-            body = {
-                "name": lane_name(name, self._lane.index) if self._lane else name,
-                "kind": s.kind,
-                "hardware": registration_hardware(
-                    self._hardware, s, self._sandbox is not None and self._sandbox.isolated
-                ),
-                "benchmark": self._bench.advertised(),
-                "network": self._probe_rtt().to_dict(),
-                "price_per_gpu_hour": s.price_per_gpu_hour,
-                "availability": {
-                    "idle_minutes": s.idle_minutes,
-                    "schedule": [s.schedule_start, s.schedule_end],
-                    "work_on_battery": s.work_on_battery,
-                },
-                "local_datasets": local_datasets.advertisement(s),  # never a row
-            }
-            if s.kind == "platform":  # the operator's token; a volunteer sends none
-                body["enrollment_token"] = s.enrollment_token
-            if s.zone:
-                body["zone"] = s.zone
-            if s.zone and s.kind == "platform" and s.zone_listen:
-                body["zone_url"] = s.zone_url or f"http://{s.zone_listen}"
-            try:
-                answer = self.client.register(provider, body)
-            except Unavailable as exc:
-                self._warn(f"cannot reach the marketplace to register: {exc.detail}")
-                continue
-            except ApiError as exc:
-                self._error(f"registration refused: {exc}")
-                self._set(state=State.ERROR, reason=f"registration refused ({exc.code})")
-                if exc.status == 401:  # a wrong key: ask for it again rather than retry it
-                    self.credentials.set_provider_key(None)
-                else:  # the same body would be refused again: wait for new settings or a while
-                    self._sleep(60.0)
-                continue
-            self.credentials.set_node_key(self._key_scope(), str(answer["node_key"]))
-            self.credentials.set_node_id(self._key_scope(), str(answer["id"]))
-            self.client.node_key = str(answer["node_key"])
-            self._set(node_id=str(answer["id"]))
-            self._info(f"registered as node {answer['id']}")
-        return False
-
     def _start_zone_service(self) -> None:
         """A platform node with `zone_listen` serves as its zone's aggregator
         (desktop/zone_server.py) for as long as the agent runs."""
@@ -857,36 +643,6 @@ class Agent:
                     raise  # the task is not ours any more: the flat upload would say the same
                 self._warn(f"task {rec.id}: zone aggregator unusable ({exc}); uploading here")
         return self.client.put_update(rec.id, data, rec.metrics)
-
-    def _probe_rtt(self, n: int = 3) -> NetworkFigures:
-        """RTT before there is a node key: any answer (even 401) is one round trip."""
-        assert self.client is not None
-        for _ in range(n):
-            t0 = time.monotonic()
-            with contextlib.suppress(ApiError, Stopped):
-                self.client._request("GET", "agent/me", attempts=1)
-            self.netprobe.rtt(time.monotonic() - t0)
-        return self.netprobe.figures()
-
-    def _probe_link(self) -> None:
-        """Time the link both ways before the first heartbeat, so the marketplace plans this
-        node's first round (its upload codec, its share of the round) on measured rates
-        rather than a guess. Transfers made for tasks keep the figures current after."""
-        assert self.client is not None
-        try:
-            t0 = time.monotonic()
-            self._timed(self.client.probe_down(LINK_PROBE_BYTES), t0, upload=False)
-            data = os.urandom(LINK_PROBE_BYTES)
-            t0 = time.monotonic()
-            self.client.probe_up(data)
-            self._timed(data, t0, upload=True)
-        except ApiError as exc:  # an older server, a throttle: plan on a guess
-            self._info(f"link test skipped ({exc})")
-            return
-        figures = self.netprobe.figures()
-        self._set(network=figures.to_dict())
-        self._info(f"link: {figures.down_mbps} Mbit/s down, {figures.up_mbps} Mbit/s up, "
-                   f"{figures.rtt_ms} ms")  # fmt: skip
 
     def _key_scope(self) -> str:
         """What this node's key and id are kept under: the server's, or a lane's own."""
@@ -945,7 +701,7 @@ class Agent:
                     self._set(state=State.ERROR, reason="node key rejected: log in again")
                     self.credentials.set_node_key(self._key_scope(), None)
                     self.client.node_key = None
-                    if not self._register():
+                    if not self.presence.register():
                         return
                 else:
                     self._error(f"marketplace error: {exc}")
@@ -1211,15 +967,8 @@ class Agent:
     def _timed_get(self, get: Callable[[str], bytes], tid: str) -> bytes:
         t0 = time.monotonic()
         data = get(tid)
-        self._timed(data, t0, upload=False)
+        self.presence.timed(data, t0, upload=False)
         return data
-
-    def _timed(self, data: bytes, t0: float, upload: bool) -> None:
-        """A transfer for the link's rate: the bytes that crossed the network, which for a
-        gzip-encoded download are fewer than `data` holds."""
-        wire = getattr(data, "wire_bytes", len(data))
-        self.netprobe.transfer(wire, time.monotonic() - t0, upload=upload,
-                               rtt_s=self.netprobe.latest_rtt_s())  # fmt: skip
 
     def _train(self, rec: TaskRecord) -> None:
         assert self._sandbox is not None
@@ -1388,12 +1137,12 @@ class Agent:
             if isinstance(exc, Unavailable):
                 raise
             if exc.status in (409, 422):  # refused once the body was in: it timed the link
-                self._timed(data, t0, upload=True)
+                self.presence.timed(data, t0, upload=True)
             outcome = {404: "lost", 409: "conflict", 422: "rejected"}.get(exc.status or 0, "error")
             self._error(f"task {rec.id}: upload refused ({exc})")
             self._done(rec, outcome, ok=False, background=background)
             return
-        self._timed(data, t0, upload=True)
+        self.presence.timed(data, t0, upload=True)
         self._info(f"task {rec.id} uploaded" + (" (already accepted)" if code == 200 else ""))
         if session is not None:
             try:
@@ -1608,61 +1357,3 @@ class Agent:
             if t is not None and t is not threading.current_thread():
                 t.join(30.0)
         self._continuation = None
-
-    # ----------------------------------------------------------------- internals: heartbeats
-
-    def _heartbeats(self) -> None:
-        beats = 0
-        while not self._stop.is_set():
-            self._heartbeat_once(earnings=beats % 6 == 0)
-            beats += 1
-            self._write_status_file()
-            self._stop.wait(self._heartbeat_s)
-
-    def _heartbeat_once(self, earnings: bool = False) -> None:
-        if self.client is None or not self.client.node_key:
-            return
-        st = self.status()
-        m = gpu_metrics(self._gpu_index, self._own_pids())
-        metrics = {
-            "gpu_util": m.utilization_pct,
-            "gpu_temp_c": m.temperature_c,
-            "gpu_mem_used_mb": m.memory_used_mb,
-        }
-        # unknown figures are left out, not sent as null (the server types them as numbers)
-        body: dict[str, Any] = {
-            "state": st.state.api,
-            "metrics": {k: v for k, v in metrics.items() if v is not None},
-            "network": {
-                k: v for k, v in self.netprobe.figures().to_dict().items() if v is not None
-            },
-        }
-        if st.state in (State.PAUSED, State.WAITING) and st.reason:
-            body["reason"] = st.reason[:200]  # shown to buyers whose job waits on this node
-        if st.task is not None:
-            body["task_id"] = st.task.id
-            body["progress"] = round(st.task.progress, 4)
-        # every lease this node holds stays alive while it does: prefetched tasks and the one
-        # whose update uploads too (the server takes at most HEARTBEAT_TASKS)
-        held = [r.id for r in self.journal.open()]
-        if held:
-            body["task_ids"] = held[:HEARTBEAT_TASKS]
-        try:
-            t0 = time.monotonic()
-            answer = self.client.heartbeat(body)
-            self.netprobe.rtt(time.monotonic() - t0)
-            interval = answer.get("heartbeat_interval_s")
-            if isinstance(interval, int | float) and interval > 0:
-                self._heartbeat_s = float(interval)
-            if earnings:
-                me = self.client.me()
-                money = me.get("earnings", {})
-                self._set(
-                    earnings_today=str(money.get("today", "0.00")),
-                    earnings_total=str(money.get("total", "0.00")),
-                )
-            self._set(network=self.netprobe.figures().to_dict())
-            self._last_beat = (time.time(), "")
-        except (ApiError, Stopped) as exc:
-            log.debug("heartbeat failed: %s", exc)
-            self._last_beat = (time.time(), str(exc) or type(exc).__name__)

@@ -499,7 +499,7 @@ def test_a_heartbeat_names_every_task_the_node_holds(logged_in, isolated_dirs, f
     for i in range(40):
         agent.journal.record(f"t-{i}", "claimed", task={"id": f"t-{i}"})
     agent.journal.record("t-0", "ready")
-    agent._heartbeat_once()
+    agent.presence.beat()
     held = recorder.bodies[-1]["task_ids"]
     assert held == [f"t-{i}" for i in range(32)]
     assert "t-done" not in held
