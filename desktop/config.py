@@ -92,6 +92,10 @@ class Settings:
     task_memory_mb: int = 8192
     task_cpu_s: int = 3600
     task_wall_s: int = 3600
+    # seconds the warm task worker (torch and the trainer loaded, ~300 MB) stays up after the
+    # last task: it starts when work is offered, so an idle node holds only the agent; 0 =
+    # never kept warm (stopped as soon as the work is done)
+    warm_idle_s: float = 300.0
     # the region this node declares itself in (sent at registration): jobs with
     # aggregation.hierarchy zones route its updates through the zone's aggregator
     zone: str = ""
@@ -364,6 +368,8 @@ def _check(s: Settings) -> None:
         raise InvalidSettings("gpu_memory_fraction must be above 0 and at most 1")
     if s.idle_minutes < 0 or not 0 < s.max_gpu_temp_c <= 120:
         raise InvalidSettings("idle_minutes must be 0 or more, max_gpu_temp_c 1 to 120")
+    if not s.warm_idle_s >= 0:  # also refuses NaN
+        raise InvalidSettings("warm_idle_s must be 0 or more (seconds)")
     if isinstance(s.max_gpu_busy_pct, bool) or s.max_gpu_busy_pct not in range(5, 101):
         raise InvalidSettings("max_gpu_busy_pct must be a whole number from 5 to 100")
     if not all(isinstance(d, dict) for d in s.local_datasets):

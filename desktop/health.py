@@ -3,7 +3,8 @@ the local API serves both. No torch here: the agent process never imports it.
 
 Ready means: the agent runs, a provider key is stored (logged in), every node of this
 machine reached the marketplace at its last heartbeat and not long ago, and its warm task
-worker is up (or warm workers are off on this platform)."""
+worker is up, or down by design: off on this platform, or stopped because no work wants it
+("idle", desktop.warm_keeper)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def _marketplace(agent: Agent, now: float) -> str:
 
 def _worker(agent: Agent) -> str:
     states = [member.warm_state() for member in agent.members()]
-    if all(state in ("warm", "off") for state in states):
+    if all(state in ("warm", "off", "idle") for state in states):
         return "ok"
     return "the warm task worker is not running yet (the next task starts it)"
 

@@ -739,12 +739,25 @@ class Sandbox:
     def prewarm(self, tasks_dir: Path) -> None:
         """Start the warm worker for tasks under `tasks_dir` before the first task comes,
         and bring back the task files a crash left in its folder."""
+        self.recover(tasks_dir)
+        self.start_warm(tasks_dir)
+
+    def recover(self, tasks_dir: Path) -> None:
+        """Bring back the task files a crash left in the warm worker's folder: only while
+        no task runs through it (at the agent's start)."""
         if self.warm:
             # a warm folder that cannot be cleaned (not the agent's to remove) fails the
             # worker's start, and each task says why: the agent itself goes on
             with contextlib.suppress(OSError):
                 recover(tasks_dir.resolve())
-            self._worker_for(tasks_dir.resolve()).prewarm()
+
+    def start_warm(self, tasks_dir: Path) -> None:
+        """Start the warm worker in the background unless it runs (desktop.warm_keeper
+        calls this when work is offered)."""
+        if self.warm:
+            worker = self._worker_for(tasks_dir.resolve())
+            if not worker.alive():  # else each call would park one more prewarm thread
+                worker.prewarm()
 
     def _worker_for(self, tasks_dir: Path) -> WarmWorker:
         run_dir = tasks_dir / WARM_DIR / WARM_SLOT

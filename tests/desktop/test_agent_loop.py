@@ -322,7 +322,7 @@ def test_a_task_held_past_its_deadline_while_the_game_goes_on_goes_back_at_once(
     agent = make_agent(logged_in, isolated_dirs, fake_bench, observe_fn=observe,
                        policy_check_s=0.1)  # fmt: skip
     overdue = [False]  # the task's deadline passes when the test says, not by the clock
-    agent._deadline_passed = lambda _task: overdue[0]
+    agent.pipeline.deadline_passed = lambda _task: overdue[0]  # type: ignore[method-assign]
     agent.start()
     try:
         wait_for(lambda: (t := agent.status().task) is not None and t.phase == "training")
@@ -499,7 +499,7 @@ def test_a_heartbeat_names_every_task_the_node_holds(logged_in, isolated_dirs, f
     for i in range(40):
         agent.journal.record(f"t-{i}", "claimed", task={"id": f"t-{i}"})
     agent.journal.record("t-0", "ready")
-    agent._heartbeat_once()
+    agent.presence.beat()
     held = recorder.bodies[-1]["task_ids"]
     assert held == [f"t-{i}" for i in range(32)]
     assert "t-done" not in held

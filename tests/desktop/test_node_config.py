@@ -100,7 +100,7 @@ WRITERS = 16  # lanes registering at the same moment
 
 def _register_lanes(config_dir: str, first: int, count: int, barrier) -> None:
     """One writer (a thread, or a process's main thread): its lanes' node keys and ids, each
-    set as the agent sets them (desktop.agent._register), all released together."""
+    set as the agent sets them (desktop.presence.Presence.register), all released together."""
     from pathlib import Path
 
     from desktop.config import Credentials, Paths
