@@ -8,15 +8,16 @@ statuses into the host's one status (each GPU's line in `lanes`).
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from desktop.agent_status import AgentStatus, Event, LaneStatus, State
 from desktop.hardware import GpuInfo
 from desktop.lanes import lane_hardware, lane_paths
 from desktop.probe import probe
 
-if TYPE_CHECKING:
-    from desktop.agent import Agent
+# the agent that wires this part (desktop.agent.Agent), named but not imported: the agent
+# imports its parts, and a part importing it back, even for typing, is an import circle
+Agent = Any
 
 
 class LaneHost:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from desktop import local_datasets
 from desktop.agent_status import State
@@ -27,8 +27,9 @@ from desktop.hardware import HardwareReport, gpu_metrics
 from desktop.lanes import lane_name
 from desktop.netprobe import NetworkFigures
 
-if TYPE_CHECKING:
-    from desktop.agent import Agent
+# the agent that wires this part (desktop.agent.Agent), named but not imported: the agent
+# imports its parts, and a part importing it back, even for typing, is an import circle
+Agent = Any
 
 log = logging.getLogger("gpuflex.agent")
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from desktop import local_datasets
 from desktop.agent_status import State, TaskStatus
@@ -64,8 +64,9 @@ from desktop.task_runner import (
     STOP,
 )
 
-if TYPE_CHECKING:
-    from desktop.agent import Agent
+# the agent that wires this part (desktop.agent.Agent), named but not imported: the agent
+# imports its parts, and a part importing it back, even for typing, is an import circle
+Agent = Any
 
 log = logging.getLogger("gpuflex.agent")
 
