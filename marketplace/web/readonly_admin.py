@@ -11,8 +11,8 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """No add, change or delete, for anybody (a superuser included); every field read-only."""
+class _NoChanges:
+    """No add, change or delete, for anybody (a superuser included)."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -22,20 +22,15 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ReadOnlyAdmin(_NoChanges, admin.ModelAdmin):
+    """`_NoChanges`, and every field read-only."""
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [field.name for field in self.model._meta.get_fields() if field.concrete]
 
 
-class ReadOnlyInline(admin.TabularInline):
+class ReadOnlyInline(_NoChanges, admin.TabularInline):
     extra = 0
     can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
