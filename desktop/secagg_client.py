@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from desktop.client import MarketplaceClient
-from trainer.secagg import field as gf
+from trainer.secagg import packed
 from trainer.secagg.protocol import Participant, ProtocolError, Roster
 from trainer.secagg.shamir import to_bytes
 
@@ -58,11 +58,7 @@ class SecAggSession:
 
     def masked_update(self, plain: bytes) -> bytes:
         """Rounds 0-2: the masked update to upload in place of `plain` (safetensors)."""
-        # torch comes in with these, only for a secure-aggregation task: the agent itself
-        # trains nothing (its sandboxed runner does) and starts without it
-        from trainer.secagg.vectors import encode_masked, flatten
-        from trainer.updates import decode_state
-
+        values, meta = packed.flatten_update(plain)  # before any message: bad bytes stop here
         p = self.participant
         self.client.secagg_keys(self.task_id, p.c.public.hex(), p.s.public.hex())
         view = self._until(lambda v: v["phase"] != "advertise", "the round's roster")
@@ -83,11 +79,13 @@ class SecAggSession:
         p.receive(
             {int(k): bytes.fromhex(v) for k, v in self.client.secagg_shares(self.task_id).items()}
         )
-        state, meta = decode_state(plain)
         clip = float(self.options["clipping_range"])
-        masked = p.mask(gf.quantize(flatten(state), len(roster.indices), clip))
+        # packed integers, not numpy: the agent process loads neither numpy nor torch (#32);
+        # the values and bytes are those of trainer/secagg/vectors.py's numpy path
+        quantized = packed.quantize(values, len(roster.indices), clip)
+        masked = packed.mask(quantized, p.mask_terms())
         kept = {k: meta[k] for k in KEPT_METADATA if k in meta}
-        return encode_masked(masked, kept | {"secagg": "masked"})
+        return packed.encode_masked(masked, kept | {"secagg": "masked"})
 
     def unmask(self) -> None:
         """Round 3: once the survivors are fixed, the shares that unmask their sum."""

@@ -1,32 +1,21 @@
-"""The field the masked updates live in, and quantizing float updates into it.
+"""Field vectors as numpy arrays: quantizing float updates into GF(p) (trainer/secagg/
+modulus.py), mask expansion and element-wise arithmetic, for the server and the simulator.
+The agent does the same on packed integers (packed.py), without numpy; the two agree
+(tests/trainer/test_secagg_packed.py).
 
-GF(p) with p = 2**32 - 5, the largest prime below 2**32: a field element fits the same 4 bytes
-as a float32 weight, so a masked update weighs what a plain one does. Element-wise arithmetic
-runs in int64 numpy arrays (two elements add below 2**33, far from overflow).
-
-An update is clipped to [-clip, clip] per coordinate and scaled so that the sum of up to
-`count` of them cannot wrap around p/2: the signed sum decodes exactly, and each coordinate
-of the mean is off by at most half a quantization step (`quantization_error`).
+Element-wise arithmetic runs in int64 arrays (two elements add below 2**33, far from
+overflow).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-PRIME = 2**32 - 5
-HALF = PRIME // 2
+from trainer.secagg.modulus import HALF, PRIME, quantization_error, scale_for
+from trainer.secagg.prg import keystream
 
-
-def scale_for(count: int, clip: float) -> float:
-    """Steps per unit: `count` updates of magnitude `clip` sum to less than p/2."""
-    if count < 1 or clip <= 0:
-        raise ValueError("secure aggregation needs a positive count and clipping range")
-    return float(HALF - count) / (count * clip)
-
-
-def quantization_error(count: int, clip: float) -> float:
-    """The most a coordinate of the decoded mean is off (rounding only; clipping aside)."""
-    return 0.5 / scale_for(count, clip)
+__all__ = ["HALF", "PRIME", "add", "dequantize_sum", "expand", "quantization_error", "quantize",
+           "scale_for", "sub"]  # fmt: skip
 
 
 def quantize(values: np.ndarray, count: int, clip: float) -> np.ndarray:
@@ -39,6 +28,12 @@ def dequantize_sum(total: np.ndarray, count: int, clip: float) -> np.ndarray:
     """A field sum of quantized values -> their float sum (signed: above p/2 is negative)."""
     signed = np.where(total > HALF, total - PRIME, total).astype(np.float64)
     return signed / scale_for(count, clip)
+
+
+def expand(seed: bytes, length: int) -> np.ndarray:
+    """`length` field elements (int64 in [0, p)) from a 32-byte seed (prg.py)."""
+    words = np.frombuffer(keystream(seed, length), dtype="<u8")
+    return (words % np.uint64(PRIME)).astype(np.int64)
 
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -24,13 +24,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from trainer.secagg import field as gf
 from trainer.secagg import shamir
 from trainer.secagg.keys import KeyPair, agree, open_sealed, seal
-from trainer.secagg.prg import expand
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MASK = b"gpuflex-secagg-mask"
 SHARE = b"gpuflex-secagg-share"
@@ -69,8 +69,10 @@ def _sign(u: int, v: int) -> int:
     return 1 if u < v else -1
 
 
-def pair_mask(private: bytes, public: bytes, context: bytes, length: int) -> np.ndarray:
-    return expand(agree(private, public, context, MASK), length)
+def pair_seed(private: bytes, public: bytes, context: bytes) -> bytes:
+    """The seed of the mask two nodes share: each derives it from its own private key and
+    the other's public one."""
+    return agree(private, public, context, MASK)
 
 
 @dataclass
@@ -124,16 +126,32 @@ class Participant:
     def u1(self) -> list[int]:
         return sorted(self.held)
 
-    def mask(self, quantized: np.ndarray) -> np.ndarray:
-        """Round 2: the masked input, from a vector of field elements."""
+    def mask_terms(self) -> list[tuple[bytes, int]]:
+        """Round 2's masks, as (seed, sign): the self mask's seed, added, then each pairwise
+        mask's, added or taken away (sign(u, v)). Either arithmetic applies them: numpy's
+        (`mask`) or the agent's packed integers (packed.mask)."""
         roster = self._roster()
         if len(self.u1) < roster.threshold:
             raise ProtocolError("fewer nodes shared their keys than the threshold")
-        y = gf.add(quantized.astype(np.int64), expand(self.seed, len(quantized)))
+        terms = [(self.seed, 1)]
         for v in self.u1:
             if v != self.index:
-                m = pair_mask(self.s.private, roster.s_keys[v], roster.context, len(quantized))
-                y = gf.add(y, m) if _sign(self.index, v) > 0 else gf.sub(y, m)
+                seed = pair_seed(self.s.private, roster.s_keys[v], roster.context)
+                terms.append((seed, _sign(self.index, v)))
+        return terms
+
+    def mask(self, quantized: np.ndarray) -> np.ndarray:
+        """Round 2: the masked input, from a numpy vector of field elements."""
+        # numpy is the server's, the simulator's and the bench's: the agent masks packed
+        # integers (packed.mask) and never loads it (#32), so it is imported here
+        import numpy as np
+
+        from trainer.secagg import field as gf
+
+        y = quantized.astype(np.int64)
+        for seed, sign in self.mask_terms():
+            m = gf.expand(seed, len(quantized))
+            y = gf.add(y, m) if sign > 0 else gf.sub(y, m)
         return y
 
     def unmask(self, survivors: list[int], dropped: list[int]) -> dict[int, tuple[str, int]]:
@@ -167,6 +185,10 @@ def unmask_sum(
 ) -> np.ndarray:
     """The server's round 3: sum over the survivors (the keys of `masked`) of their inputs,
     in GF(p), from their masked inputs and at least t replies (replier -> node -> share)."""
+    import numpy as np  # the server's side (see Participant.mask)
+
+    from trainer.secagg import field as gf
+
     if len(replies) < roster.threshold:
         raise ProtocolError(f"{len(replies)} replies; {roster.threshold} are needed")
     survivors = sorted(masked)
@@ -182,11 +204,11 @@ def unmask_sum(
         return shamir.combine(dict(list(points.items())[: roster.threshold]))
 
     for u in survivors:
-        total = gf.sub(total, expand(secret(u, "b"), length))
+        total = gf.sub(total, gf.expand(secret(u, "b"), length))
     for v in dropped:
         s_private = secret(v, "s")
         for u in survivors:
-            m = pair_mask(s_private, roster.s_keys[u], roster.context, length)
+            m = gf.expand(pair_seed(s_private, roster.s_keys[u], roster.context), length)
             # u added sign(u, v) * PRG(s_uv): take it away
             total = gf.sub(total, m) if _sign(u, v) > 0 else gf.add(total, m)
     return total

@@ -7,9 +7,8 @@ import torch
 from safetensors.numpy import load as np_load
 from safetensors.numpy import save as np_save
 
-from trainer.secagg.field import PRIME
-
-MASKED_KEY = "masked"
+from trainer.secagg.modulus import PRIME
+from trainer.secagg.packed import MASKED_KEY
 
 
 def layout(state: dict[str, torch.Tensor]) -> list[tuple[str, list[int]]]:
