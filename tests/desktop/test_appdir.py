@@ -82,6 +82,10 @@ def test_appdir_from_a_small_bundle(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not BUILT.exists(), reason="no AppDir built (make package)")
 def test_built_appdir_starts_both_programs() -> None:
+    from test_installers import runtime_files
+
     _check_appdir(BUILT)
+    files = [p.relative_to(BUILT).as_posix() for p in BUILT.rglob("*") if p.is_file()]
+    assert runtime_files(files) == []  # lean (#32): tasks run from a runtime pack
     assert _run(BUILT, "node", "--version").startswith("gpuflex-node ")
     assert "gpuflex-tray" in _run(BUILT, "--version")

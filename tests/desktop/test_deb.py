@@ -137,8 +137,15 @@ def test_build_refuses_a_folder_that_is_not_a_bundle(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not BUILT, reason="no .deb built (make package)")
 def test_built_deb_installs_runs_and_purges(tmp_path: Path) -> None:
+    from test_installers import runtime_files
+
     deb = BUILT[-1]
     version = deb.name.split("_")[1]
+    # lean (#32): no torch or numpy inside; a task's runtime comes from a runtime pack
+    listing = subprocess.run(["dpkg-deb", "--contents", str(deb)], capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+    paths = [line.split()[-1] for line in listing.splitlines() if line.strip()]
+    assert any("libQt6Core" in p for p in paths) and runtime_files(paths) == []
     _install_run_remove(deb, _fresh_root(tmp_path), version)
 
 
