@@ -16,6 +16,7 @@ import torch
 
 from bench import (
     examples_bench,
+    footprint_bench,
     load_bench,
     network_bench,
     pause_bench,
@@ -159,6 +160,8 @@ def render(results: dict[str, Any]) -> str:
         parts += render_slow_clients(results["slow_clients"])
     if "load" in results:
         parts += load_bench.render(results["load"])
+    if "footprint" in results:
+        parts += footprint_bench.render_node(results["footprint"])
     if "rounds" in results:
         parts += render_rounds(results["rounds"])
     if "live" in results:
@@ -308,6 +311,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
     "load", "pause", "upload", "examples", "privacy", "inference", "zones", "sweep",
+    "footprint",
 )  # fmt: skip
 
 
@@ -596,6 +600,9 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "zones":
             print("zones: flat uploads against 3 zone aggregators, 24 wan nodes (simulator)")
             results["zones"] = zones_bench.run()
+        elif section == "footprint":
+            print("footprint: an idle registered node's memory, the installer's size (#32)")
+            results["footprint"] = footprint_bench.node_section()
         elif section == "slow_clients":
             print("slow clients: gunicorn alone, then behind nginx")
             results["slow_clients"] = slow_clients_bench.run()
