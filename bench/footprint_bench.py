@@ -19,6 +19,7 @@ process's own resident peak.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -149,12 +150,21 @@ def _tree_memory(pid: int) -> tuple[float, float, list[dict[str, Any]]]:
     return rss, pss, procs
 
 
-def idle_node(timeout_s: float = 600.0) -> dict[str, Any]:
+BUNDLE = ROOT / "dist" / "gpuflex" / "gpuflex-node"
+
+
+class NodeExited(RuntimeError):
+    """The measured agent stopped on its own."""
+
+
+def idle_node(bundle: bool = False, timeout_s: float = 600.0) -> dict[str, Any]:
     """A real `gpuflex-node run` against the agent API's test double (tests/desktop/
     fake_marketplace.py: the marketplace is not what is measured): it registers, trains one
     small task in its warm worker, and after `warm_idle_s` of quiet the worker stops. Then
     the agent and any children it still has are sampled, IDLE_SAMPLES times a second apart:
-    resident (RSS) and proportional (PSS) memory, the medians."""
+    resident (RSS) and proportional (PSS) memory, the medians. With `bundle`, the lean
+    bundle `make package` built (dist/gpuflex) instead of the source tree's agent, registered
+    with no task at all: it has no task runtime until a runtime pack brings one."""
     import statistics
 
     sys.path.insert(0, str(ROOT / "tests" / "desktop"))
@@ -167,6 +177,11 @@ def idle_node(timeout_s: float = 600.0) -> dict[str, Any]:
     def wait(cond: Any, what: str) -> None:
         end = time.monotonic() + timeout_s
         while not cond():
+            if node.poll() is not None:
+                lines = Path(tmp, "agent.log").read_text(errors="replace").splitlines()
+                errors = [line for line in lines if "Error:" in line] or lines or [""]
+                raise NodeExited(f"the agent exited ({node.returncode}) before {what}: "
+                                 f"{errors[-1].strip()}")  # fmt: skip
             if time.monotonic() > end:
                 raise TimeoutError(f"footprint: timed out waiting for {what}")
             time.sleep(0.2)
@@ -184,14 +199,22 @@ def idle_node(timeout_s: float = 600.0) -> dict[str, Any]:
             fingerprint=hw.fingerprint(), device="cpu", device_name=hw.cpu_name, quick=True,
             matmul_tflops={"fp32": 0.1}, memory_gbps=5.0, h2d_gbps=None, d2h_gbps=None,
             train_samples_per_s={"mlp": 1000.0}))  # fmt: skip
-        market.add(digits_task("t-footprint"))
-        node = subprocess.Popen(
-            [sys.executable, "-m", "desktop.cli", "run", "--claim-wait", "1"],
-            env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            start_new_session=True,
-        )  # fmt: skip
+        if bundle:
+            program = [str(BUNDLE)]
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        else:
+            market.add(digits_task("t-footprint"))
+            program, env = [sys.executable, "-m", "desktop.cli"], _env()
+        with open(Path(tmp, "agent.log"), "wb") as log:  # a pipe nobody reads could fill
+            node = subprocess.Popen([*program, "run", "--claim-wait", "1"], env=env, cwd=ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=log,
+                                    start_new_session=True)  # fmt: skip
         try:
-            wait(lambda: "t-footprint" in market.accepted(), "the task's upload")
+            if bundle:
+                wait(lambda: sum(r[1].endswith("/claim?wait=1") for r in market.requests) >= 3,
+                     "the node to poll for work")  # fmt: skip
+            else:
+                wait(lambda: "t-footprint" in market.accepted(), "the task's upload")
             started = time.monotonic()
             # the warm worker (and any task process) gone: the agent alone, polling for work
             wait(lambda: not psutil.Process(node.pid).children(recursive=True), "the warm "
@@ -202,8 +225,9 @@ def idle_node(timeout_s: float = 600.0) -> dict[str, Any]:
                 samples.append(_tree_memory(node.pid))
                 time.sleep(1.0)
         finally:
-            os.killpg(node.pid, 15)
-            node.communicate(timeout=60)
+            with contextlib.suppress(ProcessLookupError):  # it may have exited on its own
+                os.killpg(node.pid, 15)
+            node.wait(timeout=60)
             for name in dirs:
                 os.environ.pop(name, None)
     return {
@@ -240,9 +264,16 @@ def cuda12_pack(path: str | None) -> dict[str, Any]:
 def node_section(cuda12_pack_path: str | None = None) -> dict[str, Any]:
     """Issue 32's figures, under `footprint` in bench/results/results.json."""
     node, deb, pack = idle_node(), installer(), cuda12_pack(cuda12_pack_path)
+    frozen: dict[str, Any] = {"rss_mb": None, "why": "no bundle in dist/ (make package)"}
+    if BUNDLE.exists():
+        try:
+            frozen = idle_node(bundle=True)
+        except NodeExited as exc:  # e.g. no task runtime to probe the machine with
+            frozen = {"rss_mb": None, "why": str(exc)}
     return {
         "idle_node_rss_mb": node["rss_mb"],
         "idle_node": node,
+        "idle_bundle_node": frozen,
         "idle_node_goal_mb": GOAL_IDLE_NODE_MB,
         "installer_mib": deb["mib"],
         "installer": deb,
@@ -258,7 +289,7 @@ def render_node(f: dict[str, Any]) -> list[str]:
     def fig(value: float | None, unit: str, why: dict[str, Any]) -> str:
         return f"{value:.1f} {unit}" if value is not None else f"— ({why.get('why', '')})"
 
-    node = f["idle_node"]
+    node, frozen = f["idle_node"], f.get("idle_bundle_node") or {"why": "not measured"}
     return [
         "## A GPU owner's footprint (issue 32)",
         "",
@@ -272,6 +303,8 @@ def render_node(f: dict[str, Any]) -> list[str]:
         f"| registered node with no work, resident (agent + children) | "
         f"{f['idle_node_rss_mb']:.1f} MB (PSS {node['pss_mb']:.1f} MB, "
         f"{len(node['processes'])} process(es)) | ≤ {f['idle_node_goal_mb']} MB |",
+        f"| the same, the lean bundle's `gpuflex-node` (registered, no task yet) | "
+        f"{fig(frozen.get('rss_mb'), 'MB', frozen)} | ≤ {f['idle_node_goal_mb']} MB |",
         f"| installer download (`.deb`, zstd) | "
         f"{fig(f['installer_mib'], 'MiB', f['installer'])} | ≤ {f['installer_goal_mib']} MiB |",
         f"| `cuda12` pack | {fig(f['cuda12_pack_mib'], 'MiB', f['cuda12_pack'])} | built; "

@@ -14,7 +14,16 @@ from pathlib import Path
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "torch (libs)": ("torch/lib",),
     "torch (python, rest)": ("torch", "functorch", "torchgen"),
-    "Qt (PySide6, shiboken6)": ("PySide6", "shiboken6"),
+    # Qt's libraries and the ICU they link sit at the top of _internal/ (PyInstaller 6)
+    "Qt (PySide6, shiboken6, libQt6*, ICU)": (
+        "PySide6",
+        "shiboken6",
+        "libQt6",
+        "libicu",
+        "libpyside6",
+        "libshiboken6",
+    ),
+    "cryptography, OpenSSL, libsodium": ("cryptography", "libcrypto", "libssl", "nacl"),
     "Python (interpreter, stdlib)": ("libpython3", "base_library.zip", "python3", "lib-dynload"),
     "numpy, scipy, scikit-learn": (
         "numpy",
