@@ -153,7 +153,7 @@ def _in_use(world: SimpleNamespace) -> str:
 
 def test_fetch_installs_the_new_pack_with_progress_and_keeps_the_last(world) -> None:
     seen: list[tuple[int, int]] = []
-    got, choice = fetch.fetch(world.source, world.store, plan="cpu",
+    got, _choice = fetch.fetch(world.source, world.store, plan="cpu",
                               progress=lambda n, total: seen.append((n, total)))  # fmt: skip
     assert got.manifest.sha256 == world.new.sha256 and _in_use(world) == "2.13.0"
     assert seen and seen[-1] == (world.new.size, world.new.size)
@@ -174,7 +174,7 @@ def test_fetch_installs_the_new_pack_with_progress_and_keeps_the_last(world) -> 
 def test_plan_from_the_machine_and_a_missing_pack(world) -> None:
     machine = plan.Machine(nvidia_driver="580.65.06", **LINUX)
     # the repository publishes only cpu: an NVIDIA machine is told so and runs cpu
-    got, choice = fetch.fetch(world.source, world.store, machine=machine)
+    _got, choice = fetch.fetch(world.source, world.store, machine=machine)
     assert choice.plan == "cpu" and "no cuda12 pack is published" in choice.reason
     with pytest.raises(fetch.FetchError, match=r"no cuda12 runtime pack is published .*cpu\)"):
         fetch.fetch(world.source, world.store, plan="cuda12")
@@ -226,14 +226,14 @@ def test_a_pack_signed_by_another_key_is_refused(world, tmp_path: Path) -> None:
     target = f"runtime/{world.new.archive}"
     meta["signed"]["targets"][target]["length"] += 1  # edited without the targets key
     runtime_json.write_text(json.dumps(meta))
-    with pytest.raises(fetch.FetchError, match="refused: .*(Unsigned|BadVersion|Length)"):
+    with pytest.raises(fetch.FetchError, match=r"refused: .*(Unsigned|BadVersion|Length)"):
         fetch.fetch(world.source, world.store, plan="cpu")
     assert _in_use(world) == "2.12.0"
 
 
 def test_a_pack_for_another_python_is_refused(world, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fetch, "python_tag", lambda: "cp399")
-    with pytest.raises(fetch.FetchError, match="built for cp3.* this agent runs cp399"):
+    with pytest.raises(fetch.FetchError, match=r"built for cp3.* this agent runs cp399"):
         fetch.fetch(world.source, world.store, plan="cpu")
     assert _in_use(world) == "2.12.0"
 
