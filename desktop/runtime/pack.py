@@ -91,7 +91,7 @@ def platform_tag() -> str:
     return sysconfig.get_platform().replace("-", "_").replace(".", "_")
 
 
-def _torch_facts(site: Path) -> dict[str, str]:
+def torch_facts(site: Path) -> dict[str, str]:
     """torch's version and its CUDA/HIP version, read from torch/version.py as text."""
     try:
         text = (site / "torch" / "version.py").read_text()
@@ -118,7 +118,7 @@ def build(site: Path, plan: str, out_dir: Path, min_driver: str | None = None) -
     `<plan>-<sha256>.tar.gz` and its manifest `<plan>-<sha256>.json`."""
     if plan not in PLANS:
         raise PackError(f"unknown plan class {plan!r}: one of {', '.join(PLANS)}")
-    facts = _torch_facts(site)
+    facts = torch_facts(site)
     if plan == "cuda12" and not facts["cuda"]:
         raise PackError(f"the torch in {site} ({facts['torch']}) is not a CUDA build")
     if plan == "cpu" and (facts["cuda"] or facts["rocm"]):

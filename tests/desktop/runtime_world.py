@@ -28,15 +28,19 @@ def repo_tool() -> ModuleType:
     return module
 
 
-def tiny_site(folder: Path, torch_version: str = "2.13.0", cuda: str | None = None) -> Path:
-    """A site-packages folder with a fake torch and a module a task can import."""
+def tiny_site(folder: Path, torch_version: str = "2.13.0", cuda: str | None = None,
+              importable_torch: bool = True) -> Path:  # fmt: skip
+    """A site-packages folder with a fake torch and a module a task can import. Without
+    `importable_torch` its torch/ has no __init__.py: a namespace portion, which the real
+    torch of the environment (a regular package, later on sys.path) wins over (PEP 420)."""
     site = folder / "site-packages"
     (site / "torch").mkdir(parents=True)
     cuda_text = repr(cuda) if cuda else "None"
     (site / "torch" / "version.py").write_text(
         f"__version__ = '{torch_version}'\ncuda: Optional[str] = {cuda_text}\nhip = None\n"
     )
-    (site / "torch" / "__init__.py").write_text("from torch.version import __version__\n")
+    if importable_torch:
+        (site / "torch" / "__init__.py").write_text("from torch.version import __version__\n")
     (site / "packmark.py").write_text(f"WHERE = 'pack {torch_version}'\n")
     return site
 
