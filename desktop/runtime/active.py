@@ -54,7 +54,7 @@ def _environment() -> Runtime | None:
     except PackError:
         return None
     if facts["cuda"]:
-        plan = "cuda12"
+        plan = f"cuda{facts['cuda'].split('.')[0]}"
     elif facts["rocm"]:
         plan = "rocm"
     elif platform.system() == "Darwin" and platform.machine() == "arm64":

@@ -119,8 +119,16 @@ def build(site: Path, plan: str, out_dir: Path, min_driver: str | None = None) -
     if plan not in PLANS:
         raise PackError(f"unknown plan class {plan!r}: one of {', '.join(PLANS)}")
     facts = torch_facts(site)
-    if plan == "cuda12" and not facts["cuda"]:
-        raise PackError(f"the torch in {site} ({facts['torch']}) is not a CUDA build")
+    if plan.startswith("cuda"):
+        if not facts["cuda"]:
+            raise PackError(f"the torch in {site} ({facts['torch']}) is not a CUDA build")
+        if f"cuda{facts['cuda'].split('.')[0]}" != plan:
+            raise PackError(
+                f"the torch in {site} ({facts['torch']}) is a CUDA {facts['cuda']} build, not "
+                f"{plan}: build it as cuda{facts['cuda'].split('.')[0]} (PyPI's torch 2.13.0 "
+                "wheels are CUDA 13.0), or take torch from a CUDA 12 index "
+                "(RUNTIME_INDEX_URL=https://download.pytorch.org/whl/cu128)"
+            )
     if plan == "cpu" and (facts["cuda"] or facts["rocm"]):
         raise PackError(f"the torch in {site} ({facts['torch']}) is a GPU build, not cpu")
     if min_driver is None:
@@ -155,6 +163,7 @@ def build(site: Path, plan: str, out_dir: Path, min_driver: str | None = None) -
         digest = sha256_file(tmp)
         manifest = Manifest(**{**inner.to_dict(), "sha256": digest, "size": tmp.stat().st_size,
                                "archive": f"{plan}-{digest}.tar.gz"})  # fmt: skip
+        os.chmod(tmp, 0o644)  # mkstemp's 0600: a pack is published, not a secret
         os.replace(tmp, out_dir / manifest.archive)
     finally:
         tmp.unlink(missing_ok=True)

@@ -1,8 +1,9 @@
 """Plan classes (as BOINC calls them): which build of the training runtime suits this machine.
 
-`cpu` runs anywhere; `cuda12` needs an NVIDIA GPU whose driver is at least the pack's
-`min_driver`; `rocm` an AMD GPU on Linux with the ROCm kernel driver (/dev/kfd); `mps` an Apple
-silicon Mac. The choice falls back to `cpu` when the GPU's own plan is impossible here (a driver
+`cpu` runs anywhere; `cuda13` and `cuda12` need an NVIDIA GPU whose driver is at least the
+pack's `min_driver` (the newest CUDA the driver runs is preferred: PyPI's own torch 2.13.0
+wheels are CUDA 13.0 builds, PyTorch's cu12x indexes hold the CUDA 12 ones); `rocm` an AMD
+GPU on Linux with the ROCm kernel driver (/dev/kfd); `mps` an Apple silicon Mac. The choice falls back to `cpu` when the GPU's own plan is impossible here (a driver
 too old, no pack published for it), and says why, so the owner knows what to fix.
 """
 
@@ -14,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-PLANS = ("cpu", "cuda12", "rocm", "mps")
-GPU_PLANS = ("cuda12", "rocm", "mps")
+PLANS = ("cpu", "cuda12", "cuda13", "rocm", "mps")
+GPU_PLANS = ("cuda12", "cuda13", "rocm", "mps")
+CUDA_PLANS = ("cuda13", "cuda12")  # most preferred first
 
 # The oldest Linux driver each CUDA toolkit release needs (NVIDIA's CUDA toolkit release
 # notes, table 3). A pack's manifest names its own minimum; this fills it in at build time.
@@ -91,9 +93,9 @@ def driver_ok(have: str, need: str) -> bool:
 
 
 def gpu_plan(machine: Machine) -> str | None:
-    """The plan this machine's GPU would run, before any pack is considered."""
+    """The plan family this machine's GPU would run, before any pack is considered."""
     if machine.nvidia_driver and machine.system in ("Linux", "Windows"):
-        return "cuda12"
+        return "cuda"
     if machine.amd_gpu and machine.system == "Linux":
         return "rocm"
     if machine.apple_gpu:
@@ -107,16 +109,24 @@ def choose(machine: Machine, published: Mapping[str, Mapping[str, Any]]) -> Choi
     want = gpu_plan(machine)
     if want is None:
         return Choice("cpu", "no supported GPU found: the cpu runtime")
-    manifest = published.get(want)
-    if published and manifest is None:
-        return Choice("cpu", f"no {want} pack is published: the cpu runtime")
-    need = str((manifest or {}).get("min_driver") or "")
-    if want == "cuda12" and not driver_ok(machine.nvidia_driver, need):
-        return Choice(
-            "cpu",
-            f"NVIDIA driver {machine.nvidia_driver} is older than the {need} the cuda12 pack "
-            f"needs (CUDA {(manifest or {}).get('cuda', '?')}): the cpu runtime; update the "
-            "driver to train on the GPU",
-        )
-    detail = f", driver {machine.nvidia_driver}" if want == "cuda12" else ""
-    return Choice(want, f"{want} for this machine's GPU{detail}")
+    if want != "cuda":
+        if published and want not in published:
+            return Choice("cpu", f"no {want} pack is published: the cpu runtime")
+        return Choice(want, f"{want} for this machine's GPU")
+    driver = machine.nvidia_driver
+    if not published:
+        return Choice(CUDA_PLANS[0], f"{CUDA_PLANS[0]} for this machine's GPU, driver {driver}")
+    offered = [p for p in CUDA_PLANS if p in published]
+    if not offered:
+        return Choice("cpu", "no CUDA pack (cuda13, cuda12) is published: the cpu runtime")
+    for plan in offered:
+        if driver_ok(driver, str(published[plan].get("min_driver") or "")):
+            return Choice(plan, f"{plan} for this machine's GPU, driver {driver}")
+    oldest = offered[-1]
+    need = published[oldest].get("min_driver")
+    return Choice(
+        "cpu",
+        f"NVIDIA driver {driver} is older than the {need} the {oldest} pack needs (CUDA "
+        f"{published[oldest].get('cuda', '?')}): the cpu runtime; update the driver to train "
+        "on the GPU",
+    )

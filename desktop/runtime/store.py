@@ -116,9 +116,12 @@ class Store:
             try:
                 self._unpack(archive, manifest, tmp)
                 _read_only(tmp)
-                if final.exists():  # a damaged leftover of this very pack
-                    _remove_tree(final)
-                os.rename(tmp, final)
+                if (final / FULL).is_file():  # another process unpacked it meanwhile
+                    _remove_tree(tmp)
+                else:
+                    if final.exists():  # a damaged leftover of this very pack
+                        _remove_tree(final)
+                    os.rename(tmp, final)
             except BaseException:
                 _remove_tree(tmp)
                 raise

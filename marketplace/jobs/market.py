@@ -86,7 +86,7 @@ def why_no_node(job: Job) -> str:
 def _runtime_asks(needs: JobNeeds) -> str:
     asks = []
     if needs.gpu_runtime:
-        asks.append("a GPU runtime (cuda12, rocm or mps) for its bf16/fp16 precision")
+        asks.append("a GPU runtime (cuda12, cuda13, rocm or mps) for its bf16/fp16 precision")
     if needs.min_torch:
         asks.append(f"torch {needs.min_torch} or newer")
     return " and ".join(asks)

@@ -38,6 +38,14 @@ def test_an_nvidia_driver_too_old_falls_back_to_cpu_and_says_so() -> None:
     assert "535.183.01 is older than the 570.26" in got.reason and "update the driver" in got.reason
 
 
+def test_the_newest_cuda_the_driver_runs_is_chosen() -> None:
+    published = {"cpu": {}, "cuda12": {"min_driver": "570.26", "cuda": "12.8"},
+                 "cuda13": {"min_driver": "580.65.06", "cuda": "13.0"}}  # fmt: skip
+    for driver, want in [("590.10", "cuda13"), ("580.65.06", "cuda13"), ("575.51.03", "cuda12"),
+                         ("550.54.14", "cpu")]:  # fmt: skip
+        assert plan.choose(plan.Machine(nvidia_driver=driver, **LINUX), published).plan == want
+
+
 def test_driver_versions_compare_as_numbers_not_text() -> None:
     assert plan.driver_ok("1000.1", "570.26") and plan.driver_ok("570.26", "570.26")
     assert not plan.driver_ok("570.9", "570.26") and not plan.driver_ok("", "570.26")
@@ -72,6 +80,8 @@ def test_pack_is_content_addressed_and_describes_itself(tmp_path: Path) -> None:
     cpu_site = tiny_site(tmp_path / "cpu-build")
     with pytest.raises(pack.PackError, match="is not a CUDA build"):
         pack.build(cpu_site, "cuda12", tmp_path / "x")
+    with pytest.raises(pack.PackError, match=r"CUDA 12\.8 build, not cuda13: build it as cuda12"):
+        pack.build(tmp_path / "build-cuda12-2.13.0" / "site-packages", "cuda13", tmp_path / "x")
     with pytest.raises(pack.PackError, match="a GPU build, not cpu"):
         pack.build(tmp_path / "build-cuda12-2.13.0" / "site-packages", "cpu", tmp_path / "x")
 
@@ -175,7 +185,7 @@ def test_plan_from_the_machine_and_a_missing_pack(world) -> None:
     machine = plan.Machine(nvidia_driver="580.65.06", **LINUX)
     # the repository publishes only cpu: an NVIDIA machine is told so and runs cpu
     _got, choice = fetch.fetch(world.source, world.store, machine=machine)
-    assert choice.plan == "cpu" and "no cuda12 pack is published" in choice.reason
+    assert choice.plan == "cpu" and "no CUDA pack (cuda13, cuda12) is published" in choice.reason
     with pytest.raises(fetch.FetchError, match=r"no cuda12 runtime pack is published .*cpu\)"):
         fetch.fetch(world.source, world.store, plan="cuda12")
     assert _in_use(world) == "2.13.0"

@@ -69,7 +69,7 @@ def test_why_no_node_names_the_runtime_and_a_heartbeat_brings_a_new_one(make_age
     assert node.claim() is None
     why = why_no_node(Job.objects.get(pk=job["id"]))
     assert "cannot run it with their training runtime" in why
-    assert "a GPU runtime (cuda12, rocm or mps) for its bf16/fp16 precision" in why
+    assert "a GPU runtime (cuda12, cuda13, rocm or mps) for its bf16/fp16 precision" in why
     assert "torch 2.13 or newer" in why and "gpuflex-node runtime fetch" in why
     # the owner fetched the cuda12 pack: the next heartbeat says so, and the task is its
     assert node.heartbeat("idle", runtime=CUDA_NEW).status_code == 200

@@ -146,7 +146,7 @@ class RuntimeSerializer(serializers.Serializer):
     desktop/runtime/plan.py names them, and its torch); the scheduler reads it
     (rounds.scheduling.node_view)."""
 
-    plan = serializers.ChoiceField(choices=["cpu", "cuda12", "rocm", "mps"])
+    plan = serializers.ChoiceField(choices=["cpu", "cuda12", "cuda13", "rocm", "mps"])
     torch = serializers.RegexField(r"^[0-9][0-9A-Za-z.+_-]*$", max_length=64)
     cuda = serializers.RegexField(
         r"^[0-9][0-9A-Za-z.+_-]*$", max_length=32, required=False, allow_blank=True, default=""
