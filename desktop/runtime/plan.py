@@ -3,8 +3,9 @@
 `cpu` runs anywhere; `cuda13` and `cuda12` need an NVIDIA GPU whose driver is at least the
 pack's `min_driver` (the newest CUDA the driver runs is preferred: PyPI's own torch 2.13.0
 wheels are CUDA 13.0 builds, PyTorch's cu12x indexes hold the CUDA 12 ones); `rocm` an AMD
-GPU on Linux with the ROCm kernel driver (/dev/kfd); `mps` an Apple silicon Mac. The choice falls back to `cpu` when the GPU's own plan is impossible here (a driver
-too old, no pack published for it), and says why, so the owner knows what to fix.
+GPU on Linux with the ROCm kernel driver (/dev/kfd); `mps` an Apple silicon Mac. The choice
+falls back to `cpu` when the GPU's own plan is impossible here (a driver too old, no pack
+published for it), and says why, so the owner knows what to fix.
 """
 
 from __future__ import annotations
