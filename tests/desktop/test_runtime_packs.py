@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from runtime_world import copy_metadata, repo_tool, served, tiny_pack, tiny_site
+from runtime_world import ROOT, copy_metadata, repo_tool, served, tiny_pack, tiny_site
 
 from desktop.runtime import fetch, pack, plan
 from desktop.runtime.store import Store
@@ -254,4 +255,39 @@ def test_no_trusted_root_is_an_error(tmp_path: Path) -> None:
         fetch.fetch(source, Store(tmp_path / "d"), plan="cpu")
 
 
-assert sys.version_info >= (3, 11)
+# ------------------------------------------------------------------------------ the CLI
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "desktop.cli", "runtime", *args],
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+
+
+def test_runtime_cli_fetches_lists_verifies_and_removes(world, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPUFLEX_NODE_DATA_DIR": str(tmp_path / "d2"),
+           "GPUFLEX_NODE_CACHE_DIR": str(tmp_path / "c2"),
+           "GPUFLEX_UPDATE_URL": world.url}  # fmt: skip
+    none = _cli("fetch", "--plan", "cpu", env=env)  # no trusted root yet: said, not a traceback
+    assert none.returncode == 1 and "no trusted root metadata" in none.stderr
+    got = _cli("fetch", "--plan", "cpu", "--root", str(world.root), env=env)
+    assert got.returncode == 0, got.stderr
+    assert f"cpu-{world.new.sha256[:16]}: cpu: torch 2.13.0" in got.stdout
+    assert "100%" in got.stderr  # the progress bar
+    listed = json.loads(_cli("list", "--json", env=env).stdout)
+    assert [(p["torch"], p["current"]) for p in listed["installed"]] == [("2.13.0", True)]
+    assert listed["in_use"]["source"] == "pack" and listed["in_use"]["plan"] == "cpu"
+    ok = _cli("verify", env=env)
+    assert ok.returncode == 0 and ok.stdout.strip().endswith(": ok")
+    module = tmp_path / "d2" / "runtimes" / f"cpu-{world.new.sha256[:16]}" / "site-packages"
+    (module / "packmark.py").chmod(0o644)
+    (module / "packmark.py").write_text("WHERE = 'evil'\n")
+    bad = _cli("verify", "cpu", env=env)
+    assert bad.returncode == 1 and "changed: site-packages/packmark.py" in bad.stdout
+    gone = _cli("remove", "cpu", env=env)
+    assert gone.returncode == 0 and "in use now: no pack" in gone.stdout
+    # no pack left: the runtime is this environment's own torch (a dev install)
+    after = _cli("list", env=env)
+    assert "no runtime pack installed" in after.stdout
+    assert "this agent's own environment" in after.stdout
+    missing = _cli("remove", "cuda13", env=env)
+    assert missing.returncode == 1 and "no runtime pack 'cuda13' is installed" in missing.stderr
