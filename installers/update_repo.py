@@ -119,6 +119,7 @@ def add_runtime(pub: Path, archive: Path) -> str:
     manifest_file = archive.with_name(archive.name.removesuffix(".tar.gz") + ".json")
     manifest = json.loads(manifest_file.read_text())
     plan = manifest["plan"]
+    pub.mkdir(parents=True, exist_ok=True)  # a new repository: `init` done here
     repo = _repository(pub)
     meta, path = _runtime_role(pub, repo)
     folder = pub / REPO / "targets" / RUNTIME
