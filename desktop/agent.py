@@ -422,7 +422,8 @@ class Agent:
             measure = self._bench is None
             if measure:
                 self._info("benchmarking this machine (cached after the first run)…")
-            hw, bench, cached = probe(self.paths.cache, quick=True, measure=measure)
+            hw, bench, cached = probe(self.paths.cache, quick=True, measure=measure,
+                                      packages=runtime_keeper.pack_packages(self))  # fmt: skip
             self._hardware, self._bench = self._hardware or hw, self._bench or bench
             if measure:
                 self._info("benchmark " + ("loaded from cache" if cached else "done"))

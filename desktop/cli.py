@@ -381,12 +381,18 @@ def cmd_service(args: argparse.Namespace) -> int:
 
 
 def cmd_zygote(args: argparse.Namespace) -> int:
+    from desktop.runtime.active import put_first_on_path
+
+    put_first_on_path()  # the runtime pack's torch, before anything imports one
     from desktop.task_zygote import main as run_zygote
 
     return run_zygote()
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    from desktop.runtime.active import put_first_on_path
+
+    put_first_on_path()
     from desktop.probe import main as run_probe
 
     return run_probe(args.rest)
@@ -421,6 +427,9 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_task(args: argparse.Namespace) -> int:
+    from desktop.runtime.active import put_first_on_path
+
+    put_first_on_path()
     from desktop.task_runner import main as run_task
 
     return run_task([args.folder])

@@ -58,6 +58,12 @@ def default_source(
     return fetch.Source(url=url.rstrip("/"), cache_dir=paths.cache / "update", root=root)
 
 
+def pack_packages(node: Agent) -> Path | None:
+    """The installed pack's site-packages, for the hardware probe (None: no pack)."""
+    runtime = active(host_paths(node).data)
+    return runtime.site_packages if runtime is not None else None
+
+
 def prepare(node: Agent) -> Runtime | None:
     """The runtime this agent's tasks run with, fetched on first need; the sandbox set to it."""
     paths = host_paths(node)

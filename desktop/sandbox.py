@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 
 from desktop.entry import entry_argv
+from desktop.runtime.active import PACKAGES_ENV as RUNTIME_PACKAGES_ENV
 from desktop.seatbelt import seatbelt_argv, seatbelt_usable
 from desktop.seccomp import filter_fd
 from desktop.task_folder import (
@@ -486,8 +487,10 @@ class Sandbox:
         self.packages = packages
         if site_packages is not None:
             self.env["PYTHONPATH"] = os.pathsep.join([str(site_packages), _pythonpath()])
+            self.env[RUNTIME_PACKAGES_ENV] = str(site_packages)  # a frozen bundle's way in
         else:
             self.env.pop("PYTHONPATH", None)
+            self.env.pop(RUNTIME_PACKAGES_ENV, None)
         self.close()
 
     def data_path(self, name: str, host: Path) -> str:

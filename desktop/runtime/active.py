@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,24 @@ from desktop.runtime.pack import PackError, torch_facts
 from desktop.runtime.store import Store
 
 MODE_ENV = "GPUFLEX_RUNTIME"  # "pack" | "environment" | "" (the order above)
+# a pack's site-packages, for the processes that import torch (tasks, the warm worker, the
+# probe): a frozen bundle ignores PYTHONPATH, so its hidden commands put this first themselves
+PACKAGES_ENV = "GPUFLEX_RUNTIME_PACKAGES"
+
+
+def put_first_on_path() -> None:
+    """In a process about to import torch: the pack named by PACKAGES_ENV first on sys.path."""
+    packages = os.environ.get(PACKAGES_ENV, "")
+    if packages and os.path.isabs(packages) and packages not in sys.path:
+        sys.path.insert(0, packages)
+
+
+def pack_env(site_packages: Path | None) -> dict[str, str]:
+    """The variables that give a child process the pack's packages ({} for none)."""
+    if site_packages is None:
+        return {}
+    path = [str(site_packages), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {PACKAGES_ENV: str(site_packages), "PYTHONPATH": os.pathsep.join(path)}
 
 
 @dataclass(frozen=True)

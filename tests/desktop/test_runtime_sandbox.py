@@ -50,3 +50,24 @@ def test_a_task_imports_the_packs_module_and_cannot_change_the_pack(tmp_path: Pa
         result = sandbox.run(tmp_path / "tasks" / "u", [PY, "-c", "import packmark"])
         assert result.status == "crashed" and "No module named 'packmark'" in result.stderr_tail
     assert Store(tmp_path / "data").verify("cpu") == []
+
+
+def test_a_frozen_bundles_hidden_commands_put_the_pack_first_themselves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PyInstaller bundle ignores PYTHONPATH: `_task`, `_zygote` and `_probe` read the pack
+    from GPUFLEX_RUNTIME_PACKAGES (which use_runtime and the probe set) and put it first."""
+    import sys
+
+    from desktop.runtime.active import PACKAGES_ENV, put_first_on_path
+
+    site = tiny_site(tmp_path / "build", importable_torch=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv(PACKAGES_ENV, str(site))
+    put_first_on_path()
+    assert sys.path[0] == str(site)
+    with Sandbox(Limits()) as sandbox:
+        sandbox.use_runtime(site)
+        assert sandbox.env[PACKAGES_ENV] == str(site)
+        sandbox.use_runtime(None)
+        assert PACKAGES_ENV not in sandbox.env and "PYTHONPATH" not in sandbox.env
