@@ -417,6 +417,7 @@ class Agent:
             return  # the host gave this lane its GPU's hardware and benchmark
         s = self._settings
         self._info(f"GPUFlex agent {__version__} starting; marketplace {s.server_url}")
+        runtime_keeper.ensure(self)  # a pack on first need, for the probe's torch too
         if self._hardware is None or self._bench is None:
             # in a child process: the agent itself never imports torch (see desktop.probe)
             measure = self._bench is None

@@ -64,14 +64,24 @@ def pack_packages(node: Agent) -> Path | None:
     return runtime.site_packages if runtime is not None else None
 
 
+def ensure(node: Agent) -> None:
+    """Fetch the pack for this machine when there is no runtime at all (its first need): the
+    agent calls this before its hardware probe, which imports torch, so that an app that
+    holds no torch probes with the pack. The plan needs only NVML (plan.Machine.here)."""
+    paths = host_paths(node)
+    if getattr(node, "_runtime_fetch_tried", False):  # once per start: a failure said why
+        return
+    node._runtime_fetch_tried = True
+    with _ONE_AT_A_TIME:
+        if active(paths.data) is None and (source := default_source(paths)) is not None:
+            node._info("no training runtime here yet: fetching the pack for this machine")
+            _fetch(node, source, paths)
+
+
 def prepare(node: Agent) -> Runtime | None:
     """The runtime this agent's tasks run with, fetched on first need; the sandbox set to it."""
-    paths = host_paths(node)
-    with _ONE_AT_A_TIME:
-        runtime = active(paths.data)
-        if runtime is None and (source := default_source(paths)) is not None:
-            node._info("no training runtime here yet: fetching the pack for this machine")
-            runtime = _fetch(node, source, paths)
+    ensure(node)  # done already before the probe, unless this agent was given its hardware
+    runtime = active(host_paths(node).data)
     if runtime is None:
         node._warn(
             "no training runtime: tasks cannot train until one is fetched "
@@ -85,9 +95,9 @@ def prepare(node: Agent) -> Runtime | None:
     return runtime
 
 
-def _fetch(node: Agent, source: fetch.Source, paths: Paths) -> Runtime | None:
+def _fetch(node: Agent, source: fetch.Source, paths: Paths) -> None:
     hw = node._hardware
-    machine = Machine.from_gpus(hw.gpus if hw is not None else [])
+    machine = Machine.from_gpus(hw.gpus) if hw is not None else Machine.here()
     last = [0.0]
 
     def progress(got: int, total: int) -> None:
@@ -101,6 +111,5 @@ def _fetch(node: Agent, source: fetch.Source, paths: Paths) -> Runtime | None:
                                         progress=progress)  # fmt: skip
     except fetch.FetchError as exc:
         node._warn(f"runtime pack not fetched: {exc}")
-        return None
+        return
     node._info(f"runtime pack {installed.manifest.describe()} installed ({choice.reason})")
-    return active(paths.data)
