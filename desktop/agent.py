@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from desktop import __version__, local_datasets
+from desktop import __version__, local_datasets, runtime_keeper
 from desktop.agent_status import (  # re-exported: the CLI, the tray and tests import them here
     AgentStatus,
     Event,
@@ -67,6 +67,7 @@ from desktop.netprobe import NetProbe
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
 from desktop.presence import Presence, registration_hardware
 from desktop.probe import probe
+from desktop.runtime.active import Runtime
 from desktop.sandbox import Limits, Sandbox
 from desktop.task_pipeline import CONTINUED, TaskPipeline
 from desktop.warm_keeper import WarmKeeper
@@ -148,6 +149,7 @@ class Agent:
         self.simnet: SimulatedNetwork | None = None
         self.zone: Any = None  # desktop.zone_server.ZoneService while this node aggregates
         self.warm: WarmKeeper | None = None  # starts and stops the sandbox's warm worker
+        self.runtime: Runtime | None = None  # what its tasks train with (runtime_keeper)
         # the local datasets are to be advertised (at start, and after any change)
         self._datasets_due = threading.Event()
         self._datasets_due.set()
@@ -415,12 +417,14 @@ class Agent:
             return  # the host gave this lane its GPU's hardware and benchmark
         s = self._settings
         self._info(f"GPUFlex agent {__version__} starting; marketplace {s.server_url}")
+        runtime_keeper.ensure(self)  # a pack on first need, for the probe's torch too
         if self._hardware is None or self._bench is None:
             # in a child process: the agent itself never imports torch (see desktop.probe)
             measure = self._bench is None
             if measure:
                 self._info("benchmarking this machine (cached after the first run)…")
-            hw, bench, cached = probe(self.paths.cache, quick=True, measure=measure)
+            hw, bench, cached = probe(self.paths.cache, quick=True, measure=measure,
+                                      packages=runtime_keeper.pack_packages(self))  # fmt: skip
             self._hardware, self._bench = self._hardware or hw, self._bench or bench
             if measure:
                 self._info("benchmark " + ("loaded from cache" if cached else "done"))
@@ -448,6 +452,9 @@ class Agent:
             )
         if self._lane is not None:  # its tasks see only this lane's GPU (desktop.lanes)
             self._sandbox.env.update(lane_env(self._lane))
+        # the training runtime its tasks run with: a pack, fetched on first need, or this
+        # environment's torch (desktop/runtime_keeper.py)
+        self.runtime = runtime_keeper.prepare(self)
         self.paths.tasks.mkdir(parents=True, exist_ok=True)
         # the warm worker starts when work is offered (desktop.warm_keeper), not now: a node
         # with no work holds only the agent. What a crash left in its folder comes back now

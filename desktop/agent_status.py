@@ -118,6 +118,9 @@ class AgentStatus:
     network: dict[str, float | None] = field(default_factory=dict)
     last_error: str = ""
     lanes: tuple[LaneStatus, ...] = ()  # one per GPU on a multi-GPU machine, else none
+    # the training runtime tasks run with (desktop/runtime_keeper.py): plan, torch, cuda,
+    # source; while a pack downloads, {"fetch": {"bytes": …, "total": …}}
+    runtime: dict[str, Any] = field(default_factory=dict)
 
     @property
     def paused(self) -> bool:
@@ -134,6 +137,7 @@ class AgentStatus:
             "hardware": None if self.hardware is None else self.hardware.to_dict(),
             "benchmark": None if self.benchmark is None else self.benchmark.to_dict(),
             "lanes": [lane.to_dict() for lane in self.lanes],
+            "runtime": self.runtime,
         }  # fmt: skip
 
     @classmethod
@@ -154,6 +158,7 @@ class AgentStatus:
             benchmark=None if not bench else BenchmarkResult.from_dict(bench),
             network=dict(d.get("network") or {}), last_error=str(d.get("last_error", "")),
             lanes=tuple(LaneStatus.from_dict(lane) for lane in d.get("lanes") or ()),
+            runtime=dict(d.get("runtime") or {}),
         )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from desktop import __version__
+from desktop import __version__, runtime_cli
 
 
 def _print_json(data: Any) -> None:
@@ -381,12 +381,18 @@ def cmd_service(args: argparse.Namespace) -> int:
 
 
 def cmd_zygote(args: argparse.Namespace) -> int:
+    from desktop.runtime.active import put_first_on_path
+
+    put_first_on_path()  # the runtime pack's torch, before anything imports one
     from desktop.task_zygote import main as run_zygote
 
     return run_zygote()
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
+    from desktop.runtime.active import put_first_on_path
+
+    put_first_on_path()
     from desktop.probe import main as run_probe
 
     return run_probe(args.rest)
@@ -421,6 +427,9 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_task(args: argparse.Namespace) -> int:
+    from desktop.runtime.active import put_first_on_path
+
+    put_first_on_path()
     from desktop.task_runner import main as run_task
 
     return run_task([args.folder])
@@ -429,7 +438,10 @@ def cmd_task(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuflex-node", description="GPUFlex contributor agent")
     p.add_argument("--version", action="version", version=f"gpuflex-node {__version__}")
-    commands = "info,bench,login,run,status,pause,resume,stop,logs,settings,datasets,service,update"
+    commands = (
+        "info,bench,login,run,status,pause,resume,stop,logs,settings,datasets,service,update,"
+        "runtime"
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="{" + commands + "}")
 
     s = sub.add_parser("info", help="detected hardware")
@@ -523,6 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "bundle's update/url.txt)")  # fmt: skip
     s.add_argument("--install-dir", help="the bundle folder (default: the running bundle's)")
     s.set_defaults(fn=cmd_update)
+    runtime_cli.add_parser(sub)  # training-runtime packs (desktop/runtime_cli.py)
 
     # what the sandbox runs inside a PyInstaller bundle (no `python -m` there)
     s = sub.add_parser("_zygote")  # the warm task worker, in a frozen app (desktop/warm.py)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from desktop import runtime_keeper
 from desktop.agent_status import AgentStatus, Event, LaneStatus, State
 from desktop.hardware import GpuInfo
 from desktop.lanes import lane_hardware, lane_paths
@@ -47,7 +48,8 @@ class LaneHost:
             bench = self.node._bench if self.node._bench_given else None
             if bench is None:
                 self.node._info(f"GPU {gpu.index}: benchmarking it (cached after the first run)…")
-                bench = probe(paths.cache, quick=True, measure=True, gpu=gpu)[1]
+                bench = probe(paths.cache, quick=True, measure=True, gpu=gpu,
+                              packages=runtime_keeper.pack_packages(self.node))[1]  # fmt: skip
             lane = type(self.node)(  # an Agent, driving this one GPU
                 self.node._settings, paths, credentials=self.node.credentials,
                 hardware=lane_hardware(self.node._hardware, gpu.index), bench=bench,

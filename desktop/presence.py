@@ -63,6 +63,8 @@ class Presence:
         self.interval_s = HEARTBEAT_S
         # (time.time() it was sent, "" or why it failed) of the last heartbeat, or None
         self.last_beat: tuple[float, str] | None = None
+        # the runtime the marketplace was last told of (at registration, or by a heartbeat)
+        self.sent_runtime: dict[str, Any] | None = None
 
     def register(self) -> bool:
         """Register once per server; waits (state ERROR) until the owner has logged in."""
@@ -96,6 +98,8 @@ class Presence:
                 },
                 "local_datasets": local_datasets.advertisement(s),  # never a row
             }
+            if self.node.runtime is not None:  # desktop/runtime: what its tasks train with
+                body["runtime"] = self.node.runtime.report()
             if s.kind == "platform":  # the operator's token; a volunteer sends none
                 body["enrollment_token"] = s.enrollment_token
             if s.zone:
@@ -118,6 +122,7 @@ class Presence:
             self.node.credentials.set_node_key(self.node._key_scope(), str(answer["node_key"]))
             self.node.credentials.set_node_id(self.node._key_scope(), str(answer["id"]))
             self.node.client.node_key = str(answer["node_key"])
+            self.sent_runtime = body.get("runtime")
             self.node._set(node_id=str(answer["id"]))
             self.node._info(f"registered as node {answer['id']}")
         return False
@@ -195,9 +200,14 @@ class Presence:
         held = [r.id for r in self.node.journal.open()]
         if held:
             body["task_ids"] = held[:HEARTBEAT_TASKS]
+        runtime = self.node.runtime.report() if self.node.runtime is not None else None
+        if runtime is not None and runtime != self.sent_runtime:  # changed since it said
+            body["runtime"] = runtime
         try:
             t0 = time.monotonic()
             answer = self.node.client.heartbeat(body)
+            if "runtime" in body:
+                self.sent_runtime = body["runtime"]
             self.node.netprobe.rtt(time.monotonic() - t0)
             interval = answer.get("heartbeat_interval_s")
             if isinstance(interval, int | float) and interval > 0:

@@ -20,6 +20,7 @@ from desktop.bench_result import BenchmarkResult
 from desktop.entry import entry_argv
 from desktop.hardware import GpuInfo, HardwareReport
 from desktop.lanes import lane_env, lane_hardware
+from desktop.runtime.active import pack_env
 
 
 class ProbeFailed(RuntimeError):
@@ -27,16 +28,23 @@ class ProbeFailed(RuntimeError):
 
 
 def probe(
-    cache_dir: Path, quick: bool = True, measure: bool = True, gpu: GpuInfo | None = None
+    cache_dir: Path,
+    quick: bool = True,
+    measure: bool = True,
+    gpu: GpuInfo | None = None,
+    packages: Path | None = None,
 ) -> tuple[HardwareReport, BenchmarkResult | None, bool]:
     """(hardware, benchmark, from_cache), as `detect()` and `benchmark()` give them; the
     benchmark is None unless `measure`. `gpu`: one lane's GPU (desktop.lanes), measured
-    alone, with the report narrowed to it."""
+    alone, with the report narrowed to it. `packages`: the runtime pack tasks run with
+    (desktop/runtime/active.py), so that the figures are that torch's."""
     args = [str(cache_dir), *(["--full"] * (not quick)), *(["--detect-only"] * (not measure))]
     env = None
     if gpu is not None:
         args += ["--gpu", str(gpu.index)]
         env = {**os.environ, **lane_env(gpu)}  # torch in the child sees that GPU only
+    if packages is not None:
+        env = {**(env or os.environ), **pack_env(packages)}
     done = subprocess.run(entry_argv("desktop.probe", "_probe", *args), capture_output=True,
                           text=True, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
     if done.returncode:

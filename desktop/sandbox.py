@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from typing import Any
 import psutil
 
 from desktop.entry import entry_argv
+from desktop.runtime.active import PACKAGES_ENV as RUNTIME_PACKAGES_ENV
 from desktop.seatbelt import seatbelt_argv, seatbelt_usable
 from desktop.seccomp import filter_fd
 from desktop.task_folder import (
@@ -277,13 +278,15 @@ def bwrap_argv(
     read_only: dict[str, str] | None = None,
     folder_fd: int | None = None,
     seccomp_fd: int | None = None,
+    packages: Sequence[Path] = (),
 ) -> list[str]:
     """The bwrap command line; start it with an EMPTY environment (bwrap_env) and with
     `folder_fd` and `seccomp_fd` passed (Popen's pass_fds). `read_only`: host path -> where the
     task sees it (under LOCAL_DATA_ROOT), bound read-only. `folder_fd`: the task folder as
     opened by desktop.task_folder.open_folder, bound in at `folder` (so that the folder checked
     is the one bound, whatever its path names by then). `seccomp_fd`: desktop.seccomp's
-    filter, loaded before the task starts."""
+    filter, loaded before the task starts. `packages`: a runtime pack's site-packages
+    (desktop/runtime/active.py), bound read-only where it lies on the host."""
     bw = bwrap_path()
     assert bw is not None
     limits = limits or Limits()
@@ -322,7 +325,7 @@ def bwrap_argv(
     # of the project, only the code a task runs: the project folder may also hold data (a
     # demo's folder with every agent's tasks in it) that a task must not see
     code = [PROJECT_ROOT / pkg for pkg in TASK_PACKAGES]
-    for root in [*_python_roots(folder), *code]:
+    for root in [*_python_roots(folder), *code, *packages]:
         args += _bind("--ro-bind", str(root), made)
     if gpu:
         for node in gpu_device_nodes():
@@ -423,6 +426,7 @@ class Sandbox:
         self.limits = limits or Limits()
         self.gpu = gpu
         self.env: dict[str, str] = {}  # extra variables for the task (e.g. the GPU memory cap)
+        self.packages: list[Path] = []  # a runtime pack's site-packages (use_runtime)
         self.pause_grace_s = PAUSE_GRACE_S  # tests on a loaded machine give a task longer
         self._running: psutil.Process | None = None
         # bubblewrap on Linux, Seatbelt (sandbox-exec) on macOS: desktop/seatbelt.py
@@ -470,6 +474,24 @@ class Sandbox:
                     os.close(os.open(name, flags, 0o644, dir_fd=fd))
                 finally:
                     os.close(fd)
+
+    def use_runtime(self, site_packages: Path | None) -> None:
+        """Run tasks with a runtime pack's packages (desktop/runtime/active.py): its
+        site-packages first on the task's PYTHONPATH, ahead of anything the agent's own
+        environment holds, and bound read-only; None: the agent's environment is the runtime.
+        A warm worker that imported the previous runtime is stopped (the next task starts
+        one with this runtime)."""
+        packages = [site_packages] if site_packages is not None else []
+        if packages == self.packages:
+            return
+        self.packages = packages
+        if site_packages is not None:
+            self.env["PYTHONPATH"] = os.pathsep.join([str(site_packages), _pythonpath()])
+            self.env[RUNTIME_PACKAGES_ENV] = str(site_packages)  # a frozen bundle's way in
+        else:
+            self.env.pop("PYTHONPATH", None)
+            self.env.pop(RUNTIME_PACKAGES_ENV, None)
+        self.close()
 
     def data_path(self, name: str, host: Path) -> str:
         """Where a task sees the local dataset at `host` (bound there read-only, see
@@ -569,7 +591,7 @@ class Sandbox:
                 pass_fds.append(seccomp)
             try:
                 full = bwrap_argv(folder, argv, self.gpu, self.env, self.limits, read_only,
-                                  folder_fd, seccomp)  # fmt: skip
+                                  folder_fd, seccomp, self.packages)  # fmt: skip
                 if folder_fd is not None:
                     hand_to_task(folder_fd)
             except (SandboxRefused, OSError) as exc:
@@ -776,7 +798,7 @@ class Sandbox:
                 pass_fds.append(seccomp)
             try:
                 full = bwrap_argv(run_dir, argv, self.gpu, self.env, self.limits, None, run_fd,
-                                  seccomp)  # fmt: skip
+                                  seccomp, self.packages)  # fmt: skip
                 hand_to_task(run_fd)
             except BaseException:
                 _close(pass_fds)

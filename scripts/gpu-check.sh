@@ -15,6 +15,12 @@ if ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null | tee "$out/gpu.txt"
 status=0
+# the CUDA runtime pack (docs/runtime-packs.md): built from PyPI's wheels unless one is named;
+# tests/desktop/test_runtime_gpu.py trains through it (it skips, saying so, without one)
+if [ -z "${GPUFLEX_CUDA_PACK:-}" ]; then
+  PYTHON="$py" scripts/build-runtime-pack.sh cuda13 --out "$out/pack" 2>&1 | tee "$out/pack.log" \
+    && GPUFLEX_CUDA_PACK=$(ls "$out"/pack/cuda13-*.tar.gz 2>/dev/null | head -1) && export GPUFLEX_CUDA_PACK
+fi
 "$py" -m pytest -p no:cacheprovider -m gpu -rs tests 2>&1 | tee "$out/pytest-gpu.log" || status=1
 "$py" -m bench.run --only gpu 2>&1 | tee "$out/bench-gpu.log" || status=1
 cp bench/results/*.json bench/results/*.md "$out/" 2>/dev/null

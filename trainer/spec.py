@@ -406,6 +406,14 @@ class RequirementsSpec(_Strict):
     isolation: Literal["any", "full"] = "any"
 
 
+class RuntimeSpec(_Strict):
+    """What the node's training runtime must be (docs/runtime-packs.md): `min_torch` pins the
+    oldest torch the job's code needs ("2.13", "2.13.0"); nodes whose runtime holds an older
+    torch, or never said which, are not given its tasks."""
+
+    min_torch: Annotated[str, Field(pattern=r"^\d{1,4}(\.\d{1,4}){0,2}$")] | None = None
+
+
 TrackerName = Literal["mlflow", "tensorboard", "wandb"]
 # what MLflow, TensorBoard and W&B all take as an experiment or project name
 _EXPERIMENT = r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}$"
@@ -524,9 +532,16 @@ class JobSpec(_Strict):
     adaptation: AdaptationSpec = AdaptationSpec()
     privacy: PrivacySpec = PrivacySpec()
     requirements: RequirementsSpec = RequirementsSpec()
+    runtime: RuntimeSpec = RuntimeSpec()
     tracking: TrackingSpec = TrackingSpec()
     # kind: sweep only: the search; the sections above are each trial's base spec
     sweep: SweepSpec | None = None
+
+    @property
+    def needs_gpu_runtime(self) -> bool:
+        """bf16 and fp16 are GPU mixed precision here (LocalSpec.precision): a node whose
+        runtime is the cpu one (desktop/runtime) cannot run them."""
+        return self.local.precision in ("bf16", "fp16")
 
     @model_validator(mode="after")
     def _sweep_section(self) -> JobSpec:

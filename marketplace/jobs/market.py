@@ -73,7 +73,23 @@ def why_no_node(job: Job) -> str:
             f"no node online at or under {shown_price(needs.max_price)}; the cheapest that "
             f"fits asks {shown_price(fits[0])} (raise the job's max price to use it)"
         )
+    runtime_free = replace(needs, gpu_runtime=False, min_torch="")
+    if runtime_free != needs and fitting_prices(runtime_free, job.tier):
+        return (
+            "the online nodes that fit its hardware cannot run it with their training runtime: "
+            f"it needs {_runtime_asks(needs)} (a node gets one with `gpuflex-node runtime "
+            "fetch`, docs/runtime-packs.md)"
+        )
     return "no node online has what the job requires: " + _requirements(job, needs)
+
+
+def _runtime_asks(needs: JobNeeds) -> str:
+    asks = []
+    if needs.gpu_runtime:
+        asks.append("a GPU runtime (cuda12, cuda13, rocm or mps) for its bf16/fp16 precision")
+    if needs.min_torch:
+        asks.append(f"torch {needs.min_torch} or newer")
+    return " and ".join(asks)
 
 
 def _requirements(job: Job, needs: JobNeeds) -> str:
@@ -84,6 +100,8 @@ def _requirements(job: Job, needs: JobNeeds) -> str:
         asks.append(f"{needs.min_fp32_tflops:g} fp32 TFLOP/s")
     if needs.isolation_full:
         asks.append("full sandbox isolation")
+    if needs.gpu_runtime or needs.min_torch:
+        asks.append(_runtime_asks(needs))
     if job.tier == Tier.PLATFORM:
         asks.append("a platform node")
     return ", ".join(asks)

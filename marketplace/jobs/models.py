@@ -60,6 +60,10 @@ class Job(models.Model):
     gpu_required = models.BooleanField(default=False)
     # the spec's requirements.isolation == "full": only nodes whose sandbox confines a task
     isolation_full = models.BooleanField(default=False)
+    # the node's training runtime (docs/runtime-packs.md): bf16/fp16 precision needs a GPU
+    # runtime (JobSpec.needs_gpu_runtime), and the spec's runtime.min_torch ("" none)
+    gpu_runtime_required = models.BooleanField(default=False)
+    min_torch = models.CharField(max_length=16, blank=True, default="")
     # trainer.fit.Footprint of the model: sent with each task for the agent's fit check
     footprint = models.JSONField(default=dict, blank=True)
     proximal_mu = models.FloatField(default=0.0)

@@ -339,7 +339,8 @@ def _needs(spec: JobSpec, min_memory_gb: float) -> JobNeeds:
     """What the job will ask of a node (its row's NEEDS_FIELDS), any price."""
     r = spec.requirements
     return JobNeeds(ANY_PRICE, min_memory_gb, r.min_vram_gb, r.min_fp32_tflops,
-                    r.gpu_required, r.isolation == "full")  # fmt: skip
+                    r.gpu_required, r.isolation == "full", spec.needs_gpu_runtime,
+                    spec.runtime.min_torch or "")  # fmt: skip
 
 
 def _max_price(spec: JobSpec, given: Decimal) -> Decimal:
@@ -410,6 +411,8 @@ def _store(
                 min_fp32_tflops=spec.requirements.min_fp32_tflops,
                 gpu_required=spec.requirements.gpu_required,
                 isolation_full=spec.requirements.isolation == "full",
+                gpu_runtime_required=spec.needs_gpu_runtime,
+                min_torch=spec.runtime.min_torch or "",
                 proximal_mu=build_strategy(spec.aggregation).proximal_mu,
                 parent=parent,
             )

@@ -52,6 +52,9 @@ class Node(models.Model):
     name = models.CharField(max_length=100)
     kind = models.CharField(max_length=16, choices=NodeKind.choices, default=NodeKind.VOLUNTEER)
     hardware = models.JSONField(default=dict)
+    # its training runtime (docs/runtime-packs.md): {"plan": "cuda12", "torch": "2.13.0",
+    # "cuda": "12.8", "source": "pack"}; {} from an agent that never said
+    runtime = models.JSONField(default=dict, blank=True)
     benchmark = models.JSONField(default=dict)
     network = models.JSONField(default=dict)
     availability = models.JSONField(default=dict)

@@ -47,6 +47,7 @@ def register_node(
     enrollment_token: str | None = None,
     zone: str = "",
     zone_url: str = "",
+    runtime: dict[str, Any] | None = None,
 ) -> tuple[Node, str]:
     """Create a node and its own credential; returns (node, plaintext node key).
 
@@ -62,6 +63,7 @@ def register_node(
         name=name,
         kind=kind,
         hardware=hardware,
+        runtime=dict(runtime or {}),
         benchmark=benchmark,
         network=network,
         availability=availability,
@@ -112,6 +114,7 @@ def record_heartbeat(
     progress: float | None = None,
     reason: str = "",
     task_ids: Sequence[str] = (),
+    runtime: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Note a heartbeat and keep the leases of the tasks it names (`task_id` and
     `task_ids`). No database at all with Redis presence (nodes/presence.py: one HSET, the
@@ -124,6 +127,8 @@ def record_heartbeat(
     if progress is not None:
         live["progress"] = progress
     held = tuple(str(t) for t in (task_id, *task_ids) if t)
+    if runtime is not None:  # rare (the runtime changed): one UPDATE, not on every beat
+        Node.objects.filter(pk=node_id).update(runtime=runtime)
     presence.record(presence.Beat(node_id, now, state, reason, live, network, held))
     obs.heartbeat(state)
     conf = settings.GPUFLEX

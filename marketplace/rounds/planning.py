@@ -13,6 +13,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import lru_cache
+
+from packaging.version import InvalidVersion, Version
 
 from marketplace.jobs.models import Tier
 from marketplace.nodes.models import NodeKind
@@ -28,6 +31,8 @@ class NodeView:
     gpu: bool = False
     fp32_tflops: float = 0.0
     isolated: bool = False  # its sandbox confines a task (hardware.isolation == "full")
+    gpu_runtime: bool = False  # its training runtime reaches a GPU (runtime.plan not cpu)
+    torch: str = ""  # its runtime's torch version; "" never said
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,22 @@ class JobNeeds:
     min_fp32_tflops: float = 0.0
     gpu_required: bool = False
     isolation_full: bool = False
+    gpu_runtime: bool = False  # bf16/fp16 precision: a GPU runtime (JobSpec.needs_gpu_runtime)
+    min_torch: str = ""  # the spec's runtime.min_torch
+
+
+@lru_cache(maxsize=256)
+def _version(text: str) -> Version | None:
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def torch_at_least(have: str, need: str) -> bool:
+    """Whether torch `have` ("2.13.0+cu128") is at least `need` ("2.13"); unknown is not."""
+    got, floor = _version(have), _version(need)
+    return got is not None and floor is not None and got.release >= floor.release
 
 
 def may_work_on(needs: JobNeeds, node: NodeView) -> bool:
@@ -54,6 +75,10 @@ def may_work_on(needs: JobNeeds, node: NodeView) -> bool:
     if node.memory_gb < needs.min_vram_gb:  # a GPU node's memory_gb is its GPU's memory
         return False
     if needs.isolation_full and not node.isolated:  # unknown (an older agent) is not full
+        return False
+    if needs.gpu_runtime and not node.gpu_runtime:
+        return False
+    if needs.min_torch and not torch_at_least(node.torch, needs.min_torch):
         return False
     return node.fp32_tflops >= needs.min_fp32_tflops
 

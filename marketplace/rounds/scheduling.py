@@ -56,15 +56,21 @@ def node_view(node: Node) -> NodeView:
     accelerator = str((node.hardware or {}).get("accelerator") or "")
     gpu = accelerator not in ("", "cpu") if accelerator else bool(node.gpu_model)
     tflops = (node.benchmark or {}).get("fp32_tflops")
+    # the runtime the node reported (desktop/runtime); an older agent's environment is what
+    # its hardware report says: a GPU accelerator and the torch it probed
+    runtime = node.runtime or {}
+    plan = str(runtime.get("plan") or "")
+    torch = str(runtime.get("torch") or (node.hardware or {}).get("torch_version") or "")
     return NodeView(
         node.pk, node.kind, node.price_per_gpu_hour, node.memory_gb, node.reliability, gpu,
         float(tflops) if isinstance(tflops, int | float) else 0.0,
         (node.hardware or {}).get("isolation") == "full",
+        plan not in ("", "cpu") if plan else gpu, torch,
     )  # fmt: skip
 
 
 NEEDS_FIELDS = ("max_price_per_gpu_hour", "min_memory_gb", "min_vram_gb", "min_fp32_tflops",
-                "gpu_required", "isolation_full")  # fmt: skip
+                "gpu_required", "isolation_full", "gpu_runtime_required", "min_torch")  # fmt: skip
 
 
 def job_needs(job: Job) -> JobNeeds:

@@ -5,7 +5,12 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from marketplace.api.serializers import numbers
-from marketplace.api.serializers.node_data import NetworkSerializer, StrictFloatField, number
+from marketplace.api.serializers.node_data import (
+    NetworkSerializer,
+    RuntimeSerializer,
+    StrictFloatField,
+    number,
+)
 from marketplace.nodes import bounds as b
 from marketplace.rounds.scheduling import MAX_CLAIM_BATCH, MAX_HEARTBEAT_TASKS
 from marketplace.rounds.uploads import FAIL_REASONS
@@ -41,9 +46,16 @@ class HeartbeatSerializer(serializers.Serializer):
     progress = StrictFloatField(required=False, allow_null=True, min_value=0, max_value=1)
     metrics = HeartbeatMetricsSerializer(required=False, default=dict)
     network = HeartbeatNetworkSerializer(required=False, default=dict)
+    runtime = RuntimeSerializer(
+        required=False,
+        help_text="sent when the node's training runtime changed since it registered (a pack "
+        "fetched or removed); stored for the scheduler",
+    )  # fmt: skip
 
     def to_internal_value(self, data: object) -> dict:
         out = super().to_internal_value(data)
+        if out.get("runtime") is not None:
+            out["runtime"] = dict(out["runtime"])
         # plain dicts for the JSON columns, unknown figures (null) left out
         for key in ("metrics", "network"):
             out[key] = {k: v for k, v in dict(out.get(key) or {}).items() if v is not None}

@@ -141,6 +141,19 @@ class HardwareSerializer(serializers.Serializer):
     isolation = serializers.ChoiceField(choices=["full", "limits"], required=False)
 
 
+class RuntimeSerializer(serializers.Serializer):
+    """desktop.runtime.active.Runtime.report: the node's training runtime (its plan class, as
+    desktop/runtime/plan.py names them, and its torch); the scheduler reads it
+    (rounds.scheduling.node_view)."""
+
+    plan = serializers.ChoiceField(choices=["cpu", "cuda12", "cuda13", "rocm", "mps"])
+    torch = serializers.RegexField(r"^[0-9][0-9A-Za-z.+_-]*$", max_length=64)
+    cuda = serializers.RegexField(
+        r"^[0-9][0-9A-Za-z.+_-]*$", max_length=32, required=False, allow_blank=True, default=""
+    )
+    source = serializers.ChoiceField(choices=["pack", "environment"], required=False)
+
+
 class BenchmarkSerializer(serializers.Serializer):
     """desktop.bench_result.BenchmarkResult.advertised."""
 

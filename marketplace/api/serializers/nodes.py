@@ -13,6 +13,7 @@ from marketplace.api.serializers.node_data import (
     HardwareSerializer,
     LocalDatasetSerializer,
     NetworkSerializer,
+    RuntimeSerializer,
 )
 from marketplace.nodes.bounds import MAX_LOCAL_DATASETS
 from marketplace.nodes.enrollment import MAX_TOKEN_LENGTH
@@ -59,6 +60,10 @@ class NodeRegisterSerializer(serializers.Serializer):
         help_text="an operator's platform enrollment token (gfx_e_…); volunteers leave it out",
     )  # fmt: skip
     hardware = HardwareSerializer()
+    runtime = RuntimeSerializer(
+        required=False, default=dict,
+        help_text="the training runtime: plan class, torch and CUDA versions (runtime packs)",
+    )  # fmt: skip
     benchmark = BenchmarkSerializer(required=False, default=dict)
     network = NetworkSerializer(required=False, default=dict)
     price_per_gpu_hour = numbers.DecimalField(
@@ -93,7 +98,7 @@ class NodeRegisterSerializer(serializers.Serializer):
     def to_internal_value(self, data: object) -> dict:
         out = super().to_internal_value(data)
         # plain dicts for the JSON columns (DRF hands back OrderedDicts)
-        for key in ("hardware", "benchmark", "network", "availability"):
+        for key in ("hardware", "runtime", "benchmark", "network", "availability"):
             out[key] = _plain(out.get(key) or {})
         out["local_datasets"] = [dict(d) for d in out.get("local_datasets", [])]
         return out
@@ -157,6 +162,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "name",
             "kind",
             "hardware",
+            "runtime",
             "benchmark",
             "network",
             "availability",

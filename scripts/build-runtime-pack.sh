@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Build a training-runtime pack (docs/runtime-packs.md) from wheels, into a staging folder,
+# never into the dev venv:
+#   scripts/build-runtime-pack.sh cpu|cuda12|cuda13 [--out DIR] [--publish PUBDIR]
+# cpu:    torch==2.13.0 as `make dev` installs it (pip's own configuration: the CPU wheel)
+# cuda12, cuda13: torch==2.13.0 from PyPI itself (RUNTIME_INDEX_URL, default
+#         https://pypi.org/simple), with the nvidia-* library wheels: gigabytes. PyPI's own
+#         torch 2.13.0 Linux wheels are CUDA 13.0 builds, so there `cuda13` is what builds;
+#         `cuda12` needs a CUDA 12 index (https://download.pytorch.org/whl/cu128). The build
+#         refuses a pack whose torch is not the plan's CUDA (desktop/runtime/pack.py).
+# Writes DIR/<plan>-<sha256>.tar.gz and DIR/<plan>-<sha256>.json (default DIR dist/runtime);
+# --publish adds it to the TUF update repository PUBDIR (installers/update_repo.py add-runtime).
+# RUNTIME_PIP_ARGS: extra pip arguments (e.g. --find-links to wheels downloaded before).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+plan=${1:?usage: build-runtime-pack.sh cpu|cuda12|cuda13 [--out DIR] [--publish PUBDIR]}
+shift
+out=$here/dist/runtime
+publish=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out) out=$(realpath -m "$2"); shift 2 ;;
+    --publish) publish=$(realpath -m "$2"); shift 2 ;;
+    *) echo "build-runtime-pack: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+py=${PYTHON:-$here/.venv/bin/python}
+[ -x "$py" ] || py=python3
+torch_req=${RUNTIME_TORCH:-torch==2.13.0}
+case $plan in
+  cpu) pip_cfg=(); extra_args=() ;;
+  cuda12|cuda13)
+    # that index only: no local find-links or extra index that holds the +cpu wheel
+    pip_cfg=(env PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= PIP_EXTRA_INDEX_URL= PIP_CONSTRAINT=)
+    extra_args=(--index-url "${RUNTIME_INDEX_URL:-https://pypi.org/simple}") ;;
+  rocm|mps) echo "build-runtime-pack: build $plan on its own platform (not scripted here)" >&2; exit 2 ;;
+  *) echo "build-runtime-pack: unknown plan class $plan (cpu, cuda12, cuda13, rocm, mps)" >&2; exit 2 ;;
+esac
+stage=$(mktemp -d "${TMPDIR:-/tmp}/gpuflex-runtime-$plan.XXXXXX")
+trap 'rm -rf "$stage"' EXIT
+echo "installing $torch_req and installers/runtime-requirements.txt into $stage" >&2
+# shellcheck disable=SC2086
+"${pip_cfg[@]}" "$py" -m pip install --disable-pip-version-check --quiet --only-binary=:all: \
+  --target "$stage/site-packages" "${extra_args[@]}" ${RUNTIME_PIP_ARGS:-} \
+  "$torch_req" -r "$here/installers/runtime-requirements.txt"
+# pip --target leaves its console scripts beside the packages: a pack holds packages only
+rm -rf "$stage/site-packages/bin"
+manifest=$(cd "$here" && "$py" -m desktop.runtime.pack build --plan "$plan" \
+  --site-packages "$stage/site-packages" --out "$out")
+echo "$manifest"
+archive=$(printf '%s' "$manifest" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["path"])')
+echo "built $archive ($(du -m "$archive" | cut -f1) MiB packed, $(du -sm "$stage/site-packages" | cut -f1) MiB unpacked)" >&2
+if [ -n "$publish" ]; then
+  "$py" "$here/installers/update_repo.py" --dir "$publish" add-runtime "$archive"
+fi
