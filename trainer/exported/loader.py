@@ -1,0 +1,110 @@
+"""An exported program, read by archive.py and passed by gate.py, as a trainable module.
+
+The graph goes through torch's own JSON deserializer (torch._export.serde), with the
+weights and constants this module builds from their raw bytes, and with what the graph
+does not need to train left out: node metadata (stack traces, module paths) and guards
+(Python source that `ExportedProgram.module()` would compile). Sample inputs are never
+read. The module's parameters keep their names, so its state dict is the program's:
+updates, codecs, DP and secure aggregation see plain named tensors, as for zoo models.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainer.exported.archive import Archive, Payload, read_archive
+from trainer.exported.gate import ProgramSummary, check_program
+from trainer.exported.runtime import install_modes
+
+# a program's archive may hold fp32 weights of the largest model a tier allows, and this
+MAX_PROGRAM_SLACK = 64 * 2**20
+
+
+def _dtype(code: int) -> torch.dtype:
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+    from torch._export.serde.schema import ScalarType
+
+    return _SERIALIZE_TO_TORCH_DTYPE[ScalarType(code)]
+
+
+def _ints(values: list[dict[str, Any]]) -> list[int]:
+    return [int(v["as_int"]) for v in values]
+
+
+def _tensor(payload: Payload, meta_device: bool) -> torch.Tensor:
+    """The payload's tensor (its own copy of the bytes), or an empty meta tensor of its
+    shape; gate.check_program has checked the bytes cover its strides."""
+    meta = payload.meta
+    dtype, sizes = _dtype(meta["dtype"]), _ints(meta["sizes"])
+    if meta_device:
+        return torch.empty(sizes, dtype=dtype, device="meta")
+    flat = torch.frombuffer(bytearray(payload.data), dtype=torch.uint8).view(dtype)
+    strided = flat.as_strided(
+        sizes, _ints(meta["strides"]), int(meta["storage_offset"]["as_int"])
+    )
+    return strided.clone(memory_format=torch.contiguous_format)
+
+
+def _bare(program: dict[str, Any]) -> dict[str, Any]:
+    """The program without what training does not need and should not be parsed: node
+    metadata, the graph's metadata and the guards' source."""
+    out = copy.copy(program)
+    gm = copy.copy(program["graph_module"])
+    graph = copy.copy(gm["graph"])
+    graph["nodes"] = [{**node, "metadata": {}} for node in graph["nodes"]]
+    gm["graph"] = graph
+    gm["metadata"] = {}
+    out["graph_module"] = gm
+    out["guards_code"] = []
+    return out
+
+
+def load_exported(archive: Archive, *, meta_device: bool = False) -> torch.export.ExportedProgram:
+    """The archive's ExportedProgram (checked by the gate first)."""
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
+
+    check_program(archive)
+    state: dict[str, torch.Tensor] = {}
+    for name, payload in archive.weights.items():
+        tensor = _tensor(payload, meta_device)
+        state[name] = nn.Parameter(tensor) if payload.is_param else tensor
+    constants = {name: _tensor(p, meta_device) for name, p in archive.constants.items()}
+    try:
+        serialized = _dict_to_dataclass(schema.ExportedProgram, _bare(archive.program))
+        return ExportedProgramDeserializer().deserialize(serialized, state, constants, ((), {}))
+    except Exception as exc:  # the serde raises many kinds for a malformed graph
+        from trainer.exported.gate import GateError
+
+        raise GateError(f"the program's graph cannot be read: {type(exc).__name__}: "
+                        f"{str(exc)[:300]}") from None  # fmt: skip
+
+
+def load_program(archive: Archive, *, meta_device: bool = False) -> nn.Module:
+    """A module that runs the program: forward(inputs, targets) -> loss or (loss, logits),
+    with train()/eval() switching its dropout and batch norm (runtime.install_modes)."""
+    # no guards: their source is the buyer's (dropped), and input shapes are ours
+    module = load_exported(archive, meta_device=meta_device).module(check_guards=False)
+    return install_modes(module)
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_archive(path: str, mtime_ns: int, size: int, max_bytes: int) -> Archive:
+    return read_archive(Path(path), max_bytes)
+
+
+def archive_at(path: Path | str, max_bytes: int) -> Archive:
+    """The archive at `path`, read once per file version (a node builds the model each
+    task; the file does not change under it)."""
+    stat = Path(path).stat()
+    return _cached_archive(str(path), stat.st_mtime_ns, stat.st_size, max_bytes)
+
+
+def summarize(archive: Archive) -> ProgramSummary:
+    return check_program(archive)
