@@ -108,3 +108,33 @@ def archive_at(path: Path | str, max_bytes: int) -> Archive:
 
 def summarize(archive: Archive) -> ProgramSummary:
     return check_program(archive)
+
+
+# the simulator and agents read a program of at most this size (the marketplace's cap on
+# what it accepts is the job's model cap: jobs/model_files.py)
+MAX_PROGRAM_BYTES = 4 * 2**30
+
+
+def program_module(path: Path | str, input_shape: tuple[int, ...]) -> nn.Module:
+    """The program at `path`, checked by the gate and against the dataset's input shape,
+    on the meta device when that is the default device (a footprint's measurement), else
+    on the CPU with its weights. GateError / ArchiveError name what is wrong."""
+    from trainer.exported.gate import check_fits_data
+
+    archive = archive_at(path, MAX_PROGRAM_BYTES)
+    summary = check_program(archive)
+    check_fits_data(summary, input_shape, summary.integer_input)
+    meta = torch.get_default_device().type == "meta"
+    with torch.device("cpu"):
+        module = load_program(archive, meta_device=meta)
+    module.gpuflex_summary = summary  # type: ignore[assignment]
+    return module
+
+
+def sample_batch(module: nn.Module, input_shape: tuple[int, ...], device: Any = None):
+    """One sample's (inputs, targets) as the program takes them: zeros of its dtypes."""
+    summary: ProgramSummary = module.gpuflex_summary  # type: ignore[assignment]
+    x_dtype = torch.long if summary.integer_input else torch.float32
+    x = torch.zeros((1, *input_shape), dtype=x_dtype, device=device)
+    y = torch.zeros((1, *summary.target_shape), dtype=torch.long, device=device)
+    return x, y
