@@ -497,7 +497,8 @@ def missing_spec_files(spec_path: Path, federated: bool = False) -> dict[str, Pa
     """{spec field: path} for the files a spec file names that are not beside it (a dataset
     moved or not written yet): `gpuflex submit` names them before sending anything."""
     fields = {"dataset": "dataset.path", "dataset_tokenizer": "dataset.tokenizer",
-              "model_config": "model.config", "model_checkpoint": "model.checkpoint"}  # fmt: skip
+              "model_config": "model.config", "model_checkpoint": "model.checkpoint",
+              "model_program": "model.program"}  # fmt: skip
     named = _named_files(spec_path, federated)
     return {fields[f]: path for f, path in named.items() if not path.is_file()}
 
@@ -514,6 +515,7 @@ def _named_files(spec_path: Path, federated: bool) -> dict[str, Path]:
         "dataset_tokenizer": spec.dataset.tokenizer,
         "model_config": spec.model.config if isinstance(spec.model.config, str) else None,
         "model_checkpoint": spec.model.checkpoint,
+        "model_program": spec.model.program,
     }
     return {field: (spec_path.parent / name).expanduser()
             for field, name in named.items() if name}  # fmt: skip

@@ -131,7 +131,7 @@ def measure_footprint(
     checked against the model as they would be loaded."""
     import torch
 
-    from trainer.models import ModelSpecError, forward_sample, build_model
+    from trainer.models import ModelSpecError, build_model, forward_sample
 
     saved: dict[int, int] = {}
 

@@ -90,7 +90,7 @@ class ModelSpec(_Strict):
     arch: Literal[
         "mlp", "cnn", "resnet", "transformer", "resnet18", "vit_s", "hf_causal_lm", "hf_seq_cls",
         "exported",
-    ] = "mlp"
+    ] = "mlp"  # fmt: skip
     # layer lists are bounded too: a million one-unit layers is a tiny model that takes
     # minutes just to construct
     hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(max_length=64)] = [128]

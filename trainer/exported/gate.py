@@ -34,30 +34,37 @@ MAX_RANK = 8
 
 # ATen operators by name (any overload): what models and losses compute with. Nothing here
 # reads or writes files, talks to the network, or calls back into Python.
-ALLOWED_OPS = frozenset("""
-linear conv1d conv2d conv3d convolution conv_transpose1d conv_transpose2d conv_transpose3d
-batch_norm layer_norm group_norm instance_norm rms_norm dropout feature_dropout alpha_dropout
-native_dropout relu relu_ gelu silu sigmoid tanh hardtanh hardtanh_ leaky_relu elu selu celu
-softplus mish hardswish hardsigmoid prelu glu softmax log_softmax _softmax _log_softmax
-max_pool1d max_pool2d max_pool3d max_pool2d_with_indices avg_pool1d avg_pool2d avg_pool3d
-adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d
-adaptive_max_pool2d upsample_nearest1d upsample_nearest2d upsample_bilinear2d
-upsample_linear1d pixel_shuffle pixel_unshuffle embedding scaled_dot_product_attention
-matmul mm bmm addmm baddbmm einsum t dot outer cross_entropy_loss nll_loss nll_loss_nd
-nll_loss2d mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy
-binary_cross_entropy_with_logits kl_div cosine_similarity
-view reshape _unsafe_view flatten unflatten permute transpose contiguous expand expand_as
-squeeze unsqueeze cat stack split split_with_sizes chunk slice select index index_select
-gather narrow repeat tile clone detach alias flip roll pad constant_pad_nd
-zeros zeros_like ones ones_like full full_like arange empty_like new_zeros new_ones new_full
-to _to_copy type_as where masked_fill tril triu lift_fresh_copy scalar_tensor one_hot
-eq ne gt lt ge le logical_and logical_or logical_not bitwise_not
-add sub rsub mul div neg abs exp log log1p log2 sqrt rsqrt pow clamp clamp_min clamp_max
-maximum minimum mean sum amax amin max min argmax argmin var std var_mean norm
-linalg_vector_norm cumsum sign floor ceil round reciprocal square cos sin erf
-add_ sub_ mul_ copy_ zero_ fill_
-sym_size sym_numel sym_stride _assert_tensor_metadata _assert_scalar
-""".split())  # fmt: skip
+ALLOWED_OPS = frozenset({
+    "linear", "conv1d", "conv2d", "conv3d", "convolution", "conv_transpose1d",
+    "conv_transpose2d", "conv_transpose3d", "batch_norm", "layer_norm", "group_norm",
+    "instance_norm", "rms_norm", "dropout", "feature_dropout", "alpha_dropout",
+    "native_dropout", "relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "hardtanh",
+    "hardtanh_", "leaky_relu", "elu", "selu", "celu", "softplus", "mish", "hardswish",
+    "hardsigmoid", "prelu", "glu", "softmax", "log_softmax", "_softmax", "_log_softmax",
+    "max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices", "avg_pool1d",
+    "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+    "adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+    "upsample_nearest1d", "upsample_nearest2d", "upsample_bilinear2d", "upsample_linear1d",
+    "pixel_shuffle", "pixel_unshuffle", "embedding", "scaled_dot_product_attention",
+    "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "t", "dot", "outer",
+    "cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d", "mse_loss", "l1_loss",
+    "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+    "binary_cross_entropy_with_logits", "kl_div", "cosine_similarity", "view", "reshape",
+    "_unsafe_view", "flatten", "unflatten", "permute", "transpose", "contiguous", "expand",
+    "expand_as", "squeeze", "unsqueeze", "cat", "stack", "split", "split_with_sizes",
+    "chunk", "slice", "select", "index", "index_select", "gather", "narrow", "repeat",
+    "tile", "clone", "detach", "alias", "flip", "roll", "pad", "constant_pad_nd", "zeros",
+    "zeros_like", "ones", "ones_like", "full", "full_like", "arange", "empty_like",
+    "new_zeros", "new_ones", "new_full", "to", "_to_copy", "type_as", "where",
+    "masked_fill", "tril", "triu", "lift_fresh_copy", "scalar_tensor", "one_hot", "eq",
+    "ne", "gt", "lt", "ge", "le", "logical_and", "logical_or", "logical_not", "bitwise_not",
+    "add", "sub", "rsub", "mul", "div", "neg", "abs", "exp", "log", "log1p", "log2", "sqrt",
+    "rsqrt", "pow", "clamp", "clamp_min", "clamp_max", "maximum", "minimum", "mean", "sum",
+    "amax", "amin", "max", "min", "argmax", "argmin", "var", "std", "var_mean", "norm",
+    "linalg_vector_norm", "cumsum", "sign", "floor", "ceil", "round", "reciprocal",
+    "square", "cos", "sin", "erf", "add_", "sub_", "mul_", "copy_", "zero_", "fill_",
+    "sym_size", "sym_numel", "sym_stride", "_assert_tensor_metadata", "_assert_scalar",
+})  # fmt: skip
 # the arithmetic on sizes that a dynamic batch puts in a graph (x.view(-1, ...))
 ALLOWED_SYM_OPS = frozenset({
     "_operator.add", "_operator.sub", "_operator.mul", "_operator.floordiv",
@@ -312,7 +319,8 @@ def _check_payload(payload: Payload, what: str) -> int:
             or not isinstance(offset, int) or offset < 0):  # fmt: skip
         raise GateError(f"{what} {payload.name!r} has bad strides or offset")
     # the last element it reaches must lie inside its bytes
-    extent = offset + sum((d["as_int"] - 1) * s for d, s in zip(meta["sizes"], strides)) + 1
+    dims = zip(meta["sizes"], strides, strict=True)
+    extent = offset + sum((d["as_int"] - 1) * s for d, s in dims) + 1
     if numel and extent * ELEMENT_SIZE[dtype] > len(payload.data):
         raise GateError(f"{what} {payload.name!r} reaches past its {len(payload.data):,} bytes")
     return len(payload.data)

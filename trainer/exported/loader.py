@@ -27,8 +27,8 @@ MAX_PROGRAM_SLACK = 64 * 2**20
 
 
 def _dtype(code: int) -> torch.dtype:
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
     from torch._export.serde.schema import ScalarType
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
 
     return _SERIALIZE_TO_TORCH_DTYPE[ScalarType(code)]
 
@@ -45,9 +45,7 @@ def _tensor(payload: Payload, meta_device: bool) -> torch.Tensor:
     if meta_device:
         return torch.empty(sizes, dtype=dtype, device="meta")
     flat = torch.frombuffer(bytearray(payload.data), dtype=torch.uint8).view(dtype)
-    strided = flat.as_strided(
-        sizes, _ints(meta["strides"]), int(meta["storage_offset"]["as_int"])
-    )
+    strided = flat.as_strided(sizes, _ints(meta["strides"]), int(meta["storage_offset"]["as_int"]))
     return strided.clone(memory_format=torch.contiguous_format)
 
 

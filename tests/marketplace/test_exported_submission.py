@@ -1,0 +1,89 @@
+"""Exported programs through the marketplace's submission: the request's gate refuses a
+hostile program with a 400 naming the problem and stores nothing; a good one is accepted,
+measured by the worker on the meta device and gets its round 1."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from django.core.files.uploadedfile import SimpleUploadedFile
+from torch import nn
+from torch.nn import functional as F
+
+from marketplace.jobs import files
+from marketplace.jobs.model_files import program_name
+from marketplace.jobs.models import Job
+from marketplace.rounds.models import Round
+from trainer.exported.export import export_program
+
+SPEC = {"name": "exported-digits", "dataset": {"kind": "digits"},
+        "model": {"arch": "exported", "program": "net.pt2"},
+        "local": {"steps": 2, "batch_size": 16}, "rounds": {"max_rounds": 1},
+        "sharding": {"method": "stratified", "num_shards": 2}}  # fmt: skip
+XY = (torch.zeros(4, 64), torch.zeros(4, dtype=torch.long))
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    return export_program(net, F.cross_entropy, XY, tmp_path_factory.mktemp("p") / "net.pt2")
+
+
+def _post(buyer, data: bytes | None, spec: dict = SPEC):
+    body = {"spec": json.dumps(spec), "max_price_per_gpu_hour": "1.00", "budget": "10"}
+    if data is not None:
+        body["model_program"] = SimpleUploadedFile("net.pt2", data)
+    return buyer.post("/api/v1/jobs/", body, format="multipart")
+
+
+def _with_target(path: Path, target: str) -> bytes:
+    out = path.with_name("hostile.pt2")
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(out, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("models/model.json"):
+                doc = json.loads(data)
+                doc["graph_module"]["graph"]["nodes"][0]["target"] = target
+                data = json.dumps(doc).encode()
+            dst.writestr(info, data)
+    return out.read_bytes()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hostile_programs_are_refused_and_nothing_stored(buyer, program: Path) -> None:
+    cases = {
+        "aten::from_file": _with_target(program, "torch.ops.aten.from_file.default"),
+        "evil::run": _with_target(program, "torch.ops.evil.run.default"),
+        "truncated": program.read_bytes()[:300],
+    }
+    for expected, data in cases.items():
+        response = _post(buyer, data)
+        assert response.status_code == 400, (expected, response.content)
+        detail = response.json()["detail"]
+        assert "model.program" in detail, detail
+        if expected != "truncated":
+            assert expected in detail, detail
+    missing = _post(buyer, None)
+    assert missing.status_code == 400 and "model_program" in missing.json()["detail"]
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_program_is_accepted_measured_and_prepared(
+    buyer, program: Path, django_capture_on_commit_callbacks
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        response = _post(buyer, program.read_bytes())
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.spec["model"]["program"] == "net.pt2"  # the buyer's name, not a path of ours
+    assert files.get(program_name(job.pk)) == program.read_bytes()
+    job.refresh_from_db()
+    assert job.error == "" and Round.objects.filter(job=job).count() == 1, job.error
+    assert job.footprint["parameters"] == 64 * 32 + 32 + 32 * 10 + 10
+    assert job.footprint["activation_bytes"] > 0
