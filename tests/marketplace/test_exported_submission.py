@@ -87,3 +87,22 @@ def test_a_program_is_accepted_measured_and_prepared(
     assert job.error == "" and Round.objects.filter(job=job).count() == 1, job.error
     assert job.footprint["parameters"] == 64 * 32 + 32 + 32 * 10 + 10
     assert job.footprint["activation_bytes"] > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_exported_job_trains_its_rounds(make_agent, buyer, program: Path) -> None:
+    from tests.marketplace.test_job_flow import run_until_idle
+
+    spec = SPEC | {"rounds": {"max_rounds": 2}}
+    response = _post(buyer, program.read_bytes(), spec)
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    agents = [make_agent(kind="platform") for _ in range(2)]
+    first = agents[0].claim()
+    assert first["program"] is True and first["model_source"]["kind"] == "full"
+    assert agents[0].work(first).status_code == 201
+    run_until_idle(agents)
+    job.refresh_from_db()
+    assert job.status == "completed" and job.rounds_done == 2, job.error
+    final = buyer.get(f"/api/v1/jobs/{job.pk}/rounds/").json()["results"]
+    assert final and all(r["metrics"].get("accuracy") is not None for r in final)
