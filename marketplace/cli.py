@@ -649,9 +649,10 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("-o", "--output", default=".")
     d.add_argument(
         "--format",
-        choices=["safetensors", "hf", "onnx", "torchscript"],
+        choices=["safetensors", "hf", "onnx", "torchscript", "pt2"],
         default="safetensors",
-        help="hf: a Hugging Face folder (transformer models only)",
+        help="hf: a Hugging Face folder (transformer models only); pt2: an exported model's "
+        "program with the trained weights (model.arch: exported only)",
     )
     d.set_defaults(func=cmd_download)
 

@@ -18,7 +18,10 @@ from marketplace.jobs import files
 from marketplace.jobs.model_files import program_name
 from marketplace.jobs.models import Job
 from marketplace.rounds.models import Round
+from trainer.exported.archive import read_archive
 from trainer.exported.export import export_program
+from trainer.exported.loader import load_program
+from trainer.updates import decode_state
 
 SPEC = {"name": "exported-digits", "dataset": {"kind": "digits"},
         "model": {"arch": "exported", "program": "net.pt2"},
@@ -106,3 +109,13 @@ def test_an_exported_job_trains_its_rounds(make_agent, buyer, program: Path) -> 
     assert job.status == "completed" and job.rounds_done == 2, job.error
     final = buyer.get(f"/api/v1/jobs/{job.pk}/rounds/").json()["results"]
     assert final and all(r["metrics"].get("accuracy") is not None for r in final)
+    # the trained program comes back with the final weights in it; the weights alone too
+    url = f"/api/v1/jobs/{job.pk}/model"
+    weights = decode_state(buyer.get(url, {"format": "safetensors"}).content)[0]
+    pt2 = buyer.get(url, {"format": "pt2"})
+    assert pt2.status_code == 200 and pt2["Content-Disposition"].endswith('.pt2"')
+    trained = load_program(read_archive(pt2.content, 2**26))
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
+    onnx = buyer.get(url, {"format": "onnx"})
+    assert onnx.status_code == 400 and "pt2" in onnx.json()["detail"]

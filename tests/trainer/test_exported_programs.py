@@ -255,3 +255,18 @@ def test_spec_needs_a_program_for_exported() -> None:
         parse_spec({"name": "t", "model": {"arch": "exported"}})
     with pytest.raises(Exception, match="'program' is for arch 'exported'"):
         parse_spec({"name": "t", "model": {"arch": "mlp", "program": "a.pt2"}})
+
+
+def test_trained_weights_swap_into_the_program(program: Path) -> None:
+    from trainer.exported.repack import with_weights
+    from trainer.updates import encode_state
+
+    module = load_program(read_archive(program, LIMIT))
+    trained = {k: v.detach() + 1.0 for k, v in module.state_dict().items()}
+    repacked = with_weights(program.read_bytes(), encode_state(trained))
+    again = load_program(read_archive(repacked, LIMIT))
+    for name, tensor in again.state_dict().items():
+        assert torch.equal(tensor, trained[name]), name
+    # and torch itself loads it: the buyer's own machine gets a working program
+    loaded = torch.export.load(io.BytesIO(repacked)).module()
+    assert torch.equal(loaded.state_dict()["model.fc1.weight"], trained["model.fc1.weight"])
