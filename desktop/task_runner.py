@@ -99,6 +99,8 @@ def _num_classes(spec: Any, input_shape: tuple[int, ...], state: dict[str, Any])
 
     from trainer.models import build_model
 
+    if spec.model.arch == "exported":  # the program has its own head: no count to build it
+        return 0
     with torch.device("meta"):
         a = build_model(spec.model, input_shape, 2).state_dict()
         b = build_model(spec.model, input_shape, 3).state_dict()

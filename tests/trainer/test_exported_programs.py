@@ -270,3 +270,22 @@ def test_trained_weights_swap_into_the_program(program: Path) -> None:
     # and torch itself loads it: the buyer's own machine gets a working program
     loaded = torch.export.load(io.BytesIO(repacked)).module()
     assert torch.equal(loaded.state_dict()["model.fc1.weight"], trained["model.fc1.weight"])
+
+
+def test_integer_buffers_are_counters_or_refused(program: Path, tmp_path: Path) -> None:
+    summary = check_program(read_archive(program, LIMIT))
+    assert summary.counters == {"model.bn.num_batches_tracked"}  # loads as float32
+    module = load_program(read_archive(program, LIMIT))
+    assert module.state_dict()["model.bn.num_batches_tracked"].dtype == torch.float32
+
+    class Indexed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(64, 10)
+            self.register_buffer("order", torch.arange(64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x.index_select(1, self.order))
+
+    path = export_program(Indexed(), F.cross_entropy, XY, tmp_path / "idx.pt2")
+    _refused(path, "buffer 'model.order' is an integer tensor")

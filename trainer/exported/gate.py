@@ -47,7 +47,7 @@ ALLOWED_OPS = frozenset({
     "upsample_nearest1d", "upsample_nearest2d", "upsample_bilinear2d", "upsample_linear1d",
     "pixel_shuffle", "pixel_unshuffle", "embedding", "scaled_dot_product_attention",
     "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "t", "dot", "outer",
-    "cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d", "mse_loss", "l1_loss",
+    "broadcast_tensors", "broadcast_to", "cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d", "mse_loss", "l1_loss",
     "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "kl_div", "cosine_similarity", "view", "reshape",
     "_unsafe_view", "flatten", "unflatten", "permute", "transpose", "contiguous", "expand",
@@ -109,6 +109,13 @@ class ProgramSummary:
     integer_input: bool  # token ids rather than features
     target_shape: tuple[int, ...]  # the targets' shape after the batch dimension
     returns_logits: bool
+    # integer buffers only ever incremented (batch norm's num_batches_tracked): they load as
+    # float32, as every state tensor that travels in an update is floating
+    counters: frozenset[str] = frozenset()
+
+
+# what a counter buffer may go through: incremented in place, nothing else
+_COUNTER_OPS = {"torch.ops.aten.add_.Tensor", "torch.ops.aten.add_.Scalar"}
 
 
 def check_program(archive: Archive) -> ProgramSummary:
@@ -158,7 +165,9 @@ def check_program(archive: Archive) -> ProgramSummary:
         raise GateError(f"the program's constants hold {constant_bytes:,} bytes; the limit is "
                         f"{MAX_CONSTANT_BYTES:,}")  # fmt: skip
     _check_named(signature, archive)
+    counters = _counters(signature, nodes, archive)
     return ProgramSummary(
+        counters=counters,
         nodes=len(nodes),
         operators=frozenset(ops),
         parameters=sum(_numel(p.meta) for p in archive.weights.values() if p.is_param),
@@ -324,6 +333,40 @@ def _check_payload(payload: Payload, what: str) -> int:
     if numel and extent * ELEMENT_SIZE[dtype] > len(payload.data):
         raise GateError(f"{what} {payload.name!r} reaches past its {len(payload.data):,} bytes")
     return len(payload.data)
+
+
+def _counters(signature: dict[str, Any], nodes: list[Any], archive: Archive) -> frozenset[str]:
+    """The integer buffers, each of which must be a counter (see ProgramSummary.counters):
+    an update is a floating delta, so an integer state tensor of any other use is refused."""
+    ints = {}
+    for spec in signature.get("input_specs") or []:
+        if next(iter(spec)) == "buffer":
+            name = spec["buffer"].get("buffer_name")
+            if archive.weights[name].meta.get("dtype") in INTEGER:
+                ints[spec["buffer"]["arg"]["name"]] = name
+    if not ints:
+        return frozenset()
+    for node in nodes:
+        for used in _tensor_names(node.get("inputs")):
+            if used in ints and node["target"] not in _COUNTER_OPS:
+                raise GateError(f"buffer {ints[used]!r} is an integer tensor used by "
+                                f"{node['target']}: a model's state travels as floating "
+                                "updates; make it a float buffer or a constant")  # fmt: skip
+    return frozenset(ints.values())
+
+
+def _tensor_names(value: Any) -> list[str]:
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            tensor = item.get("as_tensor")
+            if isinstance(tensor, dict) and isinstance(tensor.get("name"), str):
+                found.append(tensor["name"])
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
 
 
 def _check_named(signature: dict[str, Any], archive: Archive) -> None:

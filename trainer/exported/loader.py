@@ -68,10 +68,12 @@ def load_exported(archive: Archive, *, meta_device: bool = False) -> torch.expor
     from torch._export.serde import schema
     from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
 
-    check_program(archive)
+    summary = check_program(archive)
     state: dict[str, torch.Tensor] = {}
     for name, payload in archive.weights.items():
         tensor = _tensor(payload, meta_device)
+        if name in summary.counters:  # floating, as every tensor an update carries
+            tensor = tensor.float()
         state[name] = nn.Parameter(tensor) if payload.is_param else tensor
     constants = {name: _tensor(p, meta_device) for name, p in archive.constants.items()}
     try:

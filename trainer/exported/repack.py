@@ -59,9 +59,15 @@ def with_weights(program: bytes, model: bytes) -> bytes:
                 raise ArchiveError(f"weight {name!r}: the trained tensor does not fit")
             start, end = tensor["data_offsets"]
             path = f"weight_{i}"
-            files[path] = bytes(body[start:end])
+            data = bytes(body[start:end])
             meta = entry["tensor_meta"]
-            meta["dtype"] = _CODES[tensor["dtype"]]
+            if meta["dtype"] == 5 and tensor["dtype"] == "F32":  # a counter (gate.py), back
+                count = len(data) // 4
+                data = struct.pack(f"<{count}q", *(round(v) for v in struct.unpack(
+                    f"<{count}f", data)))  # fmt: skip
+            else:
+                meta["dtype"] = _CODES[tensor["dtype"]]
+            files[path] = data
             meta["strides"] = _contiguous(sizes)
             meta["storage_offset"] = {"as_int": 0}
             entry["path_name"] = path
