@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from marketplace.client import Client
+# marketplace.client.Client, which calls fit() from its own fit(): named, not imported (an
+# import either way would be a circle)
+Client = Any
 
 # a dataset given as tensors or arrays: (inputs, targets); a path: a Parquet file (with a
 # "label" column) or an image folder (a subfolder per class); "digits": the built-in set
