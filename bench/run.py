@@ -16,6 +16,7 @@ import torch
 
 from bench import (
     examples_bench,
+    exported_bench,
     load_bench,
     network_bench,
     pause_bench,
@@ -149,6 +150,8 @@ def render(results: dict[str, Any]) -> str:
     ]
     if "gpu" in results:
         parts += render_gpu(results["gpu"])
+    if "exported" in results:
+        parts += exported_bench.render(results["exported"])
     if "zones" in results:
         parts += render_zones(results["zones"])
     if "network" in results:
@@ -308,6 +311,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
     "load", "pause", "upload", "examples", "privacy", "inference", "zones", "sweep",
+    "exported",
 )  # fmt: skip
 
 
@@ -593,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
             results["upload"] = upload_bench.run()
         elif section == "examples":
             results["examples"] = examples_bench.run()
+        elif section == "exported":
+            results["exported"] = exported_bench.run()
         elif section == "zones":
             print("zones: flat uploads against 3 zone aggregators, 24 wan nodes (simulator)")
             results["zones"] = zones_bench.run()
