@@ -24,8 +24,8 @@ from torch.nn import functional as F
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 20
 NODES = 4
-STEPS = 150
-ROUNDS_TIMED = 5
+STEPS = 400
+ROUNDS_TIMED = 7
 
 
 def _spec(program: Path | None) -> Any:
