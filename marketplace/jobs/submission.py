@@ -106,6 +106,11 @@ def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
         )
     elif method == "length" and kind != "text":
         problems.append(("sharding.method", "'length' cuts sequence data (dataset kind 'text')"))
+    if spec.model.arch == "exported" and spec.adaptation.enabled:
+        # the round planner sizes work from a model it builds from the spec alone
+        # (rounds/sizing.model_numel); an exported program is a stored file
+        problems.append(("adaptation.enabled", "network-aware rounds do not take an exported "
+                         "model (model.arch: exported) yet; leave adaptation off"))  # fmt: skip
     return problems
 
 
@@ -230,6 +235,9 @@ def submit_job(
     ):
         # evaluate / inference from a finished job: its model section and final weights
         source = scoring.resolve_source(buyer, spec, Path(tmp))
+        if source is not None and source.spec.model.arch == "exported":
+            raise spec_error([("source.job", "scoring an exported model (model.arch: exported) "
+                               "is not supported yet; download it with --format pt2")])  # fmt: skip
         received = receive_model_files(
             source.spec if source else spec, model_config, model_checkpoint, Path(tmp),
             cap.checkpoint_bytes, model_program,

@@ -119,3 +119,14 @@ def test_an_exported_job_trains_its_rounds(make_agent, buyer, program: Path) -> 
         assert torch.equal(tensor, weights[name]), name
     onnx = buyer.get(url, {"format": "onnx"})
     assert onnx.status_code == 400 and "pt2" in onnx.json()["detail"]
+    scoring = {"name": "score", "kind": "evaluate", "source": {"job": str(job.pk)}}
+    refused = buyer.post("/api/v1/jobs/", {"spec": json.dumps(scoring), "budget": "1",
+                                           "max_price_per_gpu_hour": "1.00"})  # fmt: skip
+    assert refused.status_code == 400 and "source.job" in refused.json()["detail"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_network_aware_rounds_are_refused_for_a_program(buyer, program: Path) -> None:
+    response = _post(buyer, program.read_bytes(), SPEC | {"adaptation": {"enabled": True}})
+    assert response.status_code == 400 and "adaptation.enabled" in response.json()["detail"]
+    assert not Job.objects.exists()
