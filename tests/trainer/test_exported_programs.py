@@ -289,3 +289,18 @@ def test_integer_buffers_are_counters_or_refused(program: Path, tmp_path: Path) 
 
     path = export_program(Indexed(), F.cross_entropy, XY, tmp_path / "idx.pt2")
     _refused(path, "buffer 'model.order' is an integer tensor")
+
+
+def test_gpuflex_sim_refuses_a_hostile_program_with_an_error(
+    program: Path, tmp_path: Path, capsys
+) -> None:
+    from trainer.sim.cli import main
+
+    def from_file(doc):
+        doc["graph_module"]["graph"]["nodes"][0]["target"] = "torch.ops.aten.from_file.default"
+
+    _rewrite(program, tmp_path / "io.pt2", _edit_json("models/model.json", from_file))
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: io\nmodel: {arch: exported, program: io.pt2}\nrounds: {max_rounds: 1}\n")
+    assert main(["run", str(spec), "--nodes", "2", "--json"]) == 2
+    assert "model.program: operator aten::from_file" in capsys.readouterr().err
