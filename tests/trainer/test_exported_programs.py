@@ -304,3 +304,18 @@ def test_gpuflex_sim_refuses_a_hostile_program_with_an_error(
     spec.write_text("name: io\nmodel: {arch: exported, program: io.pt2}\nrounds: {max_rounds: 1}\n")
     assert main(["run", str(spec), "--nodes", "2", "--json"]) == 2
     assert "model.program: operator aten::from_file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda doc: doc["graph_module"]["signature"].update(input_specs=[{"user_input": []}]),
+        lambda doc: doc["graph_module"]["graph"].update(tensor_values={"x": 3}),
+        lambda doc: doc["graph_module"]["signature"].update(input_specs=[{}]),
+        lambda doc: doc["graph_module"]["graph"]["nodes"].append([]),
+    ],
+)
+def test_malformed_graph_is_a_gate_error(program: Path, tmp_path: Path, mangle) -> None:
+    bad = _rewrite(program, tmp_path / "m.pt2", _edit_json("models/model.json", mangle))
+    with pytest.raises(GateError):
+        check_program(read_archive(bad, LIMIT))

@@ -121,6 +121,17 @@ _COUNTER_OPS = {"torch.ops.aten.add_.Tensor", "torch.ops.aten.add_.Scalar"}
 
 def check_program(archive: Archive) -> ProgramSummary:
     """The program's summary, or GateError naming the operator or limit it breaks."""
+    try:
+        return _check(archive)
+    except GateError:
+        raise
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError, StopIteration) as exc:
+        # JSON of the right kinds in the wrong places: a 400, never a server error
+        raise GateError(f"the program's graph is malformed ({type(exc).__name__}: "
+                        f"{str(exc)[:200]})") from None  # fmt: skip
+
+
+def _check(archive: Archive) -> ProgramSummary:
     program = archive.program
     gm = _mapping(program.get("graph_module"), "graph_module")
     graph = _mapping(gm.get("graph"), "graph_module.graph")
