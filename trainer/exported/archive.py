@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import json
 import posixpath
+import struct
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,8 +73,12 @@ def read_archive(source: bytes | Path, max_bytes: int) -> Archive:
             return _read(zf, max_bytes)
     except zipfile.BadZipFile as exc:
         raise ArchiveError(f"the program is not a readable .pt2 archive (a zip): {exc}") from None
-    except (EOFError, zipfile.LargeZipFile, NotImplementedError, OSError) as exc:
-        # EOFError: a member cut short; NotImplementedError: a compression zipfile lacks
+    except ArchiveError:
+        raise
+    except (EOFError, zipfile.LargeZipFile, NotImplementedError, OSError, RuntimeError,
+            ValueError, struct.error) as exc:  # fmt: skip
+        # EOFError: a member cut short; NotImplementedError: a compression zipfile lacks;
+        # RuntimeError: an encrypted member; ValueError, struct.error: garbled headers
         raise ArchiveError(f"the program archive is damaged or truncated: {exc}") from None
 
 
