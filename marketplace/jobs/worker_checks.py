@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from marketplace.jobs import files, isolation, scoring
-from marketplace.jobs.checks import check_job, measure_here
+from marketplace.jobs.checks import check_job, measure_here, spec_error
 from marketplace.jobs.dataset_files import load_uploaded_dataset, tokenizer_name
 from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.model_files import (
@@ -87,9 +87,25 @@ def _program_measure(job: Job, tmp: Path):
     local = tmp / PROGRAM_FILE
     local.write_bytes(files.get(program_name(job.pk)))
 
+    cap = model_cap(job.tier, job.budget)
+
     def measure(model, input_shape, num_classes, lm, checkpoint):  # type: ignore[no-untyped-def]
         here = model.model_copy(update={"program": str(local)})
-        return measure_here(here, input_shape, num_classes, lm, checkpoint)
+        from trainer.exported.loader import largest_tensor_bytes
+
+        footprint = measure_here(here, input_shape, num_classes, lm, checkpoint)
+        # a graph may make tensors of any size from a sample (aten.full, new_zeros): one
+        # sample's activations, and its largest tensor, are held to the bytes the job's cap
+        # allows its weights, so that nothing the worker or a node runs allocates unbounded
+        largest = largest_tensor_bytes(local, tuple(input_shape))
+        for what, size in (("activations take", footprint.activation_bytes),
+                           ("largest tensor takes", largest)):  # fmt: skip
+            if size > cap.bytes:
+                why = describe_cap(job.tier, job.budget)
+                raise spec_error([("model.program", (
+                    f"one sample's {what} {size / 2**20:,.1f} MiB; {why} allows at most "
+                    f"{cap.bytes / 2**20:,.1f} MiB"))])  # fmt: skip
+        return footprint
 
     return measure
 

@@ -130,3 +130,29 @@ def test_network_aware_rounds_are_refused_for_a_program(buyer, program: Path) ->
     response = _post(buyer, program.read_bytes(), SPEC | {"adaptation": {"enabled": True}})
     assert response.status_code == 400 and "adaptation.enabled" in response.json()["detail"]
     assert not Job.objects.exists()
+
+
+class _Blowup(nn.Module):
+    """Small weights, and 512 MiB of activations per sample: past a budget-10 job's cap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = x.new_zeros(x.shape[0], 2**27) + 1.0
+        return self.fc(x) + wide.mean(dim=1, keepdim=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_activations_past_the_cap_fail_the_job_in_the_worker(
+    buyer, tmp_path: Path, django_capture_on_commit_callbacks
+) -> None:
+    path = export_program(_Blowup(), F.cross_entropy, XY, tmp_path / "blowup.pt2")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = _post(buyer, path.read_bytes())
+    assert response.status_code == 201, response.content  # the gate passes it: no torch there
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.status == "failed", job.error
+    assert "one sample's largest tensor takes 512.0 MiB" in job.error, job.error
+    assert not Round.objects.filter(job=job).exists()

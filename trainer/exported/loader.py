@@ -148,3 +148,31 @@ def sample_batch(module: nn.Module, input_shape: tuple[int, ...], device: Any = 
     x = torch.zeros((1, *input_shape), dtype=x_dtype, device=device)
     y = torch.zeros((1, *summary.target_shape), dtype=torch.long, device=device)
     return x, y
+
+
+def largest_tensor_bytes(path: Path | str, input_shape: tuple[int, ...]) -> int:
+    """The largest tensor any operator of the program makes for one sample, forward and
+    backward, measured on the meta device (nothing allocated). Saved activations
+    (trainer.fit) miss a transient `aten.full` of any size; this does not."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    largest = 0
+
+    class Sizes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            nonlocal largest
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    largest = max(largest, t.numel() * t.element_size())
+            return out
+
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        module = program_module(path, input_shape)
+        x, y = sample_batch(module, input_shape)
+        with Sizes():
+            loss = module(x, y)[0]
+            if loss.requires_grad:
+                loss.backward()
+    return largest
