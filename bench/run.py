@@ -17,6 +17,7 @@ import torch
 from bench import (
     examples_bench,
     footprint_bench,
+    exported_bench,
     load_bench,
     network_bench,
     pause_bench,
@@ -150,6 +151,8 @@ def render(results: dict[str, Any]) -> str:
     ]
     if "gpu" in results:
         parts += render_gpu(results["gpu"])
+    if "exported" in results:
+        parts += exported_bench.render(results["exported"])
     if "zones" in results:
         parts += render_zones(results["zones"])
     if "network" in results:
@@ -312,6 +315,7 @@ SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
     "load", "pause", "upload", "examples", "privacy", "inference", "zones", "sweep",
     "footprint",
+    "exported",
 )  # fmt: skip
 
 
@@ -597,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
             results["upload"] = upload_bench.run()
         elif section == "examples":
             results["examples"] = examples_bench.run()
+        elif section == "exported":
+            results["exported"] = exported_bench.run()
         elif section == "zones":
             print("zones: flat uploads against 3 zone aggregators, 24 wan nodes (simulator)")
             results["zones"] = zones_bench.run()

@@ -159,6 +159,10 @@ class MarketplaceClient:
     def get_shard(self, task_id: str) -> Download:
         return Download.of(self._request("GET", f"agent/tasks/{task_id}/shard"))
 
+    def get_program(self, task_id: str) -> Download:
+        """An exported model's program (.pt2), for the sandboxed runner to read."""
+        return Download.of(self._request("GET", f"agent/tasks/{task_id}/program"))
+
     def probe_down(self, nbytes: int) -> Download:
         """`nbytes` random bytes from the server: the link test (docs/agent-api.md)."""
         r = self._request("GET", "agent/probe", params={"bytes": nbytes}, attempts=2)

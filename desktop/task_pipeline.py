@@ -60,6 +60,7 @@ from desktop.task_runner import (
     LOCAL,
     LOCAL_DATA,
     PAUSE,
+    PROGRAM,
     PROGRESS,
     STOP,
 )
@@ -284,6 +285,9 @@ class TaskPipeline:
         else:
             shard = self._timed_get(self.node.client.get_shard, rec.id)
             (folder / "shard.safetensors").write_bytes(shard)
+        if rec.task.get("program"):  # an exported model: read in the sandbox, never here
+            program = self._timed_get(self.node.client.get_program, rec.id)
+            (folder / PROGRAM).write_bytes(program)
         (folder / "task.json").write_text(json.dumps(rec.task), encoding="utf-8")
         residual = self._residual_file(rec)
         if rec.task.get("codec") == "topk" and os.path.lexists(residual):
@@ -611,6 +615,8 @@ class TaskPipeline:
             folder.mkdir(parents=True)
             for name in ("task.json", "shard.safetensors", LOCAL):
                 link_or_copy_output(src, name, folder / name)  # a symlink is refused
+            if (src / PROGRAM).exists():  # an exported model's program
+                link_or_copy_output(src, PROGRAM, folder / PROGRAM)
             marker = {"task": rec.id, "pace": self.node.compute_scale}  # see task_runner._pace
             (folder / CONTINUE).write_text(json.dumps(marker), encoding="utf-8")
         except OSError as exc:  # best effort: the upload is what counts

@@ -59,6 +59,8 @@ PAUSED = "paused.safetensors"
 
 # a federated task's local dataset: where the agent bound it in the sandbox, and how to read it
 LOCAL_DATA = "local_data.json"
+# an exported model's program (model.arch: exported), read here through trainer.exported
+PROGRAM = "program.pt2"
 
 # result.json's reason when a download does not match the task's hash: the agent fetches it again
 CORRUPT_INPUT = "corrupt_input"
@@ -97,6 +99,8 @@ def _num_classes(spec: Any, input_shape: tuple[int, ...], state: dict[str, Any])
 
     from trainer.models import build_model
 
+    if spec.model.arch == "exported":  # the program has its own head: no count to build it
+        return 0
     with torch.device("meta"):
         a = build_model(spec.model, input_shape, 2).state_dict()
         b = build_model(spec.model, input_shape, 3).state_dict()
@@ -337,6 +341,16 @@ def _kind(folder: Path) -> str:
         return "train"  # run() reports the unreadable task
 
 
+def _with_program(folder: Path, spec: Any) -> Any:
+    """An exported model's spec with its program the task folder's copy: the buyer's file
+    name in the spec means nothing here."""
+    if spec.model.arch != "exported":
+        return spec
+    return spec.replace(
+        model=spec.model.model_dump(mode="json") | {"program": str(folder / PROGRAM)}
+    )
+
+
 def run(folder: Path) -> int:
     if (folder / CONTINUE).exists():
         return run_continuation(folder)
@@ -353,7 +367,7 @@ def run(folder: Path) -> int:
 
     try:
         task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
-        spec = parse_spec(task["spec"], "task spec")
+        spec = _with_program(folder, parse_spec(task["spec"], "task spec"))
         codec = CodecConfig(
             task.get("codec", "none"), spec.compression.block_size, spec.compression.topk_fraction
         )
@@ -528,7 +542,7 @@ def run_scoring(folder: Path) -> int:
 
     try:
         task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
-        spec = parse_spec(task["spec"], "task spec")
+        spec = _with_program(folder, parse_spec(task["spec"], "task spec"))
     except (OSError, KeyError, ValueError, SpecError) as exc:
         _write_json(folder / "result.json", {"status": "failed", "reason": "crashed",
                                              "detail": f"bad task input: {exc}"})  # fmt: skip
@@ -580,7 +594,7 @@ def run_continuation(folder: Path) -> int:
 
     try:
         task = json.loads((folder / "task.json").read_text(encoding="utf-8"))
-        spec = parse_spec(task["spec"], "task spec")
+        spec = _with_program(folder, parse_spec(task["spec"], "task spec"))
         local, _ = decode_state((folder / LOCAL).read_bytes())
         lr = _task_lr(task)
         shard = _read_checked(folder / "shard.safetensors", task.get("shard_hash"), ("x", "y"))

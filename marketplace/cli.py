@@ -405,6 +405,20 @@ def _epsilon(privacy: dict[str, Any] | None) -> str:
     return f"{shown}/{target:g}" if target is not None else shown
 
 
+def cmd_export_model(args: argparse.Namespace) -> int:
+    from marketplace.export_model import ExportModelError, export_model_command
+
+    try:
+        path = export_model_command(
+            args.target, args.example, args.loss, Path(args.output), not args.loss_only
+        )
+    except ExportModelError as exc:
+        print(f"gpuflex export-model: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
 def cmd_download(args: argparse.Namespace) -> int:
     with build_client(args) as client:
         model, record = client.download(_job_id(client, args.job), args.output, args.format)
@@ -644,14 +658,32 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--timeout", type=float, default=900.0, help=argparse.SUPPRESS)
     e.set_defaults(func=cmd_demo)
 
+    xm = sub.add_parser(
+        "export-model",
+        help="a PyTorch model and loss as a torch.export program (.pt2), for model.arch: exported",
+    )
+    xm.add_argument("target", help="module:attr, an nn.Module or what makes one")
+    xm.add_argument(
+        "--example", action="append", default=[], required=True,
+        help="dtype[shape] of the inputs, then again of the targets, e.g. float32[8,64]",
+    )  # fmt: skip
+    xm.add_argument(
+        "--loss", default="cross_entropy",
+        help="cross_entropy, mse, l1, binary_cross_entropy_with_logits, or module:attr",
+    )  # fmt: skip
+    xm.add_argument("--loss-only", action="store_true", help="return the loss without logits")
+    xm.add_argument("-o", "--output", default="model.pt2")
+    xm.set_defaults(func=cmd_export_model)
+
     d = sub.add_parser("download", help="download a job's model and provenance record")
     d.add_argument("job", help="the job's id, or its first characters")
     d.add_argument("-o", "--output", default=".")
     d.add_argument(
         "--format",
-        choices=["safetensors", "hf", "onnx", "torchscript"],
+        choices=["safetensors", "hf", "onnx", "torchscript", "pt2"],
         default="safetensors",
-        help="hf: a Hugging Face folder (transformer models only)",
+        help="hf: a Hugging Face folder (transformer models only); pt2: an exported model's "
+        "program with the trained weights (model.arch: exported only)",
     )
     d.set_defaults(func=cmd_download)
 

@@ -310,8 +310,29 @@ class Client:
                 return
             time.sleep(interval)
 
+    def fit(
+        self,
+        module: Any,
+        loss: Callable[[Any, Any], Any],
+        example_inputs: tuple[Any, Any],
+        dataset: Any,
+        *,
+        budget: str,
+        **options: Any,
+    ) -> Any:
+        """Train a PyTorch `module` with `loss` on `dataset` ((inputs, targets) as tensors or
+        arrays, a Parquet file, an image folder, or "digits"): exported with its loss as a
+        torch.export program on `example_inputs` (a small batch), uploaded, submitted,
+        followed with a progress bar; returns a marketplace.notebook.FitResult whose `model`
+        is `module` trained. `options`: name, tier, spec (sections over the defaults),
+        logits, progress, interval. Needs torch (marketplace/notebook.py)."""
+        from marketplace.notebook import fit
+
+        return fit(self, module, loss, example_inputs, dataset, budget=budget, **options)
+
     def model_bytes(self, job_id: str, fmt: str = "safetensors") -> bytes:
-        """The latest model: safetensors, onnx, torchscript or hf (a zip of the HF folder)."""
+        """The latest model: safetensors, onnx, torchscript, hf (a zip of the HF folder) or
+        pt2 (an exported model's program, trained)."""
         return self._request("GET", f"jobs/{job_id}/model", params={"format": fmt}).content
 
     def predictions(self, job_id: str, path: str | Path | None = None) -> Path:
@@ -497,7 +518,8 @@ def missing_spec_files(spec_path: Path, federated: bool = False) -> dict[str, Pa
     """{spec field: path} for the files a spec file names that are not beside it (a dataset
     moved or not written yet): `gpuflex submit` names them before sending anything."""
     fields = {"dataset": "dataset.path", "dataset_tokenizer": "dataset.tokenizer",
-              "model_config": "model.config", "model_checkpoint": "model.checkpoint"}  # fmt: skip
+              "model_config": "model.config", "model_checkpoint": "model.checkpoint",
+              "model_program": "model.program"}  # fmt: skip
     named = _named_files(spec_path, federated)
     return {fields[f]: path for f, path in named.items() if not path.is_file()}
 
@@ -514,6 +536,7 @@ def _named_files(spec_path: Path, federated: bool) -> dict[str, Path]:
         "dataset_tokenizer": spec.dataset.tokenizer,
         "model_config": spec.model.config if isinstance(spec.model.config, str) else None,
         "model_checkpoint": spec.model.checkpoint,
+        "model_program": spec.model.program,
     }
     return {field: (spec_path.parent / name).expanduser()
             for field, name in named.items() if name}  # fmt: skip

@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainer.datasets import IGNORE_INDEX, Dataset
+from trainer.exported.runtime import is_program, loss_and_logits
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,13 @@ def evaluate(
     for start in range(0, dataset.num_test, batch_size):
         x = dataset.x_test[start : start + batch_size].to(device)
         y = dataset.y_test[start : start + batch_size].to(device)
+        if is_program(model):  # its own loss; accuracy where it returns logits
+            loss, logits = loss_and_logits(model, x, y)
+            loss_sum += float(loss) * len(y)
+            total += len(y)
+            if logits is not None and logits.shape[:-1] == y.shape:  # a class per sample
+                correct += int((logits.argmax(-1) == y).sum())
+            continue
         logits = model(x)
         if dataset.task == "language_model":
             logits, y = logits.reshape(-1, logits.shape[-1]), y.reshape(-1)

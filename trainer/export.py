@@ -83,6 +83,11 @@ class Exported:
 
 
 def export_model(model: TrainedModel, fmt: str) -> Exported:
+    if fmt == "pt2" or (model.spec.arch == "exported" and fmt != "safetensors"):
+        raise ExportError(
+            "an exported model downloads as pt2 (its program, trained) or safetensors; pt2 "
+            "is for model.arch 'exported' only"
+        )
     if fmt == "safetensors":
         meta = {"input_shape": json.dumps(list(model.input_shape)),
                 "num_classes": str(model.num_classes)}  # fmt: skip

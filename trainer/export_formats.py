@@ -5,5 +5,6 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Format = Literal["safetensors", "hf", "onnx", "torchscript"]
+# pt2: an exported model's program (model.arch: exported) with the trained weights in it
+Format = Literal["safetensors", "hf", "onnx", "torchscript", "pt2"]
 FORMATS: tuple[str, ...] = get_args(Format)

@@ -131,7 +131,7 @@ def measure_footprint(
     checked against the model as they would be loaded."""
     import torch
 
-    from trainer.models import ModelSpecError, build_model
+    from trainer.models import ModelSpecError, build_model, forward_sample
 
     saved: dict[int, int] = {}
 
@@ -145,7 +145,7 @@ def measure_footprint(
         sample = torch.zeros((1, *input_shape), dtype=torch.long if integer_input else None)
         try:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = model.train()(sample)
+                out = forward_sample(model.train(), sample)
         except RuntimeError as exc:
             raise ModelSpecError(
                 f"the model does not fit inputs of shape {input_shape}: {exc}"

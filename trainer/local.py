@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from trainer.datasets import IGNORE_INDEX, Dataset
 from trainer.dp_sgd import train_dp_sgd
+from trainer.exported.runtime import is_program, loss_and_logits
 from trainer.lora import update_keys
 from trainer.privacy import privatize_update
 from trainer.resume import PausedState, TrainingPaused, capture, restore
@@ -204,6 +205,7 @@ def train_local(
     # far as a copied update does (bench/replica_divergence.py). Short tasks never grow it back.
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**10) if precision == "fp16" else None
     lm = data.task == "language_model"
+    program = is_program(model)  # a buyer's program computes its own (mean) loss
     # what a paused state must match to be resumed by this call
     identity = {"seed": seed, "steps": steps, "batch": batch, "accum": accum, "samples": n,
                 "precision": precision, "proximal_mu": proximal_mu,
@@ -229,11 +231,15 @@ def train_local(
             weight = y_all.index_select(0, idx).ne(IGNORE_INDEX).sum() if lm else len(idx)
         for i, mi in enumerate(micro):
             with autocast:
-                logits = model(x_all.index_select(0, mi))
                 y = y_all.index_select(0, mi)
-                if weight is None:
+                if program:  # its mean over the micro-batch, weighted to the batch's mean
+                    loss, _ = loss_and_logits(model, x_all.index_select(0, mi), y)
+                    loss = loss if weight is None else loss * (len(mi) / weight)
+                elif weight is None:
+                    logits = model(x_all.index_select(0, mi))
                     loss = loss_fn(logits, y, data.task)
                 else:
+                    logits = model(x_all.index_select(0, mi))
                     loss = loss_fn(logits, y, data.task, reduction="sum") / weight
             if proximal_mu > 0 and i == 0:  # FedProx keeps local weights near the global model
                 prox = sum(((p - a) ** 2).sum() for p, a in zip(params, anchors, strict=True))

@@ -206,6 +206,8 @@ def build_model(
     `weights`: the spec's checkpoint (`read_weights`), loaded over the seed's; for a LoRA
     model they are the base's, and the adapters still come from the seed."""
     torch.manual_seed(seed)
+    if spec.arch == "exported":  # the buyer's program, with its own weights
+        return _program(spec, input_shape, weights)
     if spec.arch in HF_ARCHS:
         return _hf(spec, input_shape, num_classes, weights)
     model = _zoo(spec, input_shape, num_classes)
@@ -230,6 +232,27 @@ def _hf(
         return build_hf_model(spec, input_shape, num_classes, weights)
     except (HFModelError, LoraError) as exc:
         raise ModelSpecError(str(exc)) from None
+
+
+def _program(
+    spec: ModelSpec, input_shape: tuple[int, ...], weights: Mapping[str, torch.Tensor] | None
+) -> nn.Module:
+    from trainer.exported.archive import ArchiveError
+    from trainer.exported.gate import GateError
+    from trainer.exported.loader import program_module
+
+    try:
+        model = program_module(str(spec.program), input_shape)
+    except (ArchiveError, GateError) as exc:
+        raise ModelSpecError(f"model.program: {exc}") from None
+    except OSError as exc:
+        raise ModelSpecError(f"model.program: cannot read {spec.program}: {exc}") from None
+    if weights is not None:
+        try:
+            model.load_state_dict(dict(weights))
+        except RuntimeError as exc:
+            raise ModelSpecError(f"the weights do not fit the program: {exc}") from None
+    return model
 
 
 def _zoo(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -306,6 +329,8 @@ def resolve_model_files(spec: ModelSpec, base_dir: Path | None = None) -> ModelS
             raise ModelSpecError(f"model.config: cannot read {path}: {exc}") from None
     if spec.checkpoint is not None:
         changes["checkpoint"] = str(where(spec.checkpoint))
+    if spec.program is not None:
+        changes["program"] = str(where(spec.program))
     if not changes:
         return spec
     return ModelSpec.model_validate({**spec.model_dump(mode="json"), **changes})
@@ -334,7 +359,7 @@ def model_size(
         sample = torch.zeros((1, *input_shape), dtype=torch.long if integer_input else None)
         try:
             with torch.no_grad():
-                model.eval()(sample)
+                forward_sample(model.eval(), sample)
         except RuntimeError as exc:
             raise ModelSpecError(
                 f"the model does not fit inputs of shape {input_shape}: {exc}"
@@ -364,7 +389,7 @@ def describe_model(
     model.eval()
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
-        model(sample)
+        forward_sample(model, sample)
     model.train(was_training)
     return ModelInfo(
         arch=type(model).__name__,
@@ -372,3 +397,17 @@ def describe_model(
         flops_per_sample=int(counter.get_total_flops()),
         bytes_fp32=4 * sum(t.numel() for t in model.state_dict().values()),
     )
+
+
+def forward_sample(model: nn.Module, sample: torch.Tensor) -> torch.Tensor:
+    """The model's output on one sample: a program's on that sample and a zero target
+    (it computes its loss too: counted, as training runs it)."""
+    from trainer.exported.runtime import is_program, loss_and_logits
+
+    if not is_program(model):
+        return model(sample)
+    from trainer.exported.loader import sample_batch
+
+    x, y = sample_batch(model, tuple(sample.shape[1:]), sample.device)
+    loss, logits = loss_and_logits(model, x.to(sample.dtype), y)
+    return loss if logits is None else logits

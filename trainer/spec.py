@@ -88,8 +88,9 @@ class LoraSpec(_Strict):
 
 class ModelSpec(_Strict):
     arch: Literal[
-        "mlp", "cnn", "resnet", "transformer", "resnet18", "vit_s", "hf_causal_lm", "hf_seq_cls"
-    ] = "mlp"
+        "mlp", "cnn", "resnet", "transformer", "resnet18", "vit_s", "hf_causal_lm", "hf_seq_cls",
+        "exported",
+    ] = "mlp"  # fmt: skip
     # layer lists are bounded too: a million one-unit layers is a tiny model that takes
     # minutes just to construct
     hidden: Annotated[list[Annotated[int, Field(ge=1, le=65536)]], Field(max_length=64)] = [128]
@@ -112,6 +113,20 @@ class ModelSpec(_Strict):
     # model's own state dict, as `save_pretrained` writes it. None: fresh weights from the seed.
     checkpoint: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
     lora: LoraSpec | None = None
+    # exported: the buyer's `torch.export.save` archive (.pt2; relative to the spec file; the
+    # marketplace takes it as an upload), its forward(inputs, targets) returning the loss or
+    # (loss, logits); read and gated by trainer/exported, never unpickled
+    program: Annotated[str, Field(min_length=1, max_length=1000)] | None = None
+
+    @model_validator(mode="after")
+    def _program_field(self) -> ModelSpec:
+        if self.arch == "exported" and self.program is None:
+            raise ValueError("arch 'exported' needs a 'program' (a torch.export .pt2 file)")
+        if self.arch != "exported" and self.program is not None:
+            raise ValueError(f"'program' is for arch 'exported', not '{self.arch}'")
+        if self.arch == "exported" and self.checkpoint is not None:
+            raise ValueError("an exported program carries its own weights: no 'checkpoint'")
+        return self
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSpec:
@@ -567,6 +582,15 @@ class JobSpec(_Strict):
         return value
 
     @model_validator(mode="after")
+    def _program_privacy(self) -> JobSpec:
+        if self.model.arch == "exported" and self.privacy.mode == "sample":
+            raise ValueError(
+                "privacy.mode 'sample' (per-example gradients) needs a zoo model; an exported "
+                "program computes its batch's loss in one piece: use mode 'update'"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _scoring_model(self) -> JobSpec:
         if self.kind in ("train", "sweep"):
             if self.source is not None:
@@ -597,7 +621,13 @@ class JobSpec(_Strict):
 
     def to_dict(self) -> dict[str, Any]:
         # a spec without a sweep stores no `sweep: null` (specs stored before sweeps existed)
-        return self.model_dump(mode="json", exclude={"sweep"} if self.sweep is None else None)
+        # nor `model.program: null` (every spec that is not an exported program's)
+        exclude: dict[str, Any] = {}
+        if self.sweep is None:
+            exclude["sweep"] = True
+        if self.model.program is None:
+            exclude["model"] = {"program"}
+        return self.model_dump(mode="json", exclude=exclude or None)
 
     def replace(self, **changes: Any) -> JobSpec:
         """A copy with top-level sections replaced, re-validated."""

@@ -13,6 +13,9 @@ urlpatterns = [
     path("agent/claim", agent.ClaimView.as_view(), name="agent-claim"),
     path("agent/tasks/<str:task_id>/model", agent.TaskModelView.as_view(), name="agent-model"),
     path("agent/tasks/<str:task_id>/shard", agent.TaskShardView.as_view(), name="agent-shard"),
+    path(
+        "agent/tasks/<str:task_id>/program", agent.TaskProgramView.as_view(), name="agent-program"
+    ),
     path("agent/tasks/<str:task_id>/update", agent.TaskUpdateView.as_view(), name="agent-update"),
     path("agent/tasks/<str:task_id>/fail", agent.TaskFailView.as_view(), name="agent-fail"),
     # secure aggregation (marketplace.rounds.secagg)

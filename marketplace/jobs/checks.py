@@ -41,7 +41,13 @@ def needs_worker(spec: JobSpec) -> bool:
     (its regexes run in Rust) or a Hugging Face config (transformers builds it). Its request
     does bounded checks only; a worker reads and measures it in a child process
     (jobs/worker_checks.py) before building its model."""
-    return spec.dataset.tokenizer is not None or spec.model.arch in HF_ARCHS
+    # an exported program's graph passed the request's gate (trainer/exported/gate.py); its
+    # parameters and activations are measured by torch, in the worker
+    return (
+        spec.dataset.tokenizer is not None
+        or spec.model.arch in HF_ARCHS
+        or spec.model.arch == "exported"
+    )
 
 
 def check_hf_size(spec: JobSpec, cap: ModelCap, why: str) -> None:
@@ -89,6 +95,8 @@ def measure_here(
         return measure_footprint(model, input_shape, num_classes, lm, weights)
     except ModelSpecError as exc:
         field = "model.checkpoint" if "checkpoint" in str(exc) else "model.arch"
+        if str(exc).startswith("model.program: "):  # an exported program (trainer/exported)
+            field, exc = "model.program", str(exc).removeprefix("model.program: ")
         raise spec_error([(field, str(exc))]) from None
 
 

@@ -31,7 +31,10 @@ class Download:
 
 
 SUFFIX = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx",
-          "hf": ".hf.zip"}  # fmt: skip
+          "hf": ".hf.zip", "pt2": ".pt2"}  # fmt: skip
+# an exported model (model.arch: exported) is the buyer's program: it goes back as that
+# program with the trained weights (trainer/exported/repack.py), or as its weights
+PROGRAM_FORMATS = ("safetensors", "pt2")
 
 
 def model_job(job: Job) -> Job:
@@ -47,7 +50,9 @@ def model_job(job: Job) -> Job:
 def formats_for(job: Job) -> list[str]:
     """The formats this job's architecture exports to, in the order pages list them."""
     spec = model_job(job).parsed_spec
-    return [f for f in FORMATS if f != "hf" or hf_refusal(spec.model) is None]
+    if spec.model.arch == "exported":
+        return list(PROGRAM_FORMATS)
+    return [f for f in FORMATS if f != "pt2" and (f != "hf" or hf_refusal(spec.model) is None)]
 
 
 def check_format(job: Job, fmt: str) -> None:
@@ -55,7 +60,14 @@ def check_format(job: Job, fmt: str) -> None:
         raise BadFormat(
             f"format: unknown format {fmt!r}; one of {', '.join(FORMATS)}.", parameter="format"
         )
-    reason = hf_refusal(model_job(job).parsed_spec.model) if fmt == "hf" else None
+    model = model_job(job).parsed_spec.model
+    reason = hf_refusal(model) if fmt == "hf" else None
+    if (model.arch == "exported") != (fmt == "pt2") and fmt != "safetensors":
+        reason = (
+            f"an exported model downloads as {' or '.join(PROGRAM_FORMATS)}"
+            if model.arch == "exported"
+            else f"format 'pt2' is for exported models; model.arch is '{model.arch}'"
+        )
     if reason:
         raise BadFormat(f"format: {reason}.", parameter="format")
 
@@ -71,6 +83,13 @@ def job_model_download(job: Job, fmt: str = "safetensors") -> Download:
     content_type = "application/zip" if fmt == "hf" else "application/octet-stream"
     if default_storage.exists(cached):
         return Download(files.get(cached), name, content_type)
+    if fmt == "pt2":  # the buyer's program with the trained weights: no torch needed
+        from marketplace.jobs.model_files import program_name
+        from trainer.exported.repack import with_weights
+
+        data = with_weights(files.get(program_name(model_job(job).pk)), files.get(job.model_file))
+        files.put(cached, data, content_addressed=True)
+        return Download(data, name, content_type)
     model = TrainedModel.from_bytes(files.get(job.model_file), model_job(job).parsed_spec.model)
     try:
         exported = export_model(model, fmt)

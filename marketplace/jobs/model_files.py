@@ -21,10 +21,16 @@ from trainer.spec import MAX_HF_CONFIG_BYTES, JobSpec, SpecError
 
 # not "checkpoint.safetensors": that name is the aggregation's resume checkpoint
 CHECKPOINT_FILE = "initial-weights.safetensors"
+PROGRAM_FILE = "program.pt2"
 
 
 def checkpoint_name(job_id: object) -> str:
     return f"{files.job_dir(job_id)}/{CHECKPOINT_FILE}"
+
+
+def program_name(job_id: object) -> str:
+    """An exported model's program (model.arch: exported), as the buyer uploaded it."""
+    return f"{files.job_dir(job_id)}/{PROGRAM_FILE}"
 
 
 def _invalid(field: str, reason: str) -> InvalidSpec:
@@ -38,6 +44,7 @@ def _invalid(field: str, reason: str) -> InvalidSpec:
 class ModelFiles:
     spec: JobSpec  # the config inline; the checkpoint named as the buyer named it
     checkpoint: Path | None  # the upload in the request's temporary folder
+    program: Path | None = None  # an exported model's .pt2, there too, passed by the gate
 
 
 def receive_model_files(
@@ -46,6 +53,7 @@ def receive_model_files(
     checkpoint: UploadedFile | None,
     tmp: Path,
     max_checkpoint_bytes: int,
+    program: UploadedFile | None = None,
 ) -> ModelFiles:
     """The spec with the uploaded config.json inlined and the checkpoint written to `tmp`;
     a file the spec names but the request lacks (or the other way round) is a 400."""
@@ -80,14 +88,44 @@ def receive_model_files(
             "model.checkpoint",
             f"it names the file {model.checkpoint!r}: upload it as 'model_checkpoint'",
         )
+    program_path = None
+    if program is not None:
+        program_path = _receive_program(program, tmp, max_checkpoint_bytes)
+        changes["program"] = Path(program.name or PROGRAM_FILE).name
+    elif model.program is not None:
+        raise _invalid(
+            "model.program",
+            f"it names the file {model.program!r}: upload it as 'model_program'",
+        )
     if not changes:
         return ModelFiles(spec, None)
     try:
         return ModelFiles(spec.replace(model={**spec.model.model_dump(mode="json"), **changes}),
-                          path)  # fmt: skip
+                          path, program_path)  # fmt: skip
     except SpecError as exc:
         field, reason = exc.problems[0]
         raise _invalid(field, reason) from None
+
+
+def _receive_program(upload: UploadedFile, tmp: Path, max_bytes: int) -> Path:
+    """The .pt2 written to `tmp` once the gate has read it (standard library only: JSON and
+    raw bytes, nothing unpickled, no torch in the request); a refusal is a 400 naming the
+    member, operator or limit, and nothing is stored."""
+    from trainer.exported.archive import ArchiveError, read_archive
+    from trainer.exported.gate import GateError, check_program
+
+    if upload.size is not None and upload.size > max_bytes:
+        raise TooLarge(f"The model program is {upload.size} bytes; this job's model cap allows "
+                       f"{max_bytes} bytes.")  # fmt: skip
+    path = tmp / PROGRAM_FILE
+    with path.open("wb") as out:
+        for chunk in upload.chunks():
+            out.write(chunk)
+    try:
+        check_program(read_archive(path, max_bytes))
+    except (ArchiveError, GateError) as exc:
+        raise _invalid("model.program", str(exc)) from None
+    return path
 
 
 def _read_config(upload: UploadedFile) -> dict:

@@ -45,4 +45,10 @@ def load_model_file(name: str) -> State:
 
 def new_model(job: Job) -> nn.Module:
     spec = job.parsed_spec
+    if spec.model.arch == "exported":  # the buyer's program, from the job's stored copy
+        from marketplace.jobs.model_files import program_name
+
+        with files.local_copy(program_name(job.pk), ".pt2") as path:
+            here = spec.model.model_copy(update={"program": str(path)})
+            return build_model(here, tuple(job.input_shape), job.num_classes, seed=spec.seed)
     return build_model(spec.model, tuple(job.input_shape), job.num_classes, seed=spec.seed)

@@ -27,7 +27,7 @@ from django.db import transaction
 
 from marketplace.jobs import files, isolation
 from marketplace.jobs.errors import MarketplaceError
-from marketplace.jobs.model_files import checkpoint_name
+from marketplace.jobs.model_files import checkpoint_name, program_name
 from marketplace.jobs.models import Job
 from marketplace.jobs.services import fail_job
 from marketplace.rounds.lifecycle import open_round
@@ -88,6 +88,11 @@ def _first_model(job: Job) -> dict:
             model_bytes = int(job.footprint.get("state_bytes", 0))
             return isolation.build(spec.model, shape, job.num_classes, spec.seed,
                                    path if stored else None, model_bytes)  # fmt: skip
+    if spec.model.arch == "exported":  # the buyer's program, with its own weights
+        with files.local_copy(program_name(job.pk), ".pt2") as program:
+            here = spec.model.model_copy(update={"program": str(program)})
+            model = build_model(here, shape, job.num_classes, seed=spec.seed)
+            return {k: v.detach().clone() for k, v in model.state_dict().items()}
     weights = read_weights(files.get(checkpoint_name(job.pk))) if stored else None
     model = build_model(spec.model, shape, job.num_classes, seed=spec.seed, weights=weights)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -32,7 +32,7 @@ from marketplace.jobs.dataset_files import (
 from marketplace.jobs.errors import InvalidDataset, MarketplaceError, TooLarge
 from marketplace.jobs.limits import describe_cap, model_cap
 from marketplace.jobs.market import ANY_PRICE, market_price
-from marketplace.jobs.model_files import checkpoint_name, receive_model_files
+from marketplace.jobs.model_files import checkpoint_name, program_name, receive_model_files
 from marketplace.jobs.models import Job, Shard, Tier
 from marketplace.ledger.services import check_credit, fund_child, hold_budget
 from marketplace.rounds.planning import JobNeeds
@@ -106,6 +106,11 @@ def _unsupported(spec: JobSpec, federated: bool) -> list[tuple[str, str]]:
         )
     elif method == "length" and kind != "text":
         problems.append(("sharding.method", "'length' cuts sequence data (dataset kind 'text')"))
+    if spec.model.arch == "exported" and spec.adaptation.enabled:
+        # the round planner sizes work from a model it builds from the spec alone
+        # (rounds/sizing.model_numel); an exported program is a stored file
+        problems.append(("adaptation.enabled", "network-aware rounds do not take an exported "
+                         "model (model.arch: exported) yet; leave adaptation off"))  # fmt: skip
     return problems
 
 
@@ -179,6 +184,7 @@ def submit_job(
     federated_dataset: str = "",
     model_config: UploadedFile | None = None,
     model_checkpoint: UploadedFile | None = None,
+    model_program: UploadedFile | None = None,
     dataset_upload_id: object = None,
     dataset_tokenizer: UploadedFile | None = None,
     parent: Job | None = None,
@@ -229,9 +235,12 @@ def submit_job(
     ):
         # evaluate / inference from a finished job: its model section and final weights
         source = scoring.resolve_source(buyer, spec, Path(tmp))
+        if source is not None and source.spec.model.arch == "exported":
+            raise spec_error([("source.job", "scoring an exported model (model.arch: exported) "
+                               "is not supported yet; download it with --format pt2")])  # fmt: skip
         received = receive_model_files(
             source.spec if source else spec, model_config, model_checkpoint, Path(tmp),
-            cap.checkpoint_bytes,
+            cap.checkpoint_bytes, model_program,
         )  # fmt: skip
         spec = received.spec
         check_hf_size(spec, cap, describe_cap(tier, budget))
@@ -252,6 +261,7 @@ def submit_job(
             return _store(spec=_shown(spec, dataset_upload, chunked), dataset=None,
                           dataset_path=local_path, plans=[], checkpoint=checkpoint,
                           footprint=None, min_memory_gb=min_memory_gb,
+                          program=received.program,
                           max_price=_price(spec, max_price_per_gpu_hour, min_memory_gb, tier),
                           **common)  # fmt: skip
         dataset, local_path = _load(
@@ -317,7 +327,12 @@ def _check_sweep(
     if federated_dataset:
         problems.append(("federated_dataset", "a sweep's trials train on an uploaded or "
                          "built-in dataset, not a federated one"))  # fmt: skip
-    if model_config is not None or model_checkpoint is not None or spec.model.checkpoint:
+    if (
+        model_config is not None
+        or model_checkpoint is not None
+        or spec.model.checkpoint
+        or (spec.model.program)
+    ):
         problems.append(("model.checkpoint", "a sweep's trials start from the seed's weights; "
                          "uploaded model files are not passed on to them"))  # fmt: skip
     if dataset_tokenizer is not None or spec.dataset.tokenizer:
@@ -366,6 +381,7 @@ def _store(
     federated_dataset: str,
     chunked: Upload | None = None,
     parent: Job | None = None,
+    program: Path | None = None,
 ) -> Job:
     """Write the job's files and rows. `dataset` and `footprint` None: a job accepted on
     bounded checks (needs_worker), without shards, its footprint {} until the worker that
@@ -390,6 +406,8 @@ def _store(
             written.append(files.put(tokenizer_name(job_id), tokenizer.read_bytes()))
         if checkpoint is not None:  # jobs/preparation.py builds round 1's model from it
             written.append(files.put(checkpoint_name(job_id), checkpoint.read_bytes()))
+        if program is not None:  # an exported model: the worker measures it, nodes get it
+            written.append(files.put_file(program_name(job_id), program))
         shard_rows = resharding.write(job_id, 0, dataset, plans, written) if dataset else []
         with transaction.atomic():
             job = Job.objects.create(

@@ -18,10 +18,15 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from marketplace.jobs import files, isolation, scoring
-from marketplace.jobs.checks import check_job, measure_here
+from marketplace.jobs.checks import check_job, measure_here, spec_error
 from marketplace.jobs.dataset_files import load_uploaded_dataset, tokenizer_name
 from marketplace.jobs.limits import describe_cap, model_cap
-from marketplace.jobs.model_files import CHECKPOINT_FILE, checkpoint_name
+from marketplace.jobs.model_files import (
+    CHECKPOINT_FILE,
+    PROGRAM_FILE,
+    checkpoint_name,
+    program_name,
+)
 from marketplace.jobs.models import Job, Shard
 from marketplace.rounds import resharding
 from trainer.datasets import Dataset, load_dataset
@@ -49,10 +54,13 @@ def check_in_worker(job: Job) -> Job:
         # transformers builds the buyer's config: measured in a child; a zoo model is ours,
         # bounded by the spec, and measured here on the meta device as a request measures it
         hf = spec.model.arch in HF_ARCHS
+        measure = isolation.measure if hf else measure_here
+        if spec.model.arch == "exported":  # measured on the meta device from a local copy
+            measure = _program_measure(job, Path(tmp))
         checked = check_job(
             spec, dataset, checkpoint, source, cap=model_cap(job.tier, job.budget),
             why=describe_cap(job.tier, job.budget), federated_dataset=job.federated_dataset,
-            sweep=False, measure=isolation.measure if hf else measure_here,
+            sweep=False, measure=measure,
         )  # fmt: skip
         try:
             shards = resharding.write(job.pk, 0, checked.dataset, checked.plans, written)
@@ -70,6 +78,36 @@ def check_in_worker(job: Job) -> Job:
             files.delete_tree(written)
             raise
     return job
+
+
+def _program_measure(job: Job, tmp: Path):
+    """measure_here on the job's stored program, copied to `tmp`: its parameters and one
+    sample's activations measured on the meta device (trainer.fit.measure_footprint), the
+    gate run again on what was stored."""
+    local = tmp / PROGRAM_FILE
+    local.write_bytes(files.get(program_name(job.pk)))
+
+    cap = model_cap(job.tier, job.budget)
+
+    def measure(model, input_shape, num_classes, lm, checkpoint):  # type: ignore[no-untyped-def]
+        here = model.model_copy(update={"program": str(local)})
+        from trainer.exported.loader import largest_tensor_bytes
+
+        footprint = measure_here(here, input_shape, num_classes, lm, checkpoint)
+        # a graph may make tensors of any size from a sample (aten.full, new_zeros): one
+        # sample's activations, and its largest tensor, are held to the bytes the job's cap
+        # allows its weights, so that nothing the worker or a node runs allocates unbounded
+        largest = largest_tensor_bytes(local, tuple(input_shape))
+        for what, size in (("activations take", footprint.activation_bytes),
+                           ("largest tensor takes", largest)):  # fmt: skip
+            if size > cap.bytes:
+                why = describe_cap(job.tier, job.budget)
+                raise spec_error([("model.program", (
+                    f"one sample's {what} {size / 2**20:,.1f} MiB; {why} allows at most "
+                    f"{cap.bytes / 2**20:,.1f} MiB"))])  # fmt: skip
+        return footprint
+
+    return measure
 
 
 def _dataset(job: Job, spec: JobSpec, stack: ExitStack) -> Dataset:

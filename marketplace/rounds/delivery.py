@@ -35,9 +35,11 @@ def model_source(task: Task) -> dict[str, Any]:
         if chain and sum(r.input_delta_size for r in chain) < full:
             return {"kind": "delta", "base": held.model_hash,
                     "chain": [r.input_model_hash for r in chain]}  # fmt: skip
-    if rnd.number == 1 and job.parsed_spec.model.checkpoint is None:
+    model = job.parsed_spec.model
+    if rnd.number == 1 and model.checkpoint is None and model.program is None:
         # round 1's model is build_model(spec, seed): the node builds it and checks the hash;
-        # one from the buyer's checkpoint (which nodes never get on its own) comes whole
+        # one from the buyer's checkpoint (which nodes never get on its own) or program
+        # (whose weights are the buyer's) comes whole
         return {"kind": "seed", "input_shape": list(job.input_shape),
                 "num_classes": job.num_classes}  # fmt: skip
     return {"kind": "full"}

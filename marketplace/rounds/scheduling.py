@@ -552,6 +552,9 @@ def task_payload(
         # trainer.fit.Footprint: the agent checks the task fits its free memory
         "footprint": job.footprint,
     }
+    if job.parsed_spec.model.arch == "exported":
+        # the buyer's program: GET agent/tasks/ID/program, read by the sandboxed runner
+        payload["program"] = True
     if job.is_federated:
         # proposed addition to docs/agent-api.md: train on this named local dataset
         payload["local_dataset"] = job.federated_dataset

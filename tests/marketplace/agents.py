@@ -4,6 +4,8 @@ local training (trainer.local.train_local), optionally cheating."""
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +16,7 @@ from trainer.datasets import Dataset
 from trainer.local import LocalResult, train_local
 from trainer.models import build_model
 from trainer.scoring import Predictions, ScoreSums, predict, score
-from trainer.spec import parse_spec
+from trainer.spec import JobSpec, parse_spec
 from trainer.updates import decode_state, encode_state
 
 
@@ -42,12 +44,24 @@ class Agent:
     def shard(self, task_id: str) -> Any:
         return self.client.get(f"/api/v1/agent/tasks/{task_id}/shard")
 
+    def program(self, task: dict[str, Any], spec: JobSpec) -> JobSpec:
+        """An exported model's spec with its program fetched to a file, as the real agent
+        puts it in the task's folder."""
+        if not task.get("program"):
+            return spec
+        response = self.client.get(f"/api/v1/agent/tasks/{task['id']}/program")
+        assert response.status_code == 200, response.content
+        folder = Path(tempfile.mkdtemp(prefix="gpuflex-program-"))
+        path = folder / "program.pt2"
+        path.write_bytes(response.content)
+        return spec.replace(model=spec.model.model_dump(mode="json") | {"program": str(path)})
+
     def local_result(self, task: dict[str, Any], precision: str | None = None) -> LocalResult:
         """What the real agent's runner does: download, train_local with the task's seed (in
         `precision` when given: bf16 autocast on a CPU stands in for a GPU's bf16)."""
         state, meta = decode_state(self.model(task["id"]).content)
         tensors, _ = decode_state(self.shard(task["id"]).content)
-        spec = parse_spec(task["spec"])
+        spec = self.program(task, parse_spec(task["spec"]))
         if precision is not None:
             spec = spec.replace(local=spec.local.model_dump() | {"precision": precision})
         input_shape = tuple(json.loads(meta["input_shape"]))

@@ -131,6 +131,10 @@ class TaskSerializer(serializers.Serializer):
     model_source = ModelSourceSerializer()
     shard_hash = serializers.CharField(allow_null=True)
     local_dataset = serializers.CharField(required=False, help_text="federated tasks only")
+    program = serializers.BooleanField(
+        required=False,
+        help_text="exported models only: GET agent/tasks/ID/program for the .pt2 program",
+    )
     overlap = serializers.BooleanField(
         required=False, default=False,
         help_text="train on while the update uploads and merge that progress into the job's "

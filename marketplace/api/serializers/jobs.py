@@ -42,6 +42,12 @@ class JobSubmitSerializer(serializers.Serializer):
         allow_null=True,
         help_text="initial weights as safetensors (model.checkpoint); never a pickle",
     )
+    model_program = serializers.FileField(
+        required=False,
+        allow_null=True,
+        help_text="an exported model (model.program): a torch.export.save .pt2 archive, "
+        "read as JSON and raw tensors, never unpickled",
+    )
     dataset_tokenizer = serializers.FileField(
         required=False,
         allow_null=True,

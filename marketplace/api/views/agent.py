@@ -32,7 +32,7 @@ from marketplace.api.serializers.agent import (
 from marketplace.api.serializers.nodes import LocalDatasetsSerializer
 from marketplace.api.throttles import HeartbeatThrottle, ProbeThrottle
 from marketplace.jobs import files
-from marketplace.jobs.errors import LocalDataset, TooLarge
+from marketplace.jobs.errors import LocalDataset, NotFound, TooLarge
 from marketplace.ledger.selectors import node_earnings
 from marketplace.nodes.models import Node
 from marketplace.nodes.services import (
@@ -137,6 +137,24 @@ class TaskShardView(AgentView):
         count_traffic(node.pk, task.round.job_id, down=len(response.content))
         record_shard(node, task.shard)
         return response
+
+
+class TaskProgramView(AgentView):
+    """An exported model's program (model.arch: exported): the graph a node trains, read by
+    its sandboxed runner through trainer.exported (never unpickled). Its weights come as
+    every model's do, the round's safetensors from /model."""
+
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request: Request, task_id: str) -> HttpResponse:
+        from marketplace.jobs.model_files import program_name
+
+        node = self.node(request)
+        task = task_for_node(node, task_id)
+        if task.round.job.parsed_spec.model.arch != "exported":
+            raise NotFound("This task's model is built from its spec; it has no program.")
+        data = files.get(program_name(task.round.job_id))
+        count_traffic(node.pk, task.round.job_id, down=len(data))
+        return HttpResponse(data, content_type="application/octet-stream")
 
 
 class TaskUpdateView(AgentView):

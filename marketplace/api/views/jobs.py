@@ -93,6 +93,7 @@ class JobListView(generics.ListAPIView):
             federated_dataset=data["federated_dataset"],
             model_config=data.get("model_config"),
             model_checkpoint=data.get("model_checkpoint"),
+            model_program=data.get("model_program"),
             dataset_tokenizer=data.get("dataset_tokenizer"),
         )
         job = jobs_of(request.user).get(pk=job.pk)
