@@ -16,8 +16,8 @@ import torch
 
 from bench import (
     examples_bench,
-    footprint_bench,
     exported_bench,
+    footprint_bench,
     load_bench,
     network_bench,
     pause_bench,
