@@ -21,9 +21,16 @@ from django.db import transaction
 
 from marketplace.accounts.models import User
 from marketplace.jobs import files
-from marketplace.jobs.checks import check_hf_size, check_job, measure_here, needs_worker, spec_error
+from marketplace.jobs.checks import (
+    check_hf_size,
+    check_job,
+    check_silos_declared,
+    measure_here,
+    spec_error,
+)
 from marketplace.jobs.dataset_files import (
     SUFFIXES,
+    check_dataset_file,
     load_uploaded_dataset,
     receive_tokenizer,
     stored_name,
@@ -197,7 +204,7 @@ def submit_job(
 
     `max_price_per_gpu_hour` None: the market's price for it (jobs/market.py), the median
     asking price of the online nodes that fit its requirements and tier."""
-    from marketplace.jobs import scoring
+    from marketplace.jobs.scoring_source import resolve_source
 
     if max_price_per_gpu_hour is not None and max_price_per_gpu_hour <= 0:
         # a job at price 0 was accepted and its tasks leased
@@ -228,7 +235,7 @@ def submit_job(
         files.local_copy(stored_file) if stored_file else nullcontext() as assembled,
     ):
         # evaluate / inference from a finished job: its model section and final weights
-        source = scoring.resolve_source(buyer, spec, Path(tmp))
+        source = resolve_source(buyer, spec, Path(tmp))
         received = receive_model_files(
             source.spec if source else spec, model_config, model_checkpoint, Path(tmp),
             cap.checkpoint_bytes,
@@ -240,13 +247,20 @@ def submit_job(
         common = {"buyer": buyer, "tokenizer": tokenizer, "tier": tier, "budget": budget,
                   "parent": parent, "federated_dataset": federated_dataset,
                   "chunked": chunked}  # fmt: skip
-        if stored_sweep is None and needs_worker(spec):
-            # bounded checks only: the worker reads the files in a child (jobs/worker_checks.py)
+        if stored_sweep is None:
+            # the checks that need no torch, here (a 4xx at once); the worker that prepares
+            # the job reads its dataset and measures its model (jobs/worker_checks.py), so
+            # the web process never imports torch (issue 36)
             if tokenizer is not None:
                 _check_tokenizer_json(tokenizer)
             if received.checkpoint is not None:  # its safetensors header: names, shapes, dtypes
                 _check_header(received.checkpoint)
+            if federated_dataset:  # rows that fit the model: the worker, with its shape
+                check_silos_declared(federated_dataset)
             local_path = _receive(spec, dataset_upload, Path(tmp), assembled)
+            if local_path is not None:
+                shown = shown_name or Path(dataset_upload.name if dataset_upload else "").name
+                check_dataset_file(spec, local_path, shown or local_path.name)
             checkpoint = source.weights if source else received.checkpoint
             min_memory_gb = spec.requirements.min_memory_gb
             return _store(spec=_shown(spec, dataset_upload, chunked), dataset=None,
@@ -285,12 +299,15 @@ def _shown(spec: JobSpec, upload: UploadedFile | None, chunked: Upload | None) -
 
 
 def _check_header(path: Path) -> None:
-    from trainer.models import ModelSpecError, meta_weights
+    """Its header read in pure Python (trainer/tensor_header.py); the worker checks the
+    tensors against the model it builds."""
+    from trainer.tensor_header import HeaderError, read_header
 
     try:
-        meta_weights(path)
-    except ModelSpecError as exc:
-        raise spec_error([("model.checkpoint", str(exc))]) from None
+        read_header(path)
+    except HeaderError as exc:
+        reason = f"the checkpoint is not a readable safetensors file: {exc}"
+        raise spec_error([("model.checkpoint", reason)]) from None
 
 
 def _check_tokenizer_json(path: Path) -> None:
@@ -369,9 +386,7 @@ def _store(
     """Write the job's files and rows. `dataset` and `footprint` None: a job accepted on
     bounded checks (needs_worker), without shards, its footprint {} until the worker that
     prepares it has read and measured it (jobs/worker_checks.py)."""
-    from marketplace.jobs.preparation import enqueue_preparation
-    from marketplace.rounds import resharding
-    from trainer.aggregation import build_strategy
+    from marketplace.jobs.preparation_queue import enqueue_preparation
 
     job_id = uuid.uuid4()
     base = files.job_dir(job_id)
@@ -389,7 +404,11 @@ def _store(
             written.append(files.put(tokenizer_name(job_id), tokenizer.read_bytes()))
         if checkpoint is not None:  # jobs/preparation.py builds round 1's model from it
             written.append(files.put(checkpoint_name(job_id), checkpoint.read_bytes()))
-        shard_rows = resharding.write(job_id, 0, dataset, plans, written) if dataset else []
+        shard_rows = []
+        if dataset is not None:  # a sweep's: its trials cut their own (no torch otherwise)
+            from marketplace.rounds import resharding
+
+            shard_rows = resharding.write(job_id, 0, dataset, plans, written)
         with transaction.atomic():
             job = Job.objects.create(
                 id=job_id,
@@ -410,7 +429,7 @@ def _store(
                 min_fp32_tflops=spec.requirements.min_fp32_tflops,
                 gpu_required=spec.requirements.gpu_required,
                 isolation_full=spec.requirements.isolation == "full",
-                proximal_mu=build_strategy(spec.aggregation).proximal_mu,
+                proximal_mu=_proximal_mu(spec),
                 parent=parent,
             )
             if parent is not None:
@@ -425,6 +444,12 @@ def _store(
         files.delete_tree(written)
         raise
     return job
+
+
+def _proximal_mu(spec: JobSpec) -> float:
+    """FedProx's proximal term, sent to nodes with each task (the spec bounds it >= 0); 0
+    for every other strategy (trainer.aggregation.FedProx, without importing torch)."""
+    return spec.aggregation.mu if spec.aggregation.strategy == "fedprox" else 0.0
 
 
 def _task_kind(spec: JobSpec) -> str:
