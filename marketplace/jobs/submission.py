@@ -26,6 +26,7 @@ from marketplace.jobs.checks import (
     check_job,
     check_silos_declared,
     measure_here,
+    needs_worker,
     spec_error,
 )
 from marketplace.jobs.dataset_files import (
@@ -247,10 +248,11 @@ def submit_job(
         common = {"buyer": buyer, "tokenizer": tokenizer, "tier": tier, "budget": budget,
                   "parent": parent, "federated_dataset": federated_dataset,
                   "chunked": chunked}  # fmt: skip
-        if stored_sweep is None:
+        if parent is None or needs_worker(spec):
             # the checks that need no torch, here (a 4xx at once); the worker that prepares
             # the job reads its dataset and measures its model (jobs/worker_checks.py), so
-            # the web process never imports torch (issue 36)
+            # the web process never imports torch (issue 36). A sweep's trials are
+            # submitted by a worker (marketplace/sweeps), which checks each whole below.
             if tokenizer is not None:
                 _check_tokenizer_json(tokenizer)
             if received.checkpoint is not None:  # its safetensors header: names, shapes, dtypes
@@ -263,7 +265,7 @@ def submit_job(
                 check_dataset_file(spec, local_path, shown or local_path.name)
             checkpoint = source.weights if source else received.checkpoint
             min_memory_gb = spec.requirements.min_memory_gb
-            return _store(spec=_shown(spec, dataset_upload, chunked), dataset=None,
+            return _store(spec=_shown(stored_sweep or spec, dataset_upload, chunked), dataset=None,
                           dataset_path=local_path, plans=[], checkpoint=checkpoint,
                           footprint=None, min_memory_gb=min_memory_gb,
                           max_price=_price(spec, max_price_per_gpu_hour, min_memory_gb, tier),
