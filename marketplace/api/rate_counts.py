@@ -6,7 +6,8 @@ setup's per-process memory cache every gunicorn worker counted on its own. Here 
 one atomic increment that returns the new value, so of N concurrent requests exactly the
 first `limit` see a value within the limit, whichever worker serves them:
 
-- with REDIS_URL, Redis (INCRBY in one round trip, beside the previous window's GET);
+- with REDIS_URL, Redis: a throttle's whole check (count, read the previous window, take the
+  count back when over) is one Lua script, one round trip, atomic in Redis;
 - without it (the embedded setup, one machine), a small SQLite file in the data folder,
   whose upsert ... RETURNING is atomic across processes.
 """
@@ -44,7 +45,34 @@ class Counts(Protocol):
         """The counts of `key` and `also`, 0 for none."""
         ...
 
+    def take(
+        self, key: str, also: str, ttl_s: float, limit: int, into: float
+    ) -> tuple[bool, int, int]:
+        """Count one event under `key` if the sliding window allows it: (allowed, the count
+        of `key` after, the count of `also`). Over the rate (`key`'s count plus `also`'s
+        weighted by 1 - `into` above `limit`), the count is taken back."""
+        ...
+
     def clear(self) -> None: ...
+
+
+def over(count: int, previous: int, into: float, limit: int) -> bool:
+    """The sliding window's rule (throttles.py), the same in the Lua script below."""
+    return count + previous * (1 - into) > limit
+
+
+# KEYS: the current window's count, the previous one's; ARGV: ttl (s), limit, into. The
+# arithmetic is over()'s, in doubles as in Python.
+_TAKE = """
+local count = redis.call('INCRBY', KEYS[1], 1)
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+local previous = tonumber(redis.call('GET', KEYS[2]) or '0')
+if count + previous * (1 - tonumber(ARGV[3])) > tonumber(ARGV[2]) then
+  count = redis.call('INCRBY', KEYS[1], -1)
+  return {0, count, previous}
+end
+return {1, count, previous}
+"""
 
 
 class RedisCounts:
@@ -65,6 +93,16 @@ class RedisCounts:
     def get(self, key: str, also: str) -> tuple[int, int]:
         first, second = self.client.mget([self._key(key), self._key(also)])
         return int(first or 0), int(second or 0)
+
+    def take(
+        self, key: str, also: str, ttl_s: float, limit: int, into: float
+    ) -> tuple[bool, int, int]:
+        keys = [self._key(key), self._key(also)]
+        # EVALSHA; redis-py loads the script and retries once when Redis does not know it
+        allowed, count, previous = _script(self.client)(
+            keys=keys, args=[max(1, int(ttl_s) + 1), limit, repr(into)]
+        )
+        return bool(allowed), int(count), int(previous)
 
     def clear(self) -> None:
         for key in self.client.scan_iter(self._key("*")):
@@ -104,6 +142,15 @@ class SQLiteCounts:
             db.execute("DELETE FROM counts WHERE expires < ?", (now,))
         return int(count), self._one(db, also, now) if also else 0
 
+    def take(
+        self, key: str, also: str, ttl_s: float, limit: int, into: float
+    ) -> tuple[bool, int, int]:
+        count, previous = self.add(key, 1, ttl_s, also=also)
+        if not over(count, previous, into, limit):
+            return True, count, previous
+        count, _ = self.add(key, -1, ttl_s)
+        return False, count, previous
+
     def get(self, key: str, also: str) -> tuple[int, int]:
         db, now = self._db(), time.time()
         return self._one(db, key, now), self._one(db, also, now)
@@ -124,6 +171,17 @@ def store() -> Counts:
     if client is not None:
         return RedisCounts(client)
     return _sqlite(str(Path(settings.DATA_DIR) / "rate-counts.sqlite3"))
+
+
+_scripts: dict[int, redis.commands.core.Script] = {}
+
+
+def _script(client: redis.Redis) -> redis.commands.core.Script:
+    """The take script registered with `client` once (its SHA computed once, not per call)."""
+    script = _scripts.get(id(client))
+    if script is None:
+        script = _scripts[id(client)] = client.register_script(_TAKE)
+    return script
 
 
 @functools.lru_cache(maxsize=8)

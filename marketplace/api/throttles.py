@@ -41,9 +41,6 @@ class WindowThrottle(SimpleRateThrottle):
         index = math.floor(position)
         return f"{base}:{index}", f"{base}:{index - 1}", position - index
 
-    def _over(self, count: int, previous: int, into: float) -> bool:
-        return count + previous * (1 - into) > self.num_requests
-
     def _seconds_until_one_more(self, count: int, previous: int, into: float) -> float:
         """How long until one more request fits: within this window once enough of the
         previous one has slid out, else in the next one (this window's count is then the
@@ -61,12 +58,12 @@ class WindowThrottle(SimpleRateThrottle):
         """Count one request under `key`: None if it is within the rate, else the seconds
         until one more would be (the count is then taken back)."""
         current, previous_key, into = self._windows(key)
-        store, ttl = rate_counts.store(), 2 * self.duration
-        try:
-            count, previous = store.add(current, 1, ttl, also=previous_key)
-            if not self._over(count, previous, into):
+        try:  # one round trip with Redis (rate_counts' script)
+            allowed, count, previous = rate_counts.store().take(
+                current, previous_key, 2 * self.duration, self.num_requests, into
+            )
+            if allowed:
                 return None
-            count, _ = store.add(current, -1, ttl)
         except _STORE_ERRORS:
             log.warning("rate counters unavailable; %s not limited", key, exc_info=True)
             return None

@@ -148,10 +148,10 @@ def check_job(
     return Checked(spec, dataset, plans, footprint, checkpoint, min_memory_gb)
 
 
-def _check_silos(name: str, input_shape: list[int], num_classes: int) -> None:
-    """A federated job needs some node to hold its dataset: one that no node declares (or
-    only with rows of another shape) is refused, nothing held. Declared on nodes that are
-    offline now, the job is accepted and waits for them (its page says so)."""
+def check_silos_declared(name: str) -> list:
+    """A federated job needs some node to hold its dataset: one that no node declares is
+    refused, nothing held (in the request: no dataset need be read). Returns the schemas
+    the declaring nodes give it."""
     # filtered here, not in SQL: JSON containment is PostgreSQL's alone (a dev server runs
     # SQLite), and only nodes that declare some dataset are read
     held = Node.objects.exclude(local_datasets=[]).values_list(
@@ -162,6 +162,14 @@ def _check_silos(name: str, input_shape: list[int], num_classes: int) -> None:
         reason = (f"no node declares a local dataset named {name!r}; its owner declares it "
                   f"with 'gpuflex-node datasets add {name} PATH'")  # fmt: skip
         raise spec_error([("federated_dataset", reason)])
+    return schemas
+
+
+def _check_silos(name: str, input_shape: list[int], num_classes: int) -> None:
+    """check_silos_declared, and some silo's rows must fit the model: a dataset declared only
+    with rows of another shape is refused. Declared on nodes that are offline now, the job
+    is accepted and waits for them (its page says so)."""
+    schemas = check_silos_declared(name)
     misfits = [schema_misfit(input_shape, num_classes, (s or {}).get(name)) for s in schemas]
     if all(misfits):
         reason = f"every node holding {name!r} has data this job's model cannot take: {misfits[0]}"

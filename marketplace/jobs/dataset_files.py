@@ -53,7 +53,7 @@ def archive_limits() -> ArchiveLimits:
 
 def stored_name(kind: str, upload_name: str) -> str:
     """`dataset<suffix>`: the suffix the format is read by, from the buyer's file name."""
-    from trainer.datasets.archives import archive_suffix
+    from trainer.datasets.errors import archive_suffix
 
     lower = upload_name.lower()
     if kind == "image_folder":
@@ -89,6 +89,43 @@ def load_uploaded_dataset(
         )
         try:
             return load_dataset(local, seed=spec.seed, archive_limits=archive_limits())
+        except ArchiveTooLarge as exc:
+            raise TooLarge(f"The dataset is refused: {_named(exc, path, shown)}") from None
+        except DatasetError as exc:
+            message = _named(exc, path, shown)
+            raise InvalidDataset(f"The dataset cannot be used: {message}") from None
+
+
+def check_dataset_file(spec: JobSpec, path: Path, shown: str) -> None:
+    """What a web request checks of an uploaded dataset without numpy, PIL or torch (issue
+    36), with the loaders' own rules and messages: a CSV's every value (trainer/datasets/
+    csv_rows.py), an image archive's listing (traversal, links, bombs, layout: archive_
+    listing.py), a text corpus's UTF-8 and JSONL lines (corpus.py), an NPZ being a zip
+    archive. The worker that prepares the job loads it whole
+    (jobs/worker_checks.py) and fails the job with any other problem, its escrow released."""
+    import zipfile
+
+    from trainer.datasets.archive_listing import check_image_archive
+    from trainer.datasets.corpus import documents
+    from trainer.datasets.csv_rows import check_csv_values
+    from trainer.datasets.errors import ArchiveTooLarge, DatasetError
+
+    kind = spec.dataset.kind
+    wanted = stored_name(kind, shown)  # an image archive of no known format: by its name
+    with tempfile.TemporaryDirectory(prefix="gpuflex-dataset-") as tmp:
+        if path.name != wanted:  # a chunked upload's part file: seen under its format's name
+            link = Path(tmp) / wanted
+            link.symlink_to(path.resolve())
+            path = link
+        try:
+            if kind == "csv":
+                check_csv_values(path, spec.dataset.label_column, shown)
+            elif kind == "image_folder":
+                check_image_archive(path, archive_limits())
+            elif kind == "text":
+                documents(path)
+            elif kind == "npz" and not zipfile.is_zipfile(path):
+                raise DatasetError(f"{shown}: cannot read NPZ: it is not a zip archive")
         except ArchiveTooLarge as exc:
             raise TooLarge(f"The dataset is refused: {_named(exc, path, shown)}") from None
         except DatasetError as exc:

@@ -22,28 +22,21 @@ import logging
 import tempfile
 from pathlib import Path
 
-from celery import current_app
 from django.db import transaction
 
 from marketplace.jobs import files, isolation
 from marketplace.jobs.errors import MarketplaceError
 from marketplace.jobs.model_files import checkpoint_name, program_name
 from marketplace.jobs.models import Job
+from marketplace.jobs.preparation_queue import enqueue_preparation as enqueue_preparation
 from marketplace.jobs.services import fail_job
 from marketplace.rounds.lifecycle import open_round
 from marketplace.rounds.models import Round
-from marketplace.server.routing import PREPARE_JOB
 from marketplace.sweeps.queue import enqueue_sweep
 from trainer.models import build_model, read_weights
 from trainer.spec import HF_ARCHS
 
 log = logging.getLogger(__name__)
-
-
-def enqueue_preparation(job_id: object) -> None:
-    """Once the caller's transaction commits: a rolled-back submission prepares nothing."""
-    job = str(job_id)
-    transaction.on_commit(lambda: current_app.tasks[PREPARE_JOB].delay(job))
 
 
 def prepare_job(job_id: object) -> Round | None:

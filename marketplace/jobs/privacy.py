@@ -8,15 +8,17 @@ amplification by subsampling is claimed for shards a round leaves out.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from django.db.models import Min
 
-from trainer.dp_sgd import DPUnsupported, check_model
-from trainer.models import build_model
-from trainer.privacy import Plan, epsilon_after, round_plan, with_budget_noise
 from trainer.spec import JobSpec
+
+if TYPE_CHECKING:
+    from trainer.privacy import Plan
+
+# torch and Opacus are imported where the accounting runs (the worker, a job's round), not
+# here: a web request shows a job's privacy summary without them (issue 36)
 
 
 def settle_noise(
@@ -25,6 +27,12 @@ def settle_noise(
     """The spec as it is stored, with the noise that keeps `rounds.max_rounds` rounds within
     a target `privacy.epsilon` when the buyer gave none; and what makes it unusable.
     `shard_rows`: the smallest shard's rows, None for a federated job (silos unknown)."""
+    import torch
+
+    from trainer.dp_sgd import DPUnsupported, check_model
+    from trainer.models import build_model
+    from trainer.privacy import epsilon_after, round_plan, with_budget_noise
+
     p = spec.privacy
     if p.clip_norm is None:
         return spec, []
@@ -60,6 +68,8 @@ def settle_noise(
 
 
 def job_plan(job: Any) -> Plan:
+    from trainer.privacy import round_plan
+
     spec = job.parsed_spec
     rows = job.shards.aggregate(m=Min("size"))["m"]
     return round_plan(spec, rows or 1)
@@ -67,6 +77,8 @@ def job_plan(job: Any) -> Plan:
 
 def spent_after(job: Any, rounds: int) -> float | None:
     """ε spent once `rounds` rounds are done; None for a job that promises no privacy."""
+    from trainer.privacy import epsilon_after
+
     p = job.parsed_spec.privacy
     if not p.private or p.clip_norm is None:
         return None
@@ -76,6 +88,8 @@ def spent_after(job: Any, rounds: int) -> float | None:
 def privacy_stop_reason(job: Any) -> str:
     """Why the job must stop before its next round ("" if it may go on): that round would
     spend more than its ε."""
+    from trainer.privacy import epsilon_after
+
     p = job.parsed_spec.privacy
     if p.epsilon is None or p.clip_norm is None:
         return ""

@@ -21,9 +21,17 @@ from django.db import transaction
 
 from marketplace.accounts.models import User
 from marketplace.jobs import files
-from marketplace.jobs.checks import check_hf_size, check_job, measure_here, needs_worker, spec_error
+from marketplace.jobs.checks import (
+    check_hf_size,
+    check_job,
+    check_silos_declared,
+    measure_here,
+    needs_worker,
+    spec_error,
+)
 from marketplace.jobs.dataset_files import (
     SUFFIXES,
+    check_dataset_file,
     load_uploaded_dataset,
     receive_tokenizer,
     stored_name,
@@ -203,7 +211,7 @@ def submit_job(
 
     `max_price_per_gpu_hour` None: the market's price for it (jobs/market.py), the median
     asking price of the online nodes that fit its requirements and tier."""
-    from marketplace.jobs import scoring
+    from marketplace.jobs.scoring_source import resolve_source
 
     if max_price_per_gpu_hour is not None and max_price_per_gpu_hour <= 0:
         # a job at price 0 was accepted and its tasks leased
@@ -234,7 +242,7 @@ def submit_job(
         files.local_copy(stored_file) if stored_file else nullcontext() as assembled,
     ):
         # evaluate / inference from a finished job: its model section and final weights
-        source = scoring.resolve_source(buyer, spec, Path(tmp))
+        source = resolve_source(buyer, spec, Path(tmp))
         if source is not None and source.spec.model.arch == "exported":
             raise spec_error([("source.job", "scoring an exported model (model.arch: exported) "
                                "is not supported yet; download it with --format pt2")])  # fmt: skip
@@ -249,16 +257,24 @@ def submit_job(
         common = {"buyer": buyer, "tokenizer": tokenizer, "tier": tier, "budget": budget,
                   "parent": parent, "federated_dataset": federated_dataset,
                   "chunked": chunked}  # fmt: skip
-        if stored_sweep is None and needs_worker(spec):
-            # bounded checks only: the worker reads the files in a child (jobs/worker_checks.py)
+        if parent is None or needs_worker(spec):
+            # the checks that need no torch, here (a 4xx at once); the worker that prepares
+            # the job reads its dataset and measures its model (jobs/worker_checks.py), so
+            # the web process never imports torch (issue 36). A sweep's trials are
+            # submitted by a worker (marketplace/sweeps), which checks each whole below.
             if tokenizer is not None:
                 _check_tokenizer_json(tokenizer)
             if received.checkpoint is not None:  # its safetensors header: names, shapes, dtypes
                 _check_header(received.checkpoint)
+            if federated_dataset:  # rows that fit the model: the worker, with its shape
+                check_silos_declared(federated_dataset)
             local_path = _receive(spec, dataset_upload, Path(tmp), assembled)
+            if local_path is not None:
+                shown = shown_name or Path(dataset_upload.name if dataset_upload else "").name
+                check_dataset_file(spec, local_path, shown or local_path.name)
             checkpoint = source.weights if source else received.checkpoint
             min_memory_gb = spec.requirements.min_memory_gb
-            return _store(spec=_shown(spec, dataset_upload, chunked), dataset=None,
+            return _store(spec=_shown(stored_sweep or spec, dataset_upload, chunked), dataset=None,
                           dataset_path=local_path, plans=[], checkpoint=checkpoint,
                           footprint=None, min_memory_gb=min_memory_gb,
                           program=received.program,
@@ -295,12 +311,15 @@ def _shown(spec: JobSpec, upload: UploadedFile | None, chunked: Upload | None) -
 
 
 def _check_header(path: Path) -> None:
-    from trainer.models import ModelSpecError, meta_weights
+    """Its header read in pure Python (trainer/tensor_header.py); the worker checks the
+    tensors against the model it builds."""
+    from trainer.tensor_header import HeaderError, read_header
 
     try:
-        meta_weights(path)
-    except ModelSpecError as exc:
-        raise spec_error([("model.checkpoint", str(exc))]) from None
+        read_header(path)
+    except HeaderError as exc:
+        reason = f"the checkpoint is not a readable safetensors file: {exc}"
+        raise spec_error([("model.checkpoint", reason)]) from None
 
 
 def _check_tokenizer_json(path: Path) -> None:
@@ -386,9 +405,7 @@ def _store(
     """Write the job's files and rows. `dataset` and `footprint` None: a job accepted on
     bounded checks (needs_worker), without shards, its footprint {} until the worker that
     prepares it has read and measured it (jobs/worker_checks.py)."""
-    from marketplace.jobs.preparation import enqueue_preparation
-    from marketplace.rounds import resharding
-    from trainer.aggregation import build_strategy
+    from marketplace.jobs.preparation_queue import enqueue_preparation
 
     job_id = uuid.uuid4()
     base = files.job_dir(job_id)
@@ -408,7 +425,11 @@ def _store(
             written.append(files.put(checkpoint_name(job_id), checkpoint.read_bytes()))
         if program is not None:  # an exported model: the worker measures it, nodes get it
             written.append(files.put_file(program_name(job_id), program))
-        shard_rows = resharding.write(job_id, 0, dataset, plans, written) if dataset else []
+        shard_rows = []
+        if dataset is not None:  # a sweep's: its trials cut their own (no torch otherwise)
+            from marketplace.rounds import resharding
+
+            shard_rows = resharding.write(job_id, 0, dataset, plans, written)
         with transaction.atomic():
             job = Job.objects.create(
                 id=job_id,
@@ -431,7 +452,7 @@ def _store(
                 isolation_full=spec.requirements.isolation == "full",
                 gpu_runtime_required=spec.needs_gpu_runtime,
                 min_torch=spec.runtime.min_torch or "",
-                proximal_mu=build_strategy(spec.aggregation).proximal_mu,
+                proximal_mu=_proximal_mu(spec),
                 parent=parent,
             )
             if parent is not None:
@@ -446,6 +467,12 @@ def _store(
         files.delete_tree(written)
         raise
     return job
+
+
+def _proximal_mu(spec: JobSpec) -> float:
+    """FedProx's proximal term, sent to nodes with each task (the spec bounds it >= 0); 0
+    for every other strategy (trainer.aggregation.FedProx, without importing torch)."""
+    return spec.aggregation.mu if spec.aggregation.strategy == "fedprox" else 0.0
 
 
 def _task_kind(spec: JobSpec) -> str:

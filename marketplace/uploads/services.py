@@ -146,7 +146,7 @@ def head_problem(upload: Upload) -> str | None:
     start says something on its own (CSV: the text, the header, the field size, the rows'
     widths); None for the others, checked whole when a job uses the file."""
     from trainer.datasets.base import DatasetError
-    from trainer.datasets.tabular import check_csv_head
+    from trainer.datasets.csv_rows import check_csv_head
 
     if not upload.filename.lower().endswith(".csv"):
         return None

@@ -104,13 +104,30 @@ def test_an_image_archive_job_trains_to_completion(buyer, make_agent, name: str)
         ({"../evil.png": png(1)}, 400, "invalid_dataset", ["'../evil.png'", "climbs out"]),
         ({"/abs/x.png": png(1)}, 400, "invalid_dataset", ["'/abs/x.png'", "absolute path"]),
         ({"dark/readme.txt": b"hi"}, 400, "invalid_dataset", ["'dark/readme.txt'", "not an image"]),
-        ({"dark/x.png": b"garbage"}, 400, "invalid_dataset", ["'dark/x.png'", "not a readable"]),
         ({"dark/bomb.bmp": bytes(4 * 2**20)}, 413, "too_large", ["'dark/bomb.bmp'", "ratio"]),
     ],
 )
 def test_a_bad_zip_is_refused_by_name(buyer, members, status, code, words) -> None:
     data = zip_bytes(class_members(4) | members)
     refused(post(buyer, IMAGE_SPEC, ("images.zip", data)), status, code, "images.zip", *words)
+
+
+@pytest.mark.django_db
+def test_an_image_only_decoding_shows_bad_fails_the_job_in_the_worker(buyer) -> None:
+    """The request lists the archive (no image decoded, no PIL in the web process: issue
+    36); the worker that prepares the job decodes it and fails it naming the member."""
+    from marketplace.jobs.models import JobStatus
+    from marketplace.jobs.preparation import prepare_job
+
+    data = zip_bytes(class_members(4) | {"dark/x.png": b"garbage"})
+    response = post(buyer, IMAGE_SPEC, ("images.zip", data))
+    assert response.status_code == 201, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    assert prepare_job(job.pk) is None
+    job.refresh_from_db()
+    assert job.status == JobStatus.FAILED
+    assert "'dark/x.png'" in job.error and "not a readable" in job.error, job.error
+    assert "images.zip" in job.error and "/tmp" not in job.error
 
 
 @pytest.mark.django_db

@@ -66,10 +66,14 @@ def test_a_dataset_no_node_declares_is_refused(buyer_key, make_agent) -> None:
 
 
 def test_silos_whose_rows_the_model_cannot_take_are_refused(buyer_key, make_agent) -> None:
+    """The model's input is known once the worker has read the job's dataset (issue 36):
+    the job fails there, saying why."""
     make_agent(local_datasets=[CLINIC[0] | SCHEMA | {"input_shape": [12]}])
-    with sdk_for(buyer_key[1]) as sdk, pytest.raises(GPUFlexError) as refused:
-        sdk.submit(FEDERATED_SPEC, budget="10", tier="volunteer", federated="clinic")
-    assert "rows have shape [12], the job's model takes [64]" in str(refused.value)
+    with sdk_for(buyer_key[1]) as sdk:
+        job = sdk.submit(FEDERATED_SPEC, budget="10", tier="volunteer", federated="clinic")
+        shown = sdk.job(job["id"])
+    assert shown["status"] == "failed"
+    assert "rows have shape [12], the job's model takes [64]" in shown["error"]
 
 
 def test_offline_silos_make_the_job_wait_and_say_so(buyer_key, make_agent) -> None:

@@ -36,11 +36,13 @@ def test_the_request_stores_the_job_and_a_worker_opens_round_one(
     assert response.status_code == 201, response.content
     job = Job.objects.get()
     assert not built and not Round.objects.exists()  # the request built nothing
-    assert job.shards.count() == 3 and job.status == "running"
+    # nor read the dataset into tensors (issue 36: the web process imports no torch)
+    assert job.shards.count() == 0 and not job.footprint and job.status == "running"
 
     for send in sent:  # the commit's messages (the preparation, live-page rings), run eagerly
         send()
     assert len(built) == 1
+    assert job.shards.count() == 3  # the worker checked, measured and cut it first
     rnd = Round.objects.get(job=job)
     assert rnd.number == 1 and rnd.status == "open" and rnd.tasks.count() == 3
 

@@ -164,6 +164,32 @@ def test_a_rate_is_a_sliding_window(store, monkeypatch) -> None:
     assert throttle.take("k") is None
 
 
+def test_with_redis_a_take_is_one_round_trip_allowed_or_refused(store, monkeypatch) -> None:
+    """Issue 36: the throttle was a pipeline, and a second one to take back a refused count;
+    now one script, atomic in Redis. A refused count is still taken back (the last take
+    fits once one is given back)."""
+    if store != "redis":
+        pytest.skip("round trips are Redis's")
+    import redis
+
+    sent: list[int] = []
+    real = redis.connection.Connection.send_packed_command
+
+    def send(self, command, check_health=True):
+        sent.append(1)
+        return real(self, command, check_health)
+
+    monkeypatch.setattr(SignupThrottle, "THROTTLE_RATES", {"signup": "2/hour"})
+    monkeypatch.setattr(SignupThrottle, "timer", lambda self: 3600.0 * 1000)
+    throttle = SignupThrottle()
+    assert throttle.take("k") is None  # the script loaded by the first call
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", send)
+    outcomes = [throttle.take("k") for _ in range(3)]
+    assert outcomes[0] is None and outcomes[1] == outcomes[2] > 0 and len(sent) == 3
+    throttle.give_back("k")
+    assert throttle.take("k") is None
+
+
 # -- submissions and keys ------------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif"})
+from trainer.datasets.archive_listing import IMAGE_SUFFIXES as IMAGE_SUFFIXES
 
 # Modes whose pixels are a single grey level; "P" (palette) is decided by content instead.
 _GREY_MODES = frozenset({"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"})

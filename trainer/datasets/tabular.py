@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import zipfile
 from collections.abc import Sequence
@@ -14,6 +12,8 @@ import numpy as np
 
 from trainer.datasets.base import Dataset, DatasetError
 from trainer.datasets.classification import classification_dataset, encode_labels
+from trainer.datasets.csv_rows import _read_csv, _require_file
+from trainer.datasets.csv_rows import check_csv_head as check_csv_head
 
 # -- feature validation ----------------------------------------------------------------------
 
@@ -83,12 +83,6 @@ def _finish(
     return classification_dataset(path.name, x, labels, len(classes), test_fraction, seed)
 
 
-def _require_file(path: Path) -> None:
-    if not path.is_file():
-        what = "is not a file" if path.exists() else "does not exist"
-        raise DatasetError(f"{path}: {what}")
-
-
 # -- CSV -------------------------------------------------------------------------------------
 
 
@@ -101,66 +95,6 @@ def load_csv_dataset(
     columns = {name: [row[i] for row in rows] for i, name in enumerate(header)}
     x, labels = _features_and_labels(columns, label_column, str(path))
     return _finish(path, x, labels, test_fraction, seed)
-
-
-def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
-    _require_file(path)
-    try:
-        # utf-8-sig: spreadsheet exports often start with a byte-order mark
-        with path.open(newline="", encoding="utf-8-sig") as f:
-            lines = [row for row in csv.reader(f) if row]  # skip blank lines
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise DatasetError(f"{path}: cannot read CSV: {exc}") from None
-    if not lines:
-        raise DatasetError(f"{path}: empty file (no header, no rows)")
-    header = [name.strip() for name in lines[0]]
-    if len(set(header)) != len(header):
-        dupes = sorted({h for h in header if header.count(h) > 1})
-        raise DatasetError(f"{path}: duplicate column names {dupes}")
-    rows = lines[1:]
-    if not rows:
-        raise DatasetError(f"{path}: empty file (a header but no data rows)")
-    for number, row in enumerate(rows, start=1):
-        if len(row) != len(header):
-            raise DatasetError(
-                f"{path}: row {number} has {len(row)} fields but the header has {len(header)}"
-            )
-    return header, [[v.strip() for v in row] for row in rows]
-
-
-def check_csv_head(head: bytes, whole: bool, source: str) -> None:
-    """What the start of a CSV file already says is wrong, before the rest is sent (an
-    upload's first chunk): not UTF-8, a field over the csv module's field limit, duplicate
-    header names, a row whose field count is not the header's; `whole`: `head` is all of
-    the file. The same rules and messages as reading the file whole (`_read_csv`); the
-    columns' values and the label column are the spec's to judge, later."""
-    if not whole:  # only whole lines; the last record may still be cut (a quoted newline)
-        head = head[: head.rfind(b"\n") + 1]
-    try:
-        text = head.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DatasetError(f"{source}: cannot read CSV: {exc}") from None
-    records: list[list[str]] = []
-    try:
-        records = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
-    except csv.Error as exc:
-        # a field over the limit is over it whatever follows; other errors may be the cut
-        if whole or "field limit" in str(exc):
-            raise DatasetError(f"{source}: cannot read CSV: {exc}") from None
-    if whole and not records:
-        raise DatasetError(f"{source}: empty file (no header, no rows)")
-    if not records:
-        return
-    header = [name.strip() for name in records[0]]
-    if len(set(header)) != len(header):
-        dupes = sorted({h for h in header if header.count(h) > 1})
-        raise DatasetError(f"{source}: duplicate column names {dupes}")
-    complete = records[1:] if whole else records[1:-1]
-    for number, row in enumerate(complete, start=1):
-        if len(row) != len(header):
-            raise DatasetError(
-                f"{source}: row {number} has {len(row)} fields but the header has {len(header)}"
-            )
 
 
 # -- Parquet ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from marketplace.api.serializers.node_data import (
     StrictFloatField,
     number,
 )
+from marketplace.api.serializers.reused_fields import ReusedFields
 from marketplace.nodes import bounds as b
 from marketplace.rounds.scheduling import MAX_CLAIM_BATCH, MAX_HEARTBEAT_TASKS
 from marketplace.rounds.uploads import FAIL_REASONS
@@ -28,7 +29,10 @@ class HeartbeatNetworkSerializer(NetworkSerializer):
     """The link as the node measures it now (stored over what it registered with)."""
 
 
-class HeartbeatSerializer(serializers.Serializer):
+class HeartbeatSerializer(ReusedFields, serializers.Serializer):
+    """A heartbeat's body; its fields bound anew to each request's instance, not copied
+    (reused_fields.py: the heartbeat is the most frequent request)."""
+
     state = serializers.ChoiceField(choices=["idle", "working", "paused", "waiting"])
     reason = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=200,
