@@ -20,6 +20,7 @@ from bench import (
     network_bench,
     pause_bench,
     privacy_bench,
+    promises_bench,
     scaling_bench,
     slow_clients_bench,
     sweep_bench,
@@ -225,6 +226,8 @@ def render(results: dict[str, Any]) -> str:
         parts += privacy_bench.render(results["privacy"])
     if "sweep" in results:
         parts += ["", *sweep_bench.render(results["sweep"])]
+    if "promises" in results:
+        parts += ["", *promises_bench.render(results["promises"])]
     return "\n".join(with_sources("\n".join(parts).split("\n")))
 
 
@@ -358,7 +361,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
-    "load", "pause", "upload", "examples", "privacy", "inference", "zones", "sweep",
+    "load", "pause", "upload", "examples", "privacy", "inference", "zones", "sweep", "promises",
 )  # fmt: skip
 
 
@@ -647,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "zones":
             print("zones: flat uploads against 3 zone aggregators, 24 wan nodes (simulator)")
             results["zones"] = zones_bench.run()
+        elif section == "promises":
+            results["promises"] = promises_bench.run()
         elif section == "slow_clients":
             print("slow clients: gunicorn alone, then behind nginx")
             results["slow_clients"] = slow_clients_bench.run()
