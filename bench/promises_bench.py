@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Any
 
-NAIVE_TIMEOUT_S = 600.0
+NAIVE_TIMEOUT_S = 480.0
 GOAL_NAIVE_RATIO = 0.7  # >= 30 % faster: federated time <= 0.7 x naive's
 GOAL_BYTES_RATIO = 400.0
 SIM_FACTOR = 1.5  # the simulator within 1.5x of the measurement

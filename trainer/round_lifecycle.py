@@ -8,8 +8,8 @@ participating node's update). A unit is *settled* when nothing more is to come f
   nodes' two-round units are left out of the count when the others bring enough updates.
 - deadline: at its deadline the round closes with the usable updates it has, if the
   strategy can aggregate that many (`at_deadline`); otherwise it waits one more deadline for
-  the work still out, at most MAX_DEADLINES in all, and then gives up (the job fails saying
-  why): no round waits forever.
+  the work still out (`extension_s`: never shorter than noticing a lost node takes), at most
+  MAX_DEADLINES in all, and then gives up (the job fails saying why): no round waits forever.
 - secure aggregation: a round that would close first holds until enough masked updates are
   in to unmask their sum without exposing anyone (`secure_hold`).
 - late updates: work in flight at the close trains on when `rounds.late_updates: stale`
@@ -87,6 +87,14 @@ def deadline_s(spec: JobSpec, plan_deadline_s: float | None, default_s: float) -
     if plan_deadline_s is not None:
         return plan_deadline_s
     return spec.rounds.deadline_s or default_s
+
+
+def extension_s(period_s: float, detect_s: float = FAILURE_DETECT_S) -> float:
+    """How long a round that could not close at its deadline waits again: its period, and
+    never less than noticing a lost node and giving its lease back takes (`detect_s`), so
+    that work lost with a node can be leased again and done. A plan's deadline of a second
+    or two would otherwise give up on a round before any node could be known lost."""
+    return max(period_s, detect_s)
 
 
 def quorum_units(quorum: float, units: int) -> int:

@@ -101,11 +101,19 @@ def close_overdue_rounds() -> int:
                 usable = sum(u.usable for u in units)
                 give_up_round(rnd, rl.gave_up_reason(rnd.number, usable, rules))
             else:  # and anyone may take the work now: nobody the plan sat out is kept out
-                rnd.deadline = round_deadline(rnd.job, period_s=rnd.deadline_s)
+                rnd.deadline = round_deadline(rnd.job, period_s=_extension_s(rnd))
                 if not rnd.job.parsed_spec.scoring:
                     rnd.plan = _far_work_out(rnd)
                 rnd.save(update_fields=["deadline", "plan", "deadlines_passed"])
     return closed
+
+
+def _extension_s(rnd: Round) -> float:
+    """One more deadline for `rnd`, never shorter than this server takes to notice a lost
+    node (its node timeout, then the next tick)."""
+    g = settings.GPUFLEX
+    period = rnd.deadline_s or rl.deadline_s(rnd.job.parsed_spec, None, g["ROUND_DEADLINE_S"])
+    return rl.extension_s(period, g["NODE_TIMEOUT_S"] + g["TICK_S"])
 
 
 def give_up_secure_round(rnd: Round, reason: str) -> None:

@@ -61,13 +61,14 @@ def test_nothing_in_by_the_deadline_waits_one_more_then_gives_up(spec) -> None:
     run = _run(spec, quorum=1.0)
     for node, arrival in zip(run.nodes, (15.0, None, None, None), strict=True):
         node.job = _job(arrival)
-    # nothing by 10 s: another deadline; the first update came at 15 s, it closes at 20 s
-    assert run.close_time(_plan(10.0, 4), start=0.0) == 20.0
+    # nothing by 10 s: one more deadline, never shorter than noticing a lost node takes
+    # (FAILURE_DETECT_S, 50 s); the update that came at 15 s is aggregated then
+    assert run.close_time(_plan(10.0, 4), start=0.0) == 60.0
     assert not run.result.stop_reason
     for node in run.nodes:
         node.job = _job(None)
     # nobody ever: MAX_DEADLINES deadlines, then the run stops as the job would fail
-    assert run.close_time(_plan(10.0, 4), start=0.0) == 40.0
+    assert run.close_time(_plan(10.0, 4), start=0.0) == 10.0 + 3 * 50.0
     assert "after 4 deadlines" in run.result.stop_reason
 
 

@@ -56,6 +56,12 @@ def test_no_round_waits_forever(passed: int) -> None:
     assert verdict is want
 
 
+def test_a_round_waits_again_no_shorter_than_noticing_a_lost_node_takes() -> None:
+    assert rl.extension_s(900.0) == 900.0
+    assert rl.extension_s(1.5) == rl.FAILURE_DETECT_S
+    assert rl.extension_s(1.5, detect_s=9.0) == 9.0
+
+
 def test_late_work_trains_on_only_when_stale_or_far() -> None:
     assert rl.keeps_training(rules(late_updates="stale"), far=False)
     assert rl.keeps_training(rules(), far=True)

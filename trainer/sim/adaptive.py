@@ -286,9 +286,9 @@ class NetworkAwareRun:
             got = [j.arrival is not None and j.arrival <= t for j in due]
             return [rl.Unit(settled=g, usable=g) for g in got] + far
 
+        previous, deadline = start, start + plan.deadline_s
         for passed in range(1, rl.MAX_DEADLINES + 1):
-            deadline = start + passed * plan.deadline_s
-            for t in (a for a in arrivals if deadline - plan.deadline_s < a <= deadline):
+            for t in (a for a in arrivals if previous < a <= deadline):
                 if rl.quorum_reached(units(t), rules):
                     return t
             verdict = rl.at_deadline(units(deadline), rules, passed)
@@ -298,6 +298,7 @@ class NetworkAwareRun:
                 usable = sum(u.usable for u in units(deadline))
                 self.result.stop_reason = rl.gave_up_reason(self.version + 1, usable, rules)
                 return deadline
+            previous, deadline = deadline, deadline + rl.extension_s(plan.deadline_s)
         raise AssertionError("at_deadline gives up at MAX_DEADLINES")
 
     def is_due(self, job: InFlight) -> bool:
