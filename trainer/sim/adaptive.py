@@ -277,9 +277,13 @@ class NetworkAwareRun:
         FAILURE_DETECT_S; no other node here takes it up). A far node's two-round job not
         due yet is a far unit the round does not wait for."""
         rules = rl.Rules.for_spec(self.spec, plan_quorum=plan.quorum)
+        # the round's units are the work it handed out (as the marketplace's are its tasks): a
+        # job from an earlier round arriving late is folded in or dropped, but settles nothing
         jobs = [n.job for n in self.nodes if n.job]
-        due = [j for j in jobs if self.is_due(j)]
-        far = [rl.Unit(settled=False, usable=False, far=True)] * (len(jobs) - len(due))
+        due = [j for j in jobs if j.version == self.version and self.is_due(j)]
+        far = [rl.Unit(settled=False, usable=False, far=True)] * sum(
+            not self.is_due(j) for j in jobs
+        )
         arrivals = sorted(j.arrival for j in due if j.arrival is not None)
 
         def units(t: float) -> list[rl.Unit]:
