@@ -25,7 +25,7 @@ def test_a_naive_job_trains_one_step_a_round_on_every_shard(make_agent, submit) 
     for number in (1, 2):
         tasks = [(agent, agent.claim()) for agent in agents]
         assert all(task is not None for _, task in tasks)
-        for agent, task in tasks:
+        for _, task in tasks:
             assert task["round"] == number
             assert task["steps"] == 1 and task["codec"] == "none"
         for i, (agent, task) in enumerate(tasks):
