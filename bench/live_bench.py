@@ -48,7 +48,11 @@ from typing import Any
 
 import yaml
 
-MODES = ("plain", "aware")
+MODES = ("plain", "aware")  # what `--only live` compares
+# `naive` (bench.promises_bench): `rounds.mode: naive`, naive synchronous training on the
+# marketplace: one local step a round on every shard, nothing compressed
+ALL_MODES = (*MODES, "naive")
+NAIVE_MAX_ROUNDS = 2000  # one step each: the run's timeout ends it first
 NAMES = ("wan-a", "wan-b", "wan-c", "wan-d", "wan-e")
 NETWORK = "wan"
 TARGET = 0.95
@@ -76,6 +80,12 @@ def spec_for(mode: str) -> dict[str, Any]:
     if mode == "aware":
         # the demo's job as it is: sized work and codecs, quorum rounds, overlap on
         return spec.to_dict()
+    if mode == "naive":
+        for section in ("local", "compression", "adaptation"):
+            raw.pop(section, None)
+        raw["rounds"] = {"mode": "naive", "max_rounds": NAIVE_MAX_ROUNDS,
+                         "target": raw["rounds"]["target"]}  # fmt: skip
+        return parse_spec(raw).to_dict()
     raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
 
 
@@ -127,7 +137,7 @@ def _mean(values: dict[str, int]) -> float | None:
     return sum(values.values()) / len(values) if values else None
 
 
-def measure(mode: str) -> dict[str, Any]:
+def measure(mode: str, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     """One real run through `gpuflex demo`'s machinery; figures from its summary, which reads
     the server's database and counters."""
     os.environ.setdefault("GPUFLEX_WARM_TASKS", "1")
@@ -143,7 +153,7 @@ def measure(mode: str) -> dict[str, Any]:
         try:
             s = run_demo(Options(data_dir=Path(tmp) / "demo", spec=spec, nodes=nodes,
                                  quiet=True, target=TARGET, budget="20.00",
-                                 timeout_s=TIMEOUT_S))  # fmt: skip
+                                 timeout_s=timeout_s))  # fmt: skip
             work = _work(s["job_id"])
         except Exception as exc:  # a run that broke is reported, not a crash of the bench
             return {"error": f"{type(exc).__name__}: {exc}"[:500],
@@ -185,20 +195,21 @@ def _work(job_id: str) -> dict[str, Any]:
     }
 
 
-def run(mode: str, sim_only: bool = False) -> dict[str, Any]:
+def run(mode: str, sim_only: bool = False, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
     out: dict[str, Any] = {"mode": mode, "spec": spec_for(mode)}
     if not sim_only:
-        out["measured"] = measure(mode)
+        out["measured"] = measure(mode, timeout_s)
     out["predicted"] = predict(mode)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.live_bench")
-    parser.add_argument("--mode", choices=MODES, required=True)
+    parser.add_argument("--mode", choices=ALL_MODES, required=True)
     parser.add_argument("--sim-only", action="store_true", help="the simulator's prediction")
+    parser.add_argument("--timeout-s", type=float, default=TIMEOUT_S, help="the real run's")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.mode, args.sim_only)))
+    print(json.dumps(run(args.mode, args.sim_only, args.timeout_s)))
     return 0
 
 

@@ -19,9 +19,11 @@ from typing import Any
 
 import httpx
 
-from trainer.sim.network import DISCONNECT_DETECT_S, NodeProfile, disconnects, get_profile
+from trainer.sim.network import NodeProfile, disconnects, get_profile
 
 API = "/api/v1/"
+# A node that drops out of a round loses its network this long (wall seconds at time_scale 1).
+OUTAGE_S = 10.0
 
 
 class ApiError(Exception):
@@ -315,7 +317,7 @@ class SimulatedNetwork(httpx.BaseTransport):
         seed: int = 0,
         inner: httpx.BaseTransport | None = None,
         time_scale: float = 1.0,
-        outage_s: float = 2 * DISCONNECT_DETECT_S,
+        outage_s: float = OUTAGE_S,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.name = profile

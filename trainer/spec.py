@@ -229,6 +229,10 @@ class EarlyStoppingSpec(_Strict):
 
 
 class RoundsSpec(_Strict):
+    # "naive": naive synchronous data-parallel training, the baseline federated rounds are
+    # measured against: one local step per round on every node, nothing compressed
+    # (JobSpec._naive_rounds fixes the settings that make it so)
+    mode: Literal["federated", "naive"] = "federated"
     max_rounds: Annotated[int, Field(ge=1, le=100_000)] = 50
     target: TargetSpec | None = None
     early_stopping: EarlyStoppingSpec | None = None
@@ -557,6 +561,45 @@ class JobSpec(_Strict):
         """bf16 and fp16 are GPU mixed precision here (LocalSpec.precision): a node whose
         runtime is the cpu one (desktop/runtime) cannot run them."""
         return self.local.precision in ("bf16", "fp16")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _naive_rounds(cls, data: Any) -> Any:
+        """`rounds.mode: naive` is one local step per round, every node, no compression: the
+        settings that make it so are filled in, and ones that contradict it are refused."""
+        if not isinstance(data, dict):
+            return data
+        rounds = data.get("rounds")
+        if not isinstance(rounds, dict) or rounds.get("mode") != "naive":
+            return data
+        wants = {  # section -> key -> (the value naive mode needs, what else it may be given)
+            "local": {"steps": (1, {1}), "epochs": (None, {None})},
+            "rounds": {"quorum": (1.0, {1.0}), "late_updates": ("drop", {"drop"})},
+            "compression": {
+                "codec": ("none", {"none"}),
+                "download_codec": ("none", {"none", "auto"}),
+            },
+            "adaptation": {"enabled": (False, {False})},
+        }
+        out = dict(data)
+        for section, keys in wants.items():
+            given = out.get(section) or {}
+            if not isinstance(given, dict):
+                return data  # the section's own validation says what is wrong
+            fixed = dict(given)
+            for key, (value, allowed) in keys.items():
+                if key in given and given[key] not in allowed:
+                    raise ValueError(
+                        f"rounds.mode naive trains one local step per round on every node, "
+                        f"uncompressed: {section}.{key} {given[key]!r} contradicts it (leave it "
+                        "out)"
+                    )
+                if value is None:
+                    fixed.pop(key, None)
+                else:
+                    fixed[key] = value
+            out[section] = fixed
+        return out
 
     @model_validator(mode="after")
     def _sweep_section(self) -> JobSpec:

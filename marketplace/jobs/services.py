@@ -39,8 +39,11 @@ def resume_job(job: Job) -> Job:
         raise Conflict(f"Only a paused job can be resumed; this one is {job.status}.")
     job.status = JobStatus.RUNNING
     job.save(update_fields=["status", "updated_at"])
-    # the pause should not count against the round's deadline
-    Round.objects.filter(job=job, status=RoundStatus.OPEN).update(deadline=round_deadline(job))
+    # the pause should not count against the round's deadline: a full period from now (the
+    # round's own, its plan's when it has one)
+    for rnd in Round.objects.filter(job=job, status=RoundStatus.OPEN):
+        rnd.deadline = round_deadline(job, period_s=rnd.deadline_s)
+        rnd.save(update_fields=["deadline"])
     transaction.on_commit(bump_work_generation)
     job_changed(job.pk)
     if job.kind == "sweep":  # a paused sweep started no trials: it may start them now

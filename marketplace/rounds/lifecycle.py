@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -23,16 +22,25 @@ from marketplace.rounds.queue import enqueue_aggregation
 from marketplace.rounds.scheduling import job_needs, node_view, nodes_that_may_work_on
 from marketplace.rounds.signals import bump_work_generation
 from marketplace.rounds.sizing import is_far, plan_cohort
+from trainer import round_lifecycle as rl
 from trainer.spec import JobSpec
 
 if TYPE_CHECKING:
     from marketplace.jobs.models_io import State
 
 
-def round_deadline(job: Job, now: datetime | None = None) -> datetime:
-    spec_deadline = job.parsed_spec.rounds.deadline_s
-    seconds = spec_deadline or settings.GPUFLEX["ROUND_DEADLINE_S"]
+def round_deadline(
+    job: Job, now: datetime | None = None, period_s: float | None = None
+) -> datetime:
+    """When a round opened (or extended) now is due: `period_s` (the round's own, the plan's)
+    or the spec's or the default (trainer.round_lifecycle.deadline_s)."""
+    seconds = period_s or rl.deadline_s(job.parsed_spec, None, settings.GPUFLEX["ROUND_DEADLINE_S"])
     return (now or timezone.now()) + timedelta(seconds=seconds)
+
+
+def round_rules(rnd: Round) -> rl.Rules:
+    """The rules that close `rnd`: its spec's, with its plan's quorum when it has one."""
+    return rl.Rules.for_spec(rnd.job.parsed_spec, plan_quorum=rnd.plan_quorum)
 
 
 def open_round(
@@ -47,6 +55,8 @@ def open_round(
 
     model_hash, model_file = store_model(job, number, state)
     delta_file, delta_base = delta if delta and delta[0] else ("", "")
+    plan, plan_deadline_s, plan_quorum = _plan(job)
+    period_s = rl.deadline_s(job.parsed_spec, plan_deadline_s, settings.GPUFLEX["ROUND_DEADLINE_S"])
     rnd = Round.objects.create(
         job=job,
         number=number,
@@ -55,8 +65,10 @@ def open_round(
         input_delta_file=delta_file,
         input_delta_base=delta_base,
         input_delta_size=files.size(delta_file) if delta_file else 0,
-        deadline=round_deadline(job),
-        plan=_plan(job),
+        deadline=round_deadline(job, period_s=period_s),
+        deadline_s=period_s,
+        plan=plan,
+        plan_quorum=plan_quorum,
     )
     if job.is_federated:
         reserve_silos(rnd)
@@ -86,17 +98,20 @@ def fewest_shards(spec: JobSpec) -> int:
     return count
 
 
-def _plan(job: Job) -> dict[str, Any]:
+def _plan(job: Job) -> tuple[dict[str, Any], float | None, int | None]:
     """Adaptive jobs: the policy plans the round for the nodes online now that may work on
-    the job, and its tiers carry over to the next round (the job keeps them)."""
+    the job, and its tiers carry over to the next round (the job keeps them). Returns the
+    nodes' entries, the plan's deadline (seconds) and its quorum (updates); unplanned: {},
+    None, None."""
     if job.is_federated or not job.parsed_spec.adaptation.enabled or not job.input_shape:
-        return {}
+        return {}, None, None
     cohort = list(nodes_that_may_work_on(job) & online_nodes())
     if not cohort:
-        return {}  # nobody to plan for: each node is sized as it claims
-    plan, job.policy_tiers = plan_cohort(job, cohort)
+        return {}, None, None  # nobody to plan for: each node is sized as it claims
+    planned = plan_cohort(job, cohort)
+    job.policy_tiers = planned.tiers
     job.save(update_fields=["policy_tiers", "updated_at"])
-    return plan
+    return planned.entries, planned.deadline_s, planned.quorum
 
 
 def schema_misfit(input_shape: list[int], num_classes: int, schema: dict | None) -> str:
@@ -199,31 +214,16 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
 def quorum_units(quorum: float, units: int) -> int:
     """How many of a round's units must settle before it closes on quorum: the updates such a
     round can count on, which submission checks the aggregation strategy against."""
-    return math.ceil(quorum * units - 1e-9)
+    return rl.quorum_units(quorum, units)
 
 
-def _settled_enough(quorum: float, states: list[UnitState]) -> bool:
-    settled = sum(1 for s in states if s.settled)
-    return settled >= quorum_units(quorum, len(states))
+def lifecycle_units(states: list[UnitState]) -> list[rl.Unit]:
+    return [rl.Unit(settled=s.settled, usable=s.result is not None, far=s.far) for s in states]
 
 
 def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:
-    """The quorum of all units; or, when far nodes hold some for two rounds, the quorum of
-    the others alone (plan_round's on-time quorum), as long as those bring enough updates
-    to aggregate: a round never closes empty-handed only because its far work is out. A
-    scoring job's round needs every unit: each holds rows the result must have."""
-    from trainer.aggregation import min_updates
-
-    spec = rnd.job.parsed_spec
-    if spec.scoring:
-        return all(s.settled for s in states)
-    if _settled_enough(spec.rounds.quorum, states):
-        return True
-    on_time = [s for s in states if not s.far]
-    if len(on_time) == len(states):
-        return False
-    usable = sum(1 for s in on_time if s.settled and s.result is not None)
-    return usable >= min_updates(spec.aggregation) and _settled_enough(spec.rounds.quorum, on_time)
+    """trainer.round_lifecycle.quorum_reached over the round's units."""
+    return rl.quorum_reached(lifecycle_units(states), round_rules(rnd))
 
 
 def start_aggregation(rnd: Round) -> None:
@@ -253,9 +253,9 @@ def kept_in_flight(rnd: Round) -> list[Any]:
     of them with `rounds.late_updates: stale`, and a far node's two-round task whatever the
     spec says (its round was never meant to wait for it). A unit that has a result (a
     replica's) already has its update: its primary is not folded in a second time."""
-    stale = rnd.job.parsed_spec.rounds.late_updates == "stale"
+    rules = round_rules(rnd)
     leased = Task.objects.filter(round=rnd, status=TaskStatus.LEASED, replica=0)
-    kept = [t for t in leased if stale or two_round(rnd, t)]
+    kept = [t for t in leased if rl.keeps_training(rules, far=two_round(rnd, t))]
     if not kept:
         return []
     settled = {t.unit for t in Task.objects.filter(round=rnd, result__isnull=False)}

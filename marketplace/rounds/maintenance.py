@@ -28,10 +28,11 @@ from marketplace.nodes.services import mark_offline
 from marketplace.observability import metrics as obs
 from marketplace.rounds.aggregation import round_record_hash
 from marketplace.rounds.lifecycle import (
-    maybe_close,
+    lifecycle_units,
     open_round,
     reserve_silos,
     round_deadline,
+    round_rules,
     start_aggregation,
     two_round,
     unit_states,
@@ -45,7 +46,7 @@ from marketplace.rounds.sizing import plan_key
 from marketplace.rounds.uploads import release_task
 from marketplace.rounds.zones import release_orphans
 from marketplace.uploads.services import expire_stale_uploads
-from trainer.aggregation import min_updates
+from trainer import round_lifecycle as rl
 
 # Re-enqueued aggregations of one round before its job fails: a crashed worker or a passing
 # storage or database error gets several chances, a failure that repeats does not loop.
@@ -72,8 +73,10 @@ def reclaim_leases() -> int:
 
 
 def close_overdue_rounds() -> int:
-    """Rounds past their deadline aggregate what they have; with fewer updates than the
-    strategy can aggregate (none, or too few for Krum), they wait for the work still out."""
+    """Rounds past their deadline: trainer.round_lifecycle.at_deadline decides. They close
+    with the updates they have when the strategy can aggregate that many (a scoring round:
+    with every unit); otherwise they wait one more deadline for the work still out, and
+    after MAX_DEADLINES the job fails saying why: no round waits forever."""
     closed = 0
     overdue = Round.objects.filter(
         status=RoundStatus.OPEN, deadline__lt=timezone.now(), job__status=JobStatus.RUNNING
@@ -83,31 +86,44 @@ def close_overdue_rounds() -> int:
             rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
             if rnd.status != RoundStatus.OPEN:
                 continue
-            if rnd.job.parsed_spec.scoring:
-                # a scoring round needs every unit's rows: it closes once each unit is
-                # settled (quorum_reached), never short of some at its deadline
-                if maybe_close(rnd):
-                    closed += 1
-                else:
-                    rnd.deadline = round_deadline(rnd.job)
-                    rnd.save(update_fields=["deadline"])
-                continue
             if stall := stall_reason(rnd):  # a secure round that can never be unmasked
                 give_up_secure_round(rnd, stall)
                 continue
-            usable = sum(s.result is not None for s in unit_states(rnd, at_deadline=True))
-            if usable >= min_updates(rnd.job.parsed_spec.aggregation):
+            rules = round_rules(rnd)
+            units = lifecycle_units(unit_states(rnd, at_deadline=True))
+            rnd.deadlines_passed += 1
+            verdict = rl.at_deadline(units, rules, rnd.deadlines_passed)
+            if verdict is rl.Verdict.CLOSE:
+                rnd.save(update_fields=["deadlines_passed"])
                 start_aggregation(rnd)
                 closed += 1
+            elif verdict is rl.Verdict.GIVE_UP:
+                usable = sum(u.usable for u in units)
+                give_up_round(rnd, rl.gave_up_reason(rnd.number, usable, rules))
             else:  # and anyone may take the work now: nobody the plan sat out is kept out
-                rnd.deadline, rnd.plan = round_deadline(rnd.job), _far_work_out(rnd)
-                rnd.save(update_fields=["deadline", "plan"])
+                rnd.deadline = round_deadline(rnd.job, period_s=_extension_s(rnd))
+                if not rnd.job.parsed_spec.scoring:
+                    rnd.plan = _far_work_out(rnd)
+                rnd.save(update_fields=["deadline", "plan", "deadlines_passed"])
     return closed
 
 
+def _extension_s(rnd: Round) -> float:
+    """One more deadline for `rnd`, never shorter than this server takes to notice a lost
+    node (its node timeout, then the next tick)."""
+    g = settings.GPUFLEX
+    period = rnd.deadline_s or rl.deadline_s(rnd.job.parsed_spec, None, g["ROUND_DEADLINE_S"])
+    return rl.extension_s(period, g["NODE_TIMEOUT_S"] + g["TICK_S"])
+
+
 def give_up_secure_round(rnd: Round, reason: str) -> None:
-    """End a job whose secure round cannot be unmasked (the caller holds the round's lock):
-    the round is cancelled, the job fails saying why, its unspent escrow goes back."""
+    """End a job whose secure round cannot be unmasked (the caller holds the round's lock)."""
+    give_up_round(rnd, reason)
+
+
+def give_up_round(rnd: Round, reason: str) -> None:
+    """End a job whose round cannot close (the caller holds the round's lock): the round is
+    cancelled, the job fails saying why, its unspent escrow goes back."""
     from marketplace.jobs.services import cancel_outstanding, fail_job
 
     job = Job.objects.select_for_update().get(pk=rnd.job_id)

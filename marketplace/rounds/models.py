@@ -36,6 +36,12 @@ class Round(models.Model):
     plan = models.JSONField(default=dict, blank=True)
     opened_at = models.DateTimeField(auto_now_add=True)
     deadline = models.DateTimeField()
+    # the round's deadline period (the plan's, else the spec's or the default) and the plan's
+    # quorum in updates (null: unplanned), as trainer.round_lifecycle applies them
+    deadline_s = models.FloatField(null=True, blank=True)
+    plan_quorum = models.PositiveIntegerField(null=True, blank=True)
+    # deadlines passed without enough updates to aggregate; at MAX_DEADLINES the job fails
+    deadlines_passed = models.PositiveSmallIntegerField(default=0)
     closed_at = models.DateTimeField(null=True, blank=True)
     # set on entering AGGREGATING; the tick re-enqueues an aggregation that has stalled
     aggregating_since = models.DateTimeField(null=True, blank=True)

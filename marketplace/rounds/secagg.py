@@ -32,6 +32,7 @@ from marketplace.jobs.models_io import load_model_file
 from marketplace.nodes.models import Node
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
 from marketplace.rounds.secagg_models import SecAggMember, SecAggPhase, SecAggRound, SecAggShare
+from trainer import round_lifecycle as rl
 from trainer.aggregation import ClientUpdate
 from trainer.hashing import bytes_hash
 from trainer.lora import update_part
@@ -262,7 +263,7 @@ def hold_for_unmask(rnd: Round) -> bool:
         members = {m.task_id: m.index for m in sa.members.filter(index__in=sa.shared)}
         uploaded = TaskResult.objects.filter(task_id__in=list(members), accepted=True)
         survivors = sorted(members[t] for t in uploaded.values_list("task_id", flat=True))
-        if len(survivors) < sa.threshold:
+        if rl.secure_hold(len(survivors), sa.threshold):
             return True  # too few to unmask (it would expose them): wait for more uploads
         sa.survivors = survivors
         sa.dropped = sorted(set(sa.shared) - set(survivors))

@@ -106,13 +106,28 @@ def is_far(plan: dict[str, Any] | None, node_id: object) -> bool:
     return int(entry.get("sync_every") or 1) > 1
 
 
-def plan_cohort(job: Job, nodes: Sequence[Node]) -> tuple[dict[str, Any], dict[str, str]]:
-    """One round's plan for the nodes online at its opening, and the policy's tiers after
-    it: what `open_round` stores on the round and the job (see Round.plan)."""
+@dataclass(frozen=True)
+class CohortPlan:
+    """One round's plan as `open_round` keeps it: the nodes' entries (Round.plan), the
+    policy's tiers after it (Job.policy_tiers), and the round's deadline (seconds) and
+    quorum (updates) that trainer.round_lifecycle applies."""
+
+    entries: dict[str, Any]
+    tiers: dict[str, str]
+    deadline_s: float
+    quorum: int
+
+
+def plan_cohort(job: Job, nodes: Sequence[Node]) -> CohortPlan:
+    """One round's plan for the nodes online at its opening."""
     plan, state = _plan(job.parsed_spec, job.input_shape, job.num_classes, nodes,
                         job.policy_tiers, observed_step_s(job, nodes))  # fmt: skip
-    entries = {plan_key(nid): _entry(p) for nid, p in plan.nodes.items()}
-    return entries, {nid: t.value for nid, t in state.tiers.items()}
+    return CohortPlan(
+        entries={plan_key(nid): _entry(p) for nid, p in plan.nodes.items()},
+        tiers={nid: t.value for nid, t in state.tiers.items()},
+        deadline_s=plan.deadline_s,
+        quorum=plan.quorum,
+    )
 
 
 def planned_work(entry: dict[str, Any], spec: JobSpec) -> Work:

@@ -2,12 +2,13 @@
 picks its codec; rounds close on a deadline and a quorum rather than on the slowest node.
 
 Time is event-driven per node. A node sends its update when its planned steps are done; a
-round closes once every expected update is in (vanished nodes noticed), or at its deadline
-once a quorum is in. Updates that miss it are dropped or folded into the next round with a
-staleness weight (FedBuff: 1/sqrt(1 + staleness)), as the spec says; far nodes' two-round
-jobs are always folded in. Models reach nodes as the marketplace sends them (trainer.delivery):
-round 1's is built from the seed, later ones come as the job's delta chain from the version
-the node holds, or whole when that is smaller or the job sends no deltas. With
+round closes by the marketplace's rules (trainer.round_lifecycle): on the plan's quorum, or
+at the plan's deadline with what came. Updates that miss it are dropped or folded into the
+next round with a staleness weight (FedBuff: 1/sqrt(1 + staleness)), as the spec says; far
+nodes' two-round jobs are always folded in. Models reach nodes as the marketplace sends
+them (trainer.delivery): round 1's is built from the seed, later ones come as the job's
+delta chain from the version the node holds, or whole when that is smaller or the job sends
+no deltas. With
 `adaptation.overlap` a node keeps training while its update uploads and the next model
 downloads, then merges: new weights = new global model + the progress made since its send
 (Streaming DiLoCo's overlapped communication).
@@ -25,6 +26,7 @@ import time
 
 import torch
 
+from trainer import round_lifecycle as rl
 from trainer.adapt import NodePlan, PolicyState, RoundPlan, plan_round
 from trainer.aggregation import ClientUpdate, build_strategy, health_weighted
 from trainer.aggregation.functions import flatten_state
@@ -37,7 +39,7 @@ from trainer.provenance import ProvenanceChain
 from trainer.rounds import close_round, staleness_weight
 from trainer.schedule import round_lr
 from trainer.sim.federated import ProgressFn, RunOptions, account_round
-from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
+from trainer.sim.network import disconnects
 from trainer.sim.nodes import InFlight, SimNode, State, computing_in, time_in
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
@@ -267,26 +269,41 @@ class NetworkAwareRun:
     # ------------------------------------------------------------ coordinator side
 
     def close_time(self, plan: RoundPlan, start: float) -> float:
-        """All expected updates in (vanished nodes noticed), or the deadline once a quorum is in.
-
-        Without a quorum by the deadline the round waits for one; if drop-outs make a quorum
-        impossible, it closes at the deadline with what came.
-        """
-        due = [n.job for n in self.nodes if n.job and self.is_due(n.job)]
+        """When the round closes, by the marketplace's rules (trainer.round_lifecycle) over
+        its units as the updates arrive: on the plan's quorum, else at the plan's deadline
+        with what came if the strategy can aggregate that many, else a deadline later, up
+        to MAX_DEADLINES; then the run stops as the marketplace fails the job. A vanished
+        node's unit never settles (the marketplace gives its lease back after
+        FAILURE_DETECT_S; no other node here takes it up). A far node's two-round job not
+        due yet is a far unit the round does not wait for."""
+        rules = rl.Rules.for_spec(self.spec, plan_quorum=plan.quorum)
+        # the round's units are the work it handed out (as the marketplace's are its tasks): a
+        # job from an earlier round arriving late is folded in or dropped, but settles nothing
+        jobs = [n.job for n in self.nodes if n.job]
+        due = [j for j in jobs if j.version == self.version and self.is_due(j)]
+        far = [rl.Unit(settled=False, usable=False, far=True)] * sum(
+            not self.is_due(j) for j in jobs
+        )
         arrivals = sorted(j.arrival for j in due if j.arrival is not None)
-        noticed = [j.sent + DISCONNECT_DETECT_S for j in due if j.arrival is None]
-        deadline = start + plan.deadline_s
-        everyone = max(arrivals + noticed, default=start)
-        if self.spec.rounds.quorum < 1 and len(arrivals) >= plan.quorum:
-            # buffered rounds (FedBuff): close on the quorum, fold the rest in next round
-            return arrivals[plan.quorum - 1]
-        if everyone <= deadline:
-            return everyone
-        if sum(a <= deadline for a in arrivals) >= plan.quorum:
-            return deadline
-        if len(arrivals) >= plan.quorum:
-            return arrivals[plan.quorum - 1]
-        return max(deadline, start)
+
+        def units(t: float) -> list[rl.Unit]:
+            got = [j.arrival is not None and j.arrival <= t for j in due]
+            return [rl.Unit(settled=g, usable=g) for g in got] + far
+
+        previous, deadline = start, start + plan.deadline_s
+        for passed in range(1, rl.MAX_DEADLINES + 1):
+            for t in (a for a in arrivals if previous < a <= deadline):
+                if rl.quorum_reached(units(t), rules):
+                    return t
+            verdict = rl.at_deadline(units(deadline), rules, passed)
+            if verdict is rl.Verdict.CLOSE:
+                return deadline
+            if verdict is rl.Verdict.GIVE_UP:
+                usable = sum(u.usable for u in units(deadline))
+                self.result.stop_reason = rl.gave_up_reason(self.version + 1, usable, rules)
+                return deadline
+            previous, deadline = deadline, deadline + rl.extension_s(plan.deadline_s)
+        raise AssertionError("at_deadline gives up at MAX_DEADLINES")
 
     def is_due(self, job: InFlight) -> bool:
         """A far node's two-round job is due in the round after the one it started in."""

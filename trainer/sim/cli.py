@@ -158,7 +158,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             resume=args.resume,
             provenance_dir=args.provenance,
         )
-        result, _ = run_federated(setup, options, progress=progress)
+        # rounds.mode naive: one step a round, every node, uncompressed, as the marketplace
+        # runs it (trainer.spec fixed the settings)
+        method = "naive" if spec.rounds.mode == "naive" else "fedavg"
+        result, _ = run_federated(setup, options, progress=progress, method=method)
     if bar is not None:
         bar.close()
     print(json.dumps(result.to_dict()) if args.json else _summary(result, setup.costs))

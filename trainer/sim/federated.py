@@ -24,10 +24,11 @@ from trainer.local import derive_seed, planned_steps, train_local
 from trainer.lora import update_part
 from trainer.privacy import epsilon_after, round_plan, rounds_within
 from trainer.provenance import ProvenanceChain
+from trainer.round_lifecycle import FAILURE_DETECT_S
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round
 from trainer.schedule import plateau_reason, round_lr
 from trainer.secagg.simulate import secure_mean
-from trainer.sim.network import DISCONNECT_DETECT_S, disconnects
+from trainer.sim.network import disconnects
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
 from trainer.sim.zones import Upload, deliver_flat, deliver_zones
@@ -161,10 +162,11 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         t_compute = w.steps * profile.step_s(setup.train_flops_per_sample * w.batch_size)
         cut = disconnects(profile, setup.seed, r)
         if cut is not None:
-            # The node vanished partway; the coordinator learns of it from missed heartbeats.
+            # The node vanished partway; the marketplace learns of it from missed heartbeats
+            # (GPUFLEX_NODE_TIMEOUT_S, then the next tick: trainer.round_lifecycle).
             dropped += 1
             compute_s += cut * t_compute
-            finish.append(task_s + t_down + cut * t_compute + DISCONNECT_DETECT_S)
+            finish.append(task_s + t_down + cut * t_compute + FAILURE_DETECT_S)
             continue
         started = time.perf_counter()
         local = train_local(

@@ -19,8 +19,9 @@ import torch
 from trainer.evaluate import evaluate
 from trainer.hashing import state_hash
 from trainer.local import loss_fn, make_optimizer, planned_steps
+from trainer.round_lifecycle import FAILURE_DETECT_S
 from trainer.schedule import plateau_reason, round_lr
-from trainer.sim.network import DISCONNECT_DETECT_S, disconnects, ring_allreduce_s
+from trainer.sim.network import disconnects, ring_allreduce_s
 from trainer.sim.report import RoundLog, SimResult
 from trainer.sim.setup import SimSetup
 
@@ -77,7 +78,7 @@ def run_naive_sync(
             round_s += setup.costs.task_s
         dropped = sum(disconnects(p, setup.seed, r) is not None for p in setup.profiles)
         if dropped:
-            round_s += DISCONNECT_DETECT_S + RENDEZVOUS_S
+            round_s += FAILURE_DETECT_S + RENDEZVOUS_S
         ev = evaluate(model, setup.dataset)
         log = RoundLog(
             round=r,

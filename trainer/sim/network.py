@@ -19,8 +19,6 @@ MSS_BYTES = 1460
 # real GPU are overhead-bound, which is what the fixed term captures.
 STEP_OVERHEAD_S = 2e-3
 EFFECTIVE_FLOPS = 10e12
-# How long a coordinator needs to notice a node that vanished mid-round (missed heartbeats).
-DISCONNECT_DETECT_S = 5.0
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
+# the defaults the simulator assumes too (failure detection, the tick, a round's deadline)
+from trainer import round_lifecycle as rl
+
 Kind = Literal["int", "float", "bool", "decimal", "text", "path", "url", "list", "rate", "choice"]
 KIB, MIB, GIB = 2**10, 2**20, 2**30
 TRUE = ("1", "true", "yes", "on")
@@ -208,13 +211,14 @@ TABLE: tuple[Setting, ...] = (
     # -- timing --
     _s("GPUFLEX_HEARTBEAT_INTERVAL_S", "float", 10.0, "how often agents are told to "
        "heartbeat", SCHEDULE, unit="seconds", gt=0, shown="10"),
-    _s("GPUFLEX_NODE_TIMEOUT_S", "float", 45.0, "a node silent this long is offline and its "
-       "leased work goes back to the queue", SCHEDULE, unit="seconds", gt=0, shown="45"),
+    _s("GPUFLEX_NODE_TIMEOUT_S", "float", rl.NODE_TIMEOUT_S, "a node silent this long is "
+       "offline and its leased work goes back to the queue", SCHEDULE, unit="seconds", gt=0,
+       shown="45"),
     _s("GPUFLEX_LEASE_TIMEOUT_S", "float", 300.0, "a leased task unfinished this long goes "
        "back to the queue", SCHEDULE, unit="seconds", gt=0, shown="300"),
-    _s("GPUFLEX_ROUND_DEADLINE_S", "float", 900.0, "a round's deadline", SCHEDULE,
+    _s("GPUFLEX_ROUND_DEADLINE_S", "float", rl.ROUND_DEADLINE_S, "a round's deadline", SCHEDULE,
        unit="seconds", gt=0, shown="900"),
-    _s("GPUFLEX_TICK_S", "float", 5.0, "the periodic tick's period (offline detection, "
+    _s("GPUFLEX_TICK_S", "float", rl.TICK_S, "the periodic tick's period (offline detection, "
        "expiry, presence flush)", SCHEDULE, unit="seconds", gt=0, shown="5"),
     _s("GPUFLEX_STUCK_AGGREGATION_S", "float", 120.0, "an aggregating round untouched this "
        "long is assumed lost with its worker", SCHEDULE, unit="seconds", gt=0, shown="120"),
