@@ -96,9 +96,13 @@ def plan_round(
     measurements: Sequence[NodeMeasurement],
     state: PolicyState | None = None,
     sample_s: Mapping[str, float] | None = None,
+    task_s: float = 0.0,
 ) -> tuple[RoundPlan, PolicyState]:
     """Plan one round. `sample_s` (optional) is each node's marginal seconds per extra sample
     in a step, so that larger batches are costed; without it steps cost the same at any batch.
+    `task_s` is the fixed time a task waits before it trains (being woken, the sandbox, the
+    imports) where nothing hides it: the deadline covers it, or a round whose every update
+    pays it closes before any could arrive.
     """
     if not measurements:
         raise ValueError("plan_round needs at least one node")
@@ -175,7 +179,9 @@ def plan_round(
         )
     on_time = [p for p in plans.values() if p.participate and p.sync_every == 1]
     expected = max(p.expected_s for p in on_time) if on_time else round_s
-    deadline = expected * (1 + cfg.deadline_slack)
+    # the slack is for what varies (transfers, steps); the fixed cost is added as it is
+    deadline = expected * (1 + cfg.deadline_slack) + task_s
+    expected += task_s
     if spec.rounds.deadline_s is not None:
         deadline = min(deadline, spec.rounds.deadline_s)
     quorum = max(1, math.ceil(spec.rounds.quorum * max(1, len(on_time))))

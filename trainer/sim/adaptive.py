@@ -110,9 +110,13 @@ class NetworkAwareRun:
 
     def round(self, r: int) -> RoundLog:
         measurements = [n.measurement(self.step_s[n.node_id]) for n in self.nodes]
+        # a task's fixed cost delays its training unless overlap hides it under the previous
+        # round's compute (every round but the first: send() keeps the node's progress)
+        hidden = self.cfg.overlap and r > 1
         plan, self.policy = plan_round(
-            self.spec, self.numel, measurements, self.policy, self.sample_s
-        )
+            self.spec, self.numel, measurements, self.policy, self.sample_s,
+            task_s=0.0 if hidden else self.setup.costs.task_s,
+        )  # fmt: skip
         start = self.clock
         for node in self.nodes:
             if node.job is None and plan.nodes[node.node_id].participate:
