@@ -20,6 +20,7 @@ from marketplace.nodes.models import Node, NodeState
 from marketplace.nodes.selectors import benchmark_of, network_of
 from marketplace.rounds.models import TaskResult
 from trainer.adapt import NodeMeasurement, NodePlan, PolicyState, RoundPlan, Tier, plan_round
+from trainer.sim.network import WARM_TASKS
 from trainer.spec import JobSpec, ModelSpec
 
 # Assumed until a node reports better: a slow home link and an overhead-bound small step.
@@ -66,7 +67,10 @@ def _plan(
     numel = model_numel(spec.model.model_dump_json(), tuple(input_shape), num_classes)
     state = PolicyState(tiers={k: Tier(v) for k, v in (tiers or {}).items()})
     step_s = step_s or {}
-    return plan_round(spec, numel, [measurement(n, spec, step_s.get(n.pk)) for n in nodes], state)
+    # a task's fixed cost (lease, sandbox, imports) as the round-phase bench measured it: the
+    # plan's deadline covers it, or rounds close before their updates can arrive
+    measured = [measurement(n, spec, step_s.get(n.pk)) for n in nodes]
+    return plan_round(spec, numel, measured, state, task_s=WARM_TASKS.task_s)
 
 
 def _entry(p: NodePlan) -> dict[str, Any]:
