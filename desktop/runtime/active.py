@@ -13,6 +13,7 @@ Nothing here imports torch: its version is read from torch/version.py as text.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import platform
 import sys
@@ -22,6 +23,9 @@ from typing import Any
 
 from desktop.runtime.pack import PackError, torch_facts
 from desktop.runtime.store import Store
+from desktop.runtime.target import runs_here
+
+log = logging.getLogger(__name__)
 
 MODE_ENV = "GPUFLEX_RUNTIME"  # "pack" | "environment" | "" (the order above)
 # a pack's site-packages, for the processes that import torch (tasks, the warm worker, the
@@ -89,6 +93,11 @@ def active(data_dir: Path) -> Runtime | None:
         try:
             pack = Store(data_dir).current()
         except PackError:
+            pack = None
+        if pack is not None and (why := runs_here(pack.manifest.platform, pack.manifest.python,
+                                                  pack.manifest.min_os)):  # fmt: skip
+            # never put another machine's packages on a task's path (a pack copied in by hand)
+            log.warning("runtime pack %s not used: it is %s", pack.name, why)
             pack = None
         if pack is not None:
             m = pack.manifest

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from desktop import shared_file
-from desktop.runtime.pack import Manifest, PackError, platform_tag, python_tag
+from desktop.runtime.pack import Manifest, PackError
 from desktop.runtime.plan import PLANS, Choice, Machine, choose
 from desktop.runtime.store import Installed, Store
+from desktop.runtime.target import runs_here
 
 if TYPE_CHECKING:
     from tuf.ngclient import Updater
@@ -144,11 +145,8 @@ def fetch(
         raise FetchError(
             f"no {choice.plan} runtime pack is published at {source.url} (published: {have})"
         )
-    if (manifest.python, manifest.platform) != (python_tag(), platform_tag()):
-        raise FetchError(
-            f"the {choice.plan} pack is built for {manifest.python} {manifest.platform}; this "
-            f"agent runs {python_tag()} {platform_tag()}"
-        )
+    if why := runs_here(manifest.platform, manifest.python, manifest.min_os):
+        raise FetchError(f"the {choice.plan} pack is {why}")
     current = store.current()
     if current is not None and current.manifest.sha256 == manifest.sha256:
         return current, choice

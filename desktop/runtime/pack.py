@@ -4,14 +4,20 @@ what the trainer imports with it) and its manifest.
 The archive's name is its content address, `<plan>-<sha256>.tar.gz`; the manifest is JSON:
 
     {"format": 1, "plan": "cuda12", "torch": "2.13.0", "cuda": "12.8", "rocm": "",
-     "min_driver": "570.26", "python": "cp311", "platform": "linux_x86_64",
+     "min_driver": "570.26", "python": "cp311", "platform": "linux_x86_64", "min_os": "",
      "sha256": "…", "size": 2912345678, "archive": "cuda12-….tar.gz"}
 
 The archive also carries the manifest, less `sha256`/`size`/`archive` (which it cannot know of
 itself), as `runtime.json`: an unpacked pack describes itself. Building reads torch's version
 from `torch/version.py` as text, so the agent never imports the torch it packs.
 
+`python`/`platform` are the machine the pack is FOR, by default the one building it; a pack
+built for another (`mps` on Linux: `--platform macosx_arm64 --python cp311`) is checked against
+what its wheels are (desktop/runtime/target.py), and `min_os` is the newest macOS version its
+wheels' tags name (torch 2.13.0's macOS wheel needs 14.0).
+
     python -m desktop.runtime.pack build --plan cpu --site-packages DIR --out dist/runtime
+    python -m desktop.runtime.pack build --plan mps --platform macosx_arm64 --python cp311 ...
 """
 
 from __future__ import annotations
@@ -28,7 +34,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from desktop.runtime import target
 from desktop.runtime.plan import CUDA_MIN_DRIVER, PLANS
+from desktop.runtime.target import platform_tag, python_tag
+
+__all__ = ["Manifest", "PackError", "build", "platform_tag", "python_tag", "torch_facts"]
 
 FORMAT = 1
 SITE = "site-packages"  # the folder a pack unpacks its packages into
@@ -48,7 +58,8 @@ class Manifest:
     rocm: str = ""
     min_driver: str = ""
     python: str = ""  # the interpreter's tag the packages were built for: "cp311"
-    platform: str = ""  # "linux_x86_64", "macosx_arm64", "win_amd64"
+    platform: str = ""  # "linux_x86_64", "macosx_arm64", "win_amd64" (target.platform_tag)
+    min_os: str = ""  # the oldest OS release the wheels run on: "14.0" (macOS); "" unknown
     sha256: str = ""
     size: int = 0
     archive: str = ""
@@ -81,16 +92,6 @@ class Manifest:
         return f"{self.plan}: torch {self.torch}{gpu} ({self.python} {self.platform})"
 
 
-def python_tag() -> str:
-    return f"cp{sys.version_info.major}{sys.version_info.minor}"
-
-
-def platform_tag() -> str:
-    import sysconfig
-
-    return sysconfig.get_platform().replace("-", "_").replace(".", "_")
-
-
 def torch_facts(site: Path) -> dict[str, str]:
     """torch's version and its CUDA/HIP version, read from torch/version.py as text."""
     try:
@@ -113,11 +114,17 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def build(site: Path, plan: str, out_dir: Path, min_driver: str | None = None) -> Manifest:
-    """Pack `site` (a site-packages folder) as a `plan` runtime into `out_dir`: the archive
-    `<plan>-<sha256>.tar.gz` and its manifest `<plan>-<sha256>.json`."""
+def build(site: Path, plan: str, out_dir: Path, min_driver: str | None = None,
+          platform: str | None = None, python: str | None = None) -> Manifest:  # fmt: skip
+    """Pack `site` (a site-packages folder) as a `plan` runtime for `platform`/`python`
+    (default: this machine's) into `out_dir`: the archive `<plan>-<sha256>.tar.gz` and its
+    manifest `<plan>-<sha256>.json`."""
     if plan not in PLANS:
         raise PackError(f"unknown plan class {plan!r}: one of {', '.join(PLANS)}")
+    platform = target.platform_family(platform) if platform else platform_tag()
+    python = python or python_tag()
+    if plan == "mps" and platform != "macosx_arm64":
+        raise PackError(f"an mps pack is for macosx_arm64 (Apple silicon), not {platform}")
     facts = torch_facts(site)
     if plan.startswith("cuda"):
         if not facts["cuda"]:
@@ -129,15 +136,25 @@ def build(site: Path, plan: str, out_dir: Path, min_driver: str | None = None) -
                 "wheels are CUDA 13.0), or take torch from a CUDA 12 index "
                 "(RUNTIME_INDEX_URL=https://download.pytorch.org/whl/cu128)"
             )
-    if plan == "cpu" and (facts["cuda"] or facts["rocm"]):
-        raise PackError(f"the torch in {site} ({facts['torch']}) is a GPU build, not cpu")
+    if plan in ("cpu", "mps") and (facts["cuda"] or facts["rocm"]):
+        raise PackError(f"the torch in {site} ({facts['torch']}) is a GPU build, not {plan}")
+    if plan == "rocm" and not facts["rocm"]:
+        raise PackError(
+            f"the torch in {site} ({facts['torch']}) is not a ROCm build: PyPI has none, take "
+            "torch from PyTorch's ROCm index (RUNTIME_INDEX_URL)"
+        )
+    try:
+        found = target.check(site, platform, python)
+    except ValueError as exc:
+        raise PackError(str(exc)) from None
     if min_driver is None:
         cuda = ".".join(facts["cuda"].split(".")[:2])
         min_driver = CUDA_MIN_DRIVER.get(cuda, "") if cuda else ""
         if cuda and not min_driver:
             raise PackError(f"no known minimum driver for CUDA {cuda}: pass --min-driver")
-    inner = Manifest(plan=plan, min_driver=min_driver, python=python_tag(),
-                     platform=platform_tag(), **facts)  # fmt: skip
+    inner = Manifest(plan=plan, min_driver=min_driver, python=python, platform=platform,
+                     min_os=found.min_macos if platform.startswith("macosx") else "",
+                     **facts)  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=out_dir, prefix=".pack-", suffix=".tar.gz")
     os.close(fd)
@@ -180,9 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--site-packages", type=Path, required=True)
     b.add_argument("--out", type=Path, required=True)
     b.add_argument("--min-driver", help="default: from the CUDA version torch was built with")
+    b.add_argument("--platform", help="the platform the pack is for, e.g. macosx_arm64 "
+                   "(default: this machine's); checked against the wheels")  # fmt: skip
+    b.add_argument("--python", help="the Python tag the pack is for, e.g. cp311 (default: "
+                   "this interpreter's); checked against the wheels")  # fmt: skip
     args = p.parse_args(argv)
     try:
-        m = build(args.site_packages, args.plan, args.out, args.min_driver)
+        m = build(args.site_packages, args.plan, args.out, args.min_driver, args.platform,
+                  args.python)  # fmt: skip
     except PackError as exc:
         print(f"build-runtime-pack: {exc}", file=sys.stderr)
         return 1

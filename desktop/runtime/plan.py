@@ -99,7 +99,8 @@ def gpu_plan(machine: Machine) -> str | None:
         return "cuda"
     if machine.amd_gpu and machine.system == "Linux":
         return "rocm"
-    if machine.apple_gpu:
+    # mps only on an Apple silicon Mac, whatever else said apple_gpu: its pack is macOS wheels
+    if machine.apple_gpu and machine.system == "Darwin" and machine.arch == "arm64":
         return "mps"
     return None
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from desktop import shared_file
 from desktop.runtime.pack import SELF, SITE, Manifest, PackError, sha256_file
+from desktop.runtime.target import runs_here
 
 CURRENT = "current.json"
 FULL = "pack.json"
@@ -107,6 +108,9 @@ class Store:
 
     def install(self, archive: Path, manifest: Manifest) -> Installed:
         """Unpack `archive` (already verified against signed metadata) and make it current."""
+        # a pack for another machine (an mps pack on Linux) is never unpacked, let alone used
+        if why := runs_here(manifest.platform, manifest.python, manifest.min_os):
+            raise PackError(f"the {manifest.plan} runtime pack {manifest.archive} is {why}")
         if not manifest.sha256 or sha256_file(archive) != manifest.sha256:
             raise PackError(f"{archive.name} does not match its manifest's sha256")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -148,8 +152,9 @@ class Store:
             inner = json.loads((into / SELF).read_text())
         except (OSError, ValueError):
             raise PackError(f"{archive.name} carries no {SELF}") from None
-        for key in ("plan", "torch", "cuda", "rocm", "python", "platform"):
-            if inner.get(key) != getattr(manifest, key):
+        for key in ("plan", "torch", "cuda", "rocm", "python", "platform", "min_os"):
+            # min_os is newer than format 1's first packs: absent there means unknown, ""
+            if inner.get(key, "" if key == "min_os" else None) != getattr(manifest, key):
                 raise PackError(
                     f"{archive.name}: its {SELF} says {key}={inner.get(key)!r}, the signed "
                     f"manifest {getattr(manifest, key)!r}"

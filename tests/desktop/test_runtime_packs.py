@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 from runtime_world import ROOT, copy_metadata, repo_tool, served, tiny_pack, tiny_site
 
-from desktop.runtime import fetch, pack, plan
+from desktop.runtime import fetch, pack, plan, target
 from desktop.runtime.store import Store
 
 pytest.importorskip("tufup")
@@ -243,7 +243,7 @@ def test_a_pack_signed_by_another_key_is_refused(world, tmp_path: Path) -> None:
 
 
 def test_a_pack_for_another_python_is_refused(world, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fetch, "python_tag", lambda: "cp399")
+    monkeypatch.setattr(target, "python_tag", lambda: "cp399")
     with pytest.raises(fetch.FetchError, match=r"built for cp3.* this agent runs cp399"):
         fetch.fetch(world.source, world.store, plan="cpu")
     assert _in_use(world) == "2.12.0"
