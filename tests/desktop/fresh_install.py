@@ -61,32 +61,42 @@ def dpkg(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @dataclass
 class FreshNode:
-    """The installed package, its node folders, and the served repository."""
+    """The installed package, its node folders, and the served repository. With `chroot`,
+    `root` is a Debian root (debootstrap) the programs run in (`chroot ROOT ...`); else an
+    empty dpkg root whose /usr/bin programs run on this host."""
 
     root: Path
-    home: Path
+    home: Path  # the node's config/data/cache folders, as the programs see them
     pub: Path  # the publisher folder (keys, repository)
     url: str  # the repository, served on loopback
-    trusted_root: Path  # the root.json a first fetch trusts
+    trusted_root: Path  # the root.json a first fetch trusts, as the programs see it
+    chroot: bool = False
     timings: dict[str, float] = field(default_factory=dict)
 
     @property
-    def program(self) -> Path:
-        return self.root / "usr" / "bin" / "gpuflex-node"
+    def host_home(self) -> Path:
+        return self.root / self.home.relative_to("/") if self.chroot else self.home
+
+    def argv(self, *args: str) -> list[str]:
+        if self.chroot:
+            return ["chroot", str(self.root), "/usr/bin/gpuflex-node", *args]
+        return [str(self.root / "usr" / "bin" / "gpuflex-node"), *args]
 
     def env(self) -> dict[str, str]:
-        # the installed bundle, not this checkout: no PYTHON* from the test's environment
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        if self.chroot:
+            env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
+        else:  # the installed bundle, not this checkout: no PYTHON* from the test's environment
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+            env["PATH"] = str(self.root / "usr" / "bin") + os.pathsep + env.get("PATH", "")
         env.update({f"GPUFLEX_NODE_{n.upper()}_DIR": str(self.home / n)
                     for n in ("config", "data", "cache")})  # fmt: skip
         env["GPUFLEX_KEYRING"] = "file"
-        env["PATH"] = str(self.root / "usr" / "bin") + os.pathsep + env.get("PATH", "")
         return env
 
     def runtime(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
         """`gpuflex-node runtime ARGS` as installed, against the served repository."""
         extra = ["--url", self.url, "--root", str(self.trusted_root)] if args[0] == "fetch" else []
-        return subprocess.run([str(self.program), "runtime", *args, *extra], capture_output=True,
+        return subprocess.run(self.argv("runtime", *args, *extra), capture_output=True,
                               text=True, env=self.env(), timeout=timeout)  # fmt: skip
 
 
@@ -111,8 +121,9 @@ def train_first_task(node: FreshNode, timeout_s: float = 900) -> str:
 
     from desktop.config import Credentials, Paths, Settings, save_settings
 
-    paths = Paths(config=node.home / "config", data=node.home / "data", cache=node.home / "cache")
-    log_path = node.home / "agent.log"
+    home = node.host_home
+    paths = Paths(config=home / "config", data=home / "data", cache=home / "cache")
+    log_path = home / "agent.log"
     with FakeMarketplace() as market:
         market.add(digits_task("t-first"))
         # what `gpuflex-node login` and the first-run wizard would have stored
@@ -120,7 +131,7 @@ def train_first_task(node: FreshNode, timeout_s: float = 900) -> str:
         save_settings(Settings(server_url=market.url, node_name="fresh", task_wall_s=600,
                                task_memory_mb=4096, first_run_done=True), paths)  # fmt: skip
         with open(log_path, "wb") as log:  # a pipe nobody reads could fill
-            agent = subprocess.Popen([str(node.program), "run", "--claim-wait", "1"],
+            agent = subprocess.Popen(node.argv("run", "--claim-wait", "1"),
                                      env=node.env(), stdout=subprocess.DEVNULL, stderr=log,
                                      start_new_session=True)  # fmt: skip
         try:
@@ -140,24 +151,84 @@ def train_first_task(node: FreshNode, timeout_s: float = 900) -> str:
     return log_path.read_text(errors="replace")
 
 
+def in_chroot(root: Path, *cmd: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
+           "HOME": "/root"}  # fmt: skip
+    return subprocess.run(["chroot", str(root), *cmd], capture_output=True, text=True, env=env,
+                          timeout=900)  # fmt: skip
+
+
 @contextlib.contextmanager
-def fresh_node(deb: Path, archive: Path, work: Path) -> Iterator[FreshNode]:
-    """Publish the pack and serve it; install the .deb into a fresh root, fetch the pack with
-    the installed CLI, train a first task. Timings (s) in `timings`: install, fetch,
-    first_task (agent start to the task's update accepted) and install_to_first_task (the
-    three, from dpkg's start). The package is purged afterwards."""
+def _mounted(root: Path) -> Iterator[None]:
+    """/proc and /sys in a debootstrap root: the agent reads its machine there, bwrap too."""
+    done = []
+    try:
+        for kind in ("proc", "sys"):
+            target = root / kind
+            if not os.path.ismount(target):
+                fs = "sysfs" if kind == "sys" else "proc"
+                subprocess.run(["mount", "-t", fs, fs, str(target)], check=True)
+                done.append(target)
+        yield
+    finally:
+        for target in reversed(done):
+            subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def _install(node: FreshNode, deb: Path) -> None:
+    if not node.chroot:
+        done = dpkg(node.root, "--install", str(deb))
+        if done.returncode != 0:
+            raise RuntimeError(f"dpkg --install {deb.name}: {done.stderr}")
+        return
+    in_chroot(node.root, "apt-get", "purge", "-y", "-qq", "gpuflex")  # an earlier run's
+    shutil.copyfile(deb, node.root / "tmp" / deb.name)
+    try:  # apt fetches the Depends; bubblewrap (Recommends) isolates the tasks
+        done = in_chroot(node.root, "apt-get", "install", "-y", "-qq", "--no-install-recommends",
+                         f"/tmp/{deb.name}", "bubblewrap")  # fmt: skip
+    finally:
+        (node.root / "tmp" / deb.name).unlink(missing_ok=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"apt-get install {deb.name}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+
+
+def _purge(node: FreshNode) -> None:
+    if node.chroot:
+        in_chroot(node.root, "apt-get", "purge", "-y", "-qq", "gpuflex")
+    else:
+        dpkg(node.root, "--purge", "gpuflex")
+
+
+@contextlib.contextmanager
+def fresh_node(
+    deb: Path, archive: Path, work: Path, chroot: Path | None = None
+) -> Iterator[FreshNode]:
+    """Publish the pack and serve it; install the .deb into a fresh root (or, with `chroot`,
+    with apt into that debootstrap root), fetch the pack with the installed CLI, train a first
+    task. Timings (s) in `timings`: install, fetch, first_task (agent start to the task's
+    update accepted) and install_to_first_task (the three, from the install's start). The
+    package is purged afterwards."""
     from runtime_world import served
 
     pub = work / "pub"
     trusted = publish_pack(pub, archive)
-    with served(pub / "repository") as url:
-        node = FreshNode(root=fresh_root(work), home=work / "home", pub=pub, url=url,
-                         trusted_root=trusted)  # fmt: skip
+    with (
+        served(pub / "repository") as url,
+        _mounted(chroot) if chroot else contextlib.nullcontext(),
+    ):
+        if chroot:  # the programs see the chroot's files: the trusted root is copied in
+            shutil.copyfile(trusted, chroot / "tmp" / "gpuflex-trusted-root.json")
+            node = FreshNode(root=chroot, home=Path("/var/tmp/gpuflex-fresh-node"), pub=pub,
+                             url=url, trusted_root=Path("/tmp/gpuflex-trusted-root.json"),
+                             chroot=True)  # fmt: skip
+        else:
+            node = FreshNode(root=fresh_root(work), home=work / "home", pub=pub, url=url,
+                             trusted_root=trusted)  # fmt: skip
         try:
             started = time.monotonic()
-            done = dpkg(node.root, "--install", str(deb))
-            if done.returncode != 0:
-                raise RuntimeError(f"dpkg --install {deb.name}: {done.stderr}")
+            _install(node, deb)
             installed = time.monotonic()
             got = node.runtime("fetch", "--plan", "cpu")
             if got.returncode != 0:
@@ -173,8 +244,10 @@ def fresh_node(deb: Path, archive: Path, work: Path) -> Iterator[FreshNode]:
             }
             yield node
         finally:
-            dpkg(node.root, "--purge", "gpuflex")
-            shutil.rmtree(node.home, ignore_errors=True)
+            _purge(node)
+            shutil.rmtree(node.host_home, ignore_errors=True)
+            if chroot:
+                (chroot / "tmp" / "gpuflex-trusted-root.json").unlink(missing_ok=True)
 
 
 def goal_s(archive: Path) -> float:

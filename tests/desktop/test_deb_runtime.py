@@ -9,6 +9,7 @@ last good runtime still in use. Runs in `make package` (PACKAGE_TESTS); skips wi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -37,10 +38,29 @@ def _in_use(node) -> dict:
 def test_fresh_install_fetches_the_cpu_pack_trains_and_refuses_bad_packs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert DEB and PACK
     monkeypatch.chdir(tmp_path)  # the repo tool changes directory
+    _fetch_train_refuse(tmp_path)
+
+
+CHROOT = os.environ.get("GPUFLEX_TEST_CHROOT", "")
+
+
+@pytest.mark.skipif(
+    not (CHROOT and os.geteuid() == 0),
+    reason="needs root and GPUFLEX_TEST_CHROOT: a Debian root made by debootstrap "
+    "(installers/README.md); apt in it fetches the package's Depends",
+)
+def test_in_a_debian_chroot_the_deb_fetches_the_cpu_pack_trains_and_refuses_bad_packs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _fetch_train_refuse(tmp_path, chroot=Path(CHROOT))
+
+
+def _fetch_train_refuse(tmp_path: Path, chroot: Path | None = None) -> None:
+    assert DEB and PACK
     manifest = json.loads(PACK.with_suffix("").with_suffix(".json").read_text())
-    with fresh_node(DEB, PACK, tmp_path) as node:  # installed, fetched, a task trained
+    with fresh_node(DEB, PACK, tmp_path, chroot) as node:  # installed, fetched, a task trained
         good = _in_use(node)
         assert good["in_use"]["source"] == "pack" and good["in_use"]["plan"] == "cpu"
         assert [(p["sha256"], p["current"]) for p in good["installed"]] == [
