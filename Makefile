@@ -6,7 +6,7 @@ PY       := $(VENV)/bin/python
 TORCH    := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: help venv dev demo sim-demo test lint format bench clean contracts gas system-deps package screenshots web-screenshots
+.PHONY: help venv dev demo sim-demo test lint format bench clean contracts gas system-deps package runtime-pack screenshots web-screenshots
 
 help:
 	@echo "make demo            - marketplace, worker and five agents train and pay a job here"
@@ -62,7 +62,7 @@ test: lint system-deps
 # The desktop bundle (tray app and gpuflex-node) for this platform; on Debian also the .deb,
 # the AppImage's AppDir and the AppImage (installers/README.md). Then the tests that need
 # what it built.
-PACKAGE_TESTS := tests/desktop/test_installers.py tests/desktop/test_deb.py tests/desktop/test_appdir.py tests/desktop/test_appimage.py
+PACKAGE_TESTS := tests/desktop/test_installers.py tests/desktop/test_deb.py tests/desktop/test_appdir.py tests/desktop/test_appimage.py tests/desktop/test_deb_runtime.py
 package: dev
 	$(PY) -m pip install -q --disable-pip-version-check "pyinstaller==6.22.3"
 	$(VENV)/bin/pyinstaller --noconfirm --log-level WARN --distpath dist --workpath build/pyinstaller installers/gpuflex.spec
@@ -72,7 +72,15 @@ package: dev
 	  $(PY) installers/linux/build_deb.py --bundle dist/gpuflex --out dist && \
 	  $(PY) installers/linux/build_appdir.py --bundle dist/gpuflex --out dist; fi
 	$(PY) installers/bundle_sizes.py dist/gpuflex
+	$(MAKE) runtime-pack
 	$(PY) -m pytest -p no:cacheprovider -q $(PACKAGE_TESTS)
+
+# The `cpu` training-runtime pack the lean bundle fetches (docs/runtime-packs.md), into
+# dist/runtime/; an older one there is replaced (packs are content-addressed, so each build
+# has a new name).
+runtime-pack: dev
+	rm -f dist/runtime/cpu-*.tar.gz dist/runtime/cpu-*.json
+	PYTHON=$(PY) scripts/build-runtime-pack.sh cpu --out dist/runtime
 
 screenshots: dev
 	QT_QPA_PLATFORM=offscreen $(PY) -m desktop.gui.screenshots docs/screenshots

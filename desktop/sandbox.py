@@ -325,6 +325,8 @@ def bwrap_argv(
     # of the project, only the code a task runs: the project folder may also hold data (a
     # demo's folder with every agent's tasks in it) that a task must not see
     code = [PROJECT_ROOT / pkg for pkg in TASK_PACKAGES]
+    if getattr(sys, "frozen", False):  # a bundle holds them in its archive, bound with Python
+        code = []
     for root in [*_python_roots(folder), *code, *packages]:
         args += _bind("--ro-bind", str(root), made)
     if gpu:

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from fresh_install import dpkg as _dpkg
+from fresh_install import fresh_root as _fresh_root
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_DEB = ROOT / "installers" / "linux" / "build_deb.py"
@@ -23,24 +25,6 @@ BUILT = sorted((ROOT / "dist").glob("gpuflex_*.deb"))
 pytestmark = pytest.mark.skipif(
     not (shutil.which("dpkg-deb") and shutil.which("dpkg")), reason="needs dpkg (Debian)"
 )
-
-
-def _fresh_root(tmp_path: Path) -> Path:
-    """A root with an empty dpkg database: what a fresh container has before the install."""
-    root = tmp_path / "root"
-    admin = root / "var" / "lib" / "dpkg"
-    for sub in ("info", "updates", "triggers"):
-        (admin / sub).mkdir(parents=True)
-    (admin / "status").touch()
-    (admin / "available").touch()
-    return root
-
-
-def _dpkg(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    # --force-depends: the empty root has none of the Depends (libc6, the X libraries);
-    # --force-not-root lets a non-root CI runner use its own root folder
-    cmd = ["dpkg", f"--root={root}", "--force-depends", "--force-not-root", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 
 def _files(root: Path) -> list[str]:
