@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFrame,
@@ -65,6 +67,27 @@ def _muted(text: str = "") -> QLabel:
     label.setObjectName("muted")
     label.setWordWrap(True)
     return label
+
+
+def runtime_fetch(runtime: dict[str, Any]) -> tuple[str, float] | None:
+    """While the agent downloads its training runtime (desktop/runtime_keeper.py): the line
+    the current-task card shows and the fraction done; None when nothing downloads."""
+    fetch = runtime.get("fetch")
+    if not isinstance(fetch, dict):
+        return None
+    got, total = float(fetch.get("bytes") or 0), float(fetch.get("total") or 0)
+    done = min(got / total, 1.0) if total > 0 else 0.0
+    size = f" of {total / 2**20:,.0f} MiB" if total > 0 else ""
+    return f"Downloading the training runtime · {100 * done:.0f}%{size}", done
+
+
+def runtime_line(runtime: dict[str, Any]) -> str:
+    """Which runtime tasks train with: "cpu pack, torch 2.13.0" or "" before one is known."""
+    if not runtime.get("plan"):
+        return ""
+    where = "pack" if runtime.get("source") == "pack" else "this environment"
+    cuda = f", CUDA {runtime['cuda']}" if runtime.get("cuda") else ""
+    return f"runtime {runtime['plan']} ({where}), torch {runtime.get('torch', '?')}{cuda}"
 
 
 class StatusWindow(QWidget):
@@ -176,7 +199,12 @@ class StatusWindow(QWidget):
         self.today.setText(credits(st.earnings_today))
         self.total.setText(credits(st.earnings_total))
         self.tasks.setText(f"{st.completed}" + (f"  ·  {st.failed} failed" if st.failed else ""))
-        if st.task is None:
+        fetching = runtime_fetch(st.runtime)
+        if st.task is None and fetching is not None:  # first need: the pack downloads
+            self.task_label.setText("Getting ready to train")
+            self.task_detail.setText(fetching[0])
+            self.progress.setValue(int(1000 * fetching[1]))
+        elif st.task is None:
             self.task_label.setText("No task right now")
             self.task_detail.setText("")
             self.progress.setValue(0)
@@ -202,7 +230,9 @@ class StatusWindow(QWidget):
             self.hardware.setText(
                 f"{gpus}<span style='color:#6B7785'>{hw.cpu_name}<br>{hw.cpu_threads} threads, "
                 f"{hw.ram_total_mb / 1024:.0f} GiB RAM<br>torch {hw.torch_version} on "
-                f"{hw.accelerator} · {sandbox}</span>"
+                f"{hw.accelerator} · {sandbox}"
+                + (f"<br>{line}" if (line := runtime_line(st.runtime)) else "")
+                + "</span>"
             )
         if st.benchmark is not None:
             self.bench.setText(benchmark_html(st.benchmark))
