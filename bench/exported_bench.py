@@ -6,11 +6,21 @@ exported` writes to results.json `exported`.
 - throughput: train_local samples/s on the exported program against the same module trained
   in eager mode (the zoo MLP, and the custom VGG of examples/custom-vgg), CPU, fp32;
 - checking: a 25M-parameter program through the request's gate (zip and JSON, no torch)
-  and the worker's measurement (deserialized on the meta device, one sample's activations).
+  and the worker's measurement (deserialized on the meta device, one sample's activations);
+- live: the same comparison through real processes (`gpuflex serve`, the Celery worker and
+  LIVE_NODES `gpuflex-node` agents, `gpuflex demo`'s machinery as bench.live_bench runs it),
+  LIVE_ROUNDS rounds each, with what each round aggregated (shard, node, steps, the update's
+  training loss), since real agents' scheduling may differ between the two runs.
+
+    python -m bench.exported_bench --live zoo|exported   one real run, JSON on stdout
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +36,9 @@ ROUNDS = 20
 NODES = 4
 STEPS = 400
 ROUNDS_TIMED = 7
+LIVE_ROUNDS = 4
+LIVE_NODES = ("live-a", "live-b", "live-c")
+LIVE_TIMEOUT_S = 600.0
 
 
 def _spec(program: Path | None) -> Any:
@@ -58,6 +71,105 @@ def accuracy(folder: Path) -> dict[str, Any]:
         out[label] = [round(a, 4) for a in result.accuracy_per_round]
     out["max_abs_diff"] = max(abs(a - b) for a, b in zip(out["zoo"], out["exported"],
                                                          strict=True))  # fmt: skip
+    return out
+
+
+def _export_zoo(folder: Path) -> Path:
+    """The zoo's digits MLP with the spec's initial weights, exported with the zoo's loss."""
+    from trainer.exported.export import export_program
+    from trainer.models import build_model
+
+    spec = _spec(None)
+    zoo = build_model(spec.model, (64,), 10, seed=spec.seed)
+    example = (torch.zeros(4, 64), torch.zeros(4, dtype=torch.long))
+    return export_program(zoo, F.cross_entropy, example, folder / "mlp.pt2")
+
+
+def live_spec(folder: Path, label: str) -> Path:
+    """examples/digits-mlp.yaml for LIVE_ROUNDS rounds on one shard per agent, as the zoo MLP
+    or (label "exported") as its exported copy beside the spec file (uploaded with it). The
+    target is out of reach, so both run every round."""
+    data = yaml.safe_load((ROOT / "examples" / "digits-mlp.yaml").read_text())
+    data["name"] = f"live-{label}"
+    data["rounds"] = {"max_rounds": LIVE_ROUNDS, "target": {"metric": "accuracy", "value": 0.999}}
+    data["sharding"] = {"method": "stratified", "num_shards": len(LIVE_NODES)}
+    if label == "exported":
+        data["model"] = {"arch": "exported", "program": _export_zoo(folder).name}
+    path = folder / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def live_one(label: str) -> dict[str, Any]:
+    """One real run (its own demo database; Django set up in this process)."""
+    os.environ.setdefault("GPUFLEX_WARM_TASKS", "1")
+    from marketplace.demo.cluster import NodePlan
+    from marketplace.demo.run import Options
+    from marketplace.demo.run import run as run_demo
+
+    nodes = tuple(NodePlan(n, kind="platform", profile="lan", price="3.00") for n in LIVE_NODES)
+    with tempfile.TemporaryDirectory(prefix="gpuflex-exported-live-") as tmp:
+        spec = live_spec(Path(tmp), label)
+        s = run_demo(Options(data_dir=Path(tmp) / "demo", spec=spec, nodes=nodes, quiet=True,
+                             target=0.999, budget="20.00", timeout_s=LIVE_TIMEOUT_S))  # fmt: skip
+    return {"status": s["status"], "rounds": s["rounds"],
+            "accuracy_per_round": s["accuracy_per_round"],
+            "aggregated": _aggregated(s["job_id"]), "wall_s": s["wall_s"]}  # fmt: skip
+
+
+def _aggregated(job_id: str) -> list[list[dict[str, Any]]]:
+    """Per round, the updates its aggregation took, by shard: which node, how many steps,
+    the update's own training loss."""
+    from marketplace.rounds.models import TaskResult
+
+    rows = TaskResult.objects.filter(task__round__job_id=job_id, aggregated=True).values_list(
+        "task__round__number", "task__shard__index", "node__name", "task__steps", "metrics"
+    )
+    rounds: dict[int, list[dict[str, Any]]] = {}
+    for number, shard, node, steps, metrics in sorted(rows, key=lambda r: (r[0], r[1] or 0)):
+        loss = (metrics or {}).get("loss")
+        loss = round(loss, 6) if isinstance(loss, float) else loss
+        update = {"shard": shard, "node": node, "steps": steps, "loss": loss}
+        rounds.setdefault(number, []).append(update)
+    return [rounds[n] for n in sorted(rounds)]
+
+
+def live() -> dict[str, Any]:
+    """The zoo MLP, then its exported copy, each through real processes (a subprocess each:
+    every run sets up Django on its own demo database)."""
+    out: dict[str, Any] = {"rounds": LIVE_ROUNDS, "agents": len(LIVE_NODES)}
+    for label in ("zoo", "exported"):
+        cmd = [sys.executable, "-m", "bench.exported_bench", "--live", label]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True,
+                                  timeout=LIVE_TIMEOUT_S + 300)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return out | {"error": f"{label}: no result within {LIVE_TIMEOUT_S + 300:.0f} s"}
+        if done.returncode != 0:
+            return out | {"error": f"{label}: {done.stderr.strip()[-500:]}"}
+        out[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out | compare(out["zoo"], out["exported"])
+
+
+def compare(zoo_run: dict[str, Any], exp_run: dict[str, Any]) -> dict[str, Any]:
+    """The two real runs side by side: accuracy, and what each round aggregated."""
+    out: dict[str, Any] = {}
+    zoo, exp = zoo_run["accuracy_per_round"], exp_run["accuracy_per_round"]
+    out["max_abs_diff"] = max((abs(a - b) for a, b in zip(zoo, exp, strict=False)), default=None)
+    out["same_rounds"] = len(zoo) == len(exp)
+    out["within_0_01"] = bool(out["same_rounds"] and out["max_abs_diff"] is not None
+                              and out["max_abs_diff"] <= 0.01)  # fmt: skip
+    # the same shards trained in every round (which node trained one does not change it: a
+    # task's seed is the job's seed, round and shard index, trainer.local.derive_seed)
+    took = (zoo_run["aggregated"], exp_run["aggregated"])
+    shards = [[[u["shard"] for u in r] for r in t] for t in took]
+    out["same_shards_aggregated"] = shards[0] == shards[1]
+    pairs = [(a, b) for ra, rb in zip(*took, strict=False) for a, b in zip(ra, rb, strict=False)]
+    # the agents' scheduling: a shard trained by another node in the other run
+    out["updates_on_other_node"] = sum(a["node"] != b["node"] for a, b in pairs)
+    out["updates"] = len(pairs)
+    # each update's training loss as its node reported it, the same in both runs?
+    out["same_update_losses"] = all(a["loss"] == b["loss"] for a, b in pairs)
     return out
 
 
@@ -170,7 +282,9 @@ def run() -> dict[str, Any]:
         speed = throughput(folder)
         print("exported: checking a 25M-parameter program")
         check = check_time(folder)
-    return {"accuracy": acc, "throughput": speed, "check": check}
+    print("exported: zoo MLP against its exported copy through real agents")
+    real = live()
+    return {"accuracy": acc, "throughput": speed, "check": check, "live": real}
 
 
 def render(r: dict[str, Any]) -> list[str]:
@@ -197,4 +311,49 @@ def render(r: dict[str, Any]) -> list[str]:
         f"the worker's measurement (meta device) {c['worker_measure_s']} s "
         "(`python -m bench.run --only exported`).",
         "",
+        *_render_live(r.get("live")),
     ]
+
+
+def _render_live(v: dict[str, Any] | None) -> list[str]:
+    if not v:
+        return []
+    head = (f"Through real processes (`gpuflex serve`, the Celery worker, {v['agents']} "
+            f"`gpuflex-node` agents), digits MLP, {v['rounds']} rounds, same seed")  # fmt: skip
+    if "error" in v:
+        return [f"{head}: no figure, {v['error']}", ""]
+    zoo, exp = v["zoo"], v["exported"]
+    rows = []
+    for i, (a, b) in enumerate(zip(zoo["accuracy_per_round"], exp["accuracy_per_round"],
+                                   strict=False), 1):  # fmt: skip
+        took = [zoo["aggregated"][i - 1], exp["aggregated"][i - 1]]
+        shards = [",".join(str(u["shard"]) for u in t) for t in took]
+        rows.append(f"| {i} | {a:.4f} | {b:.4f} | {abs(a - b):.4f} | {shards[0]} | {shards[1]} |")
+    verdict = "within" if v["within_0_01"] else "NOT within"
+    return [
+        f"{head}: largest difference {v['max_abs_diff']:.4f}, {verdict} 0.01; the same "
+        f"shards aggregated in every round: {'yes' if v['same_shards_aggregated'] else 'no'}; "
+        f"{v['updates_on_other_node']} of {v['updates']} updates trained by another node than "
+        "in the other run; each update's training loss the same in both: "
+        f"{'yes' if v['same_update_losses'] else 'no'}.",
+        "",
+        "| round | zoo accuracy | exported accuracy | difference | zoo shards | exported shards |",
+        "|---:|---:|---:|---:|---|---|",
+        *rows,
+        "",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="bench.exported_bench")
+    parser.add_argument("--live", choices=("zoo", "exported"), required=True,
+                        help="one real run of the digits MLP, zoo or exported")  # fmt: skip
+    args = parser.parse_args(argv)
+    print(json.dumps(live_one(args.live)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

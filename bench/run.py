@@ -151,7 +151,8 @@ SOURCES: tuple[tuple[str, str], ...] = (
     ),
     (
         "## Exported models",
-        f"accuracy: {SIMULATOR}; samples/s and checking: {IN_PROCESS}",
+        f"accuracy: {SIMULATOR}; samples/s and checking: {IN_PROCESS}; the accuracy "
+        f"through real agents: {REAL} (`gpuflex serve`, the worker, `gpuflex-node` agents)",
     ),
 )
 

@@ -80,7 +80,7 @@ def _benchmark(cluster: Cluster) -> float:
 
 
 def run(opts: Options) -> dict[str, Any]:
-    from marketplace.client import Client
+    from marketplace.client import Client, spec_files
     from marketplace.demo.accounts import create_people
     from marketplace.demo.progress import follow
     from marketplace.demo.summary import summarize
@@ -109,8 +109,10 @@ def run(opts: Options) -> dict[str, Any]:
         spec = yaml.safe_load(opts.spec.read_text(encoding="utf-8"))
         spec["rounds"]["target"]["value"] = opts.target
         with Client(cluster.url, people["buyer"].key) as client:
+            # the spec file's own files (an exported model's program, a dataset) go with it
             job = client.submit(spec, budget=opts.budget, tier="hybrid",
-                                max_price_per_gpu_hour="5.00")  # fmt: skip
+                                max_price_per_gpu_hour="5.00",
+                                uploads=spec_files(opts.spec))  # fmt: skip
             print(f"buyer submitted job {job['id']} with a budget of {opts.budget}", file=out)
             job = follow(client, job, opts.timeout_s, out)
             model_path, _ = client.download(job["id"], root / "model")
