@@ -656,6 +656,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--target", type=float, default=0.95, help="test accuracy to train to")
     e.add_argument("--budget", default="1.00", help="the buyer's budget for the job")
     e.add_argument("--timeout", type=float, default=900.0, help=argparse.SUPPRESS)
+    e.add_argument("--chain", action="store_true",
+                   help="settle on a Hardhat node it starts; print settlement latency")  # fmt: skip
     e.set_defaults(func=cmd_demo)
 
     xm = sub.add_parser(

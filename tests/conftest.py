@@ -8,7 +8,7 @@ import pytest
 import torch
 
 if TYPE_CHECKING:
-    from tests.chain_node import RpcChain
+    from contracts.hardhat_node import RpcChain
 
 # pytest-xdist runs one worker per core; torch's own intra-op threads on top of that
 # oversubscribe the cores and make small-tensor training many times slower.
@@ -19,9 +19,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(scope="session")
 def rpc_chain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RpcChain]:
     """Hardhat's JSON-RPC node with the contracts deployed, one per xdist worker, started on
-    first use and stopped when the worker's session ends (tests/chain_node.py)."""
+    first use and stopped when the worker's session ends (contracts/hardhat_node.py)."""
     pytest.importorskip("web3")
-    from tests.chain_node import hardhat_chain, missing_reason
+    from contracts.hardhat_node import hardhat_chain, missing_reason
 
     reason = missing_reason()
     if reason is not None:

@@ -8,6 +8,7 @@ over HTTP and the broker exactly as on separate machines; each agent simulates i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -47,6 +48,7 @@ class Options:
     quiet: bool = False  # progress to stderr only (for --json)
     spec: Path = SPEC
     nodes: tuple[NodePlan, ...] = NODES
+    chain: bool = False  # settle on a Hardhat node the demo starts (marketplace/demo/chain.py)
 
 
 def _fresh(root: Path) -> None:
@@ -92,8 +94,11 @@ def run(opts: Options) -> dict[str, Any]:
     root = opts.data_dir.resolve()
     _fresh(root)
     cluster = Cluster(root, **({"port": opts.port} if opts.port else {}))
+    chain = contextlib.ExitStack()  # the Hardhat node of --chain, stopped after the cluster
     try:
         print(f"GPUFlex demo in {root} (logs in {root / 'logs'})", file=out)
+        if opts.chain:
+            cluster.extra_env |= _start_chain(chain, root, out)
         reference = _benchmark(cluster)
         cluster.extra_env["GPUFLEX_REFERENCE_FP32_TFLOPS"] = f"{reference:.6g}"
         _setup_django(cluster)
@@ -119,6 +124,12 @@ def run(opts: Options) -> dict[str, Any]:
         if not opts.serve:
             cluster.stop_agents()  # their work is done; the summary's replay needs the memory
         summary = summarize(job["id"], {p.name: asdict(p) for p in opts.nodes})
+        if opts.chain:
+            from marketplace.demo.chain import settlement_figures, wait_settled
+
+            print("waiting for the last contributions' settlement batch on chain", file=out)
+            wait_settled(job["id"])
+            summary["chain"] = settlement_figures(job["id"])
         summary |= {"wall_s": round(time.monotonic() - started, 1), "model_path": str(model_path),
                     "url": cluster.url}  # fmt: skip
         if opts.serve:
@@ -126,6 +137,21 @@ def run(opts: Options) -> dict[str, Any]:
         return summary
     finally:
         cluster.close()
+        chain.close()
+
+
+def _start_chain(stack: contextlib.ExitStack, root: Path, out: Any) -> dict[str, str]:
+    """A Hardhat node with the contracts deployed, stopped when the demo ends."""
+    from contracts.hardhat_node import hardhat_chain, missing_reason
+    from marketplace.demo.chain import chain_env
+
+    if (reason := missing_reason()) is not None:
+        raise SystemExit(f"gpuflex demo --chain: {reason}")
+    workdir = root / "hardhat"
+    workdir.mkdir()
+    node = stack.enter_context(hardhat_chain(workdir))
+    print(f"hardhat node at {node.url}; contracts deployed", file=out)
+    return chain_env(node)
 
 
 def _wait_for_agents(count: int, timeout_s: float) -> int:
@@ -181,7 +207,7 @@ def main(args: Any) -> int:
 
     opts = Options(
         data_dir=Path(args.data_dir), port=args.port, target=args.target, budget=args.budget,
-        timeout_s=args.timeout, serve=args.serve, quiet=args.json,
+        timeout_s=args.timeout, serve=args.serve, quiet=args.json, chain=args.chain,
     )  # fmt: skip
     summary = run(opts)
     if args.json:
@@ -189,4 +215,10 @@ def main(args: Any) -> int:
     elif not args.serve:
         print_summary(summary)
     ok = summary["status"] == "completed" and summary["reached_target"]
+    if "chain" in summary:
+        from marketplace.demo.chain import print_figures
+
+        if not args.json:
+            print_figures(summary["chain"])
+        ok = ok and summary["chain"]["every_contribution_on_chain"]
     return 0 if ok and summary["ledger_balanced"] and summary["provenance_verified"] else 1

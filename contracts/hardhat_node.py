@@ -1,6 +1,7 @@
-"""A real JSON-RPC chain for the tests: Hardhat's node from contracts/node_modules (installed by
-``npm ci --prefix contracts``), started on a free loopback port with the contracts deployed by
-``contracts.deploy`` exactly as an operator would, and stopped at the end of the session.
+"""A real JSON-RPC chain for the tests and `gpuflex demo --chain`: Hardhat's node from
+contracts/node_modules (installed by ``npm ci --prefix contracts``), started on a free loopback
+port with the contracts deployed by ``contracts.deploy`` exactly as an operator would, and
+stopped at the end of the session (or of the demo).
 
 Nothing is downloaded at run time: ``hardhat node`` compiles nothing (``contracts/compile.js``
 builds the artifacts with solc-js), and Hardhat's telemetry, banners and prompts stay off.
@@ -21,10 +22,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-CONTRACTS = Path(__file__).resolve().parents[1] / "contracts"
+CONTRACTS = Path(__file__).resolve().parent
 HARDHAT = CONTRACTS / "node_modules" / "hardhat" / "internal" / "cli" / "bootstrap.js"
 START_DEADLINE_S = 90.0  # a cold start on a busy two-core machine takes a few seconds
-# The operator signs locally with this key (the node never holds it), as in production.
+# The operator signs locally with this key (the node never holds it), as in production; a
+# throwaway key for a local development chain only.
 OPERATOR_KEY = "0x" + "6f" * 32
 
 
@@ -42,7 +44,7 @@ class RpcChain:
 def missing_reason() -> str | None:
     """Why the node cannot be started here, or None."""
     if shutil.which("node") is None:
-        return "node is not installed: the JSON-RPC chain tests need Node.js and `make dev`"
+        return "node is not installed: a Hardhat chain needs Node.js and `make dev`"
     if not HARDHAT.exists():
         return "contracts/node_modules lacks hardhat: run `npm ci --prefix contracts`"
     return None
