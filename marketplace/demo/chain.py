@@ -17,7 +17,7 @@ from typing import Any
 from contracts.hardhat_node import RpcChain
 
 # how long the demo waits, after the job ends, for the last contributions' batch to land: the
-# batch deadline (GPUFLEX_SETTLEMENT_DEADLINE_S, 30 s) plus the beat's period, with room
+# batch deadline (GPUFLEX_SETTLEMENT_DEADLINE_S, 20 s) plus the beat's period, with room
 SETTLE_WAIT_S = 180.0
 
 

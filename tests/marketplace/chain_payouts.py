@@ -7,8 +7,8 @@ from decimal import Decimal
 from typing import Any
 
 from contracts import ChainClient, Deployment
-from marketplace.ledger import chain as ledger_chain
 from contracts.hardhat_node import RpcChain
+from marketplace.ledger import chain as ledger_chain
 from tests.marketplace.helpers import client_for
 from tests.marketplace.test_ledger_jobs import work_all
 
