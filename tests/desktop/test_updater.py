@@ -3,7 +3,6 @@ on loopback; tampered archives and metadata, rolled-back and frozen metadata are
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -14,25 +13,16 @@ from collections.abc import Iterator
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 pytest.importorskip("tufup")
 
+from runtime_world import repo_tool
+
 from desktop import updater
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _repo_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "update_repo", ROOT / "installers" / "update_repo.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _bundle(folder: Path, version: str, root_json: Path | None = None) -> Path:
@@ -57,7 +47,7 @@ class _Quiet(SimpleHTTPRequestHandler):
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
     monkeypatch.chdir(tmp_path)  # the repo tool changes directory; restored after the test
-    tool = _repo_tool()
+    tool = repo_tool()
     pub = tmp_path / "pub"
     root_json = tool.init(pub)
     # the publisher released 0.1 earlier; this machine installed it (with the trusted root)
