@@ -22,6 +22,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from trainer import tensor_header
 from trainer.secagg.modulus import PRIME, scale_for
 from trainer.secagg.prg import keystream
 
@@ -29,10 +30,10 @@ MASKED_KEY = "masked"  # the one tensor of a masked upload (vectors.py reads it 
 _LANE = 64
 _LOW32 = 0xFFFFFFFF
 _LITTLE = sys.byteorder == "little"
-# safetensors dtypes a plain update may hold -> the array typecode and size of one value
-_TYPECODES = {"F64": ("d", 8), "F32": ("f", 4), "I64": ("q", 8), "I32": ("i", 4),
-              "I16": ("h", 2), "I8": ("b", 1), "U8": ("B", 1), "BOOL": ("B", 1)}  # fmt: skip
-_HALF_FLOATS = {"F16": 2, "BF16": 2}  # no array typecode: unpacked below
+# safetensors dtypes (tensor_header.DTYPE_BYTES) -> the array typecode of one value; F16 and
+# BF16 have none and are unpacked in _tensor_values
+_TYPECODES = {"F64": "d", "F32": "f", "I64": "q", "I32": "i", "I16": "h", "I8": "b",
+              "U8": "B", "BOOL": "B"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -145,43 +146,24 @@ def encode_masked(vector: Packed, metadata: dict[str, str]) -> bytes:
 def flatten_update(data: bytes) -> tuple[list[float], dict[str, str]]:
     """A plain update (safetensors) -> (its values as floats, tensors in sorted name order,
     as vectors.flatten orders them; its metadata). ValueError names what is malformed."""
-    if len(data) < 8:
-        raise ValueError("the update is not a safetensors file (too short)")
-    (size,) = struct.unpack("<Q", data[:8])
-    if size > len(data) - 8:
-        raise ValueError("the update's header runs past its end")
     try:
-        header = json.loads(data[8 : 8 + size])
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError("the update's header is not JSON") from None
-    if not isinstance(header, dict):
-        raise ValueError("the update's header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    body = memoryview(data)[8 + size :]
+        entries, metadata, body = tensor_header.split(data)
+    except tensor_header.HeaderError as exc:
+        raise ValueError(f"the update is not a safetensors file it can read: {exc}") from None
     values: list[float] = []
-    for name in sorted(header):
-        values.extend(_tensor_values(name, header[name], body))
+    for name in sorted(entries):
+        values.extend(_tensor_values(entries[name], body))
     return values, metadata
 
 
-def _tensor_values(name: str, entry: object, body: memoryview) -> list[float]:
-    try:
-        dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]  # type: ignore[index]
-        count = math.prod(int(d) for d in shape)
-    except (TypeError, KeyError, ValueError):
-        raise ValueError(f"the update's entry for {name!r} is malformed") from None
-    width = _TYPECODES[dtype][1] if dtype in _TYPECODES else _HALF_FLOATS.get(dtype)
-    if width is None:
-        raise ValueError(f"tensor {name!r} has a dtype secure aggregation cannot sum: {dtype}")
-    if not (0 <= begin <= end <= len(body)) or end - begin != count * width:
-        raise ValueError(f"tensor {name!r}'s data does not match its shape and dtype")
-    raw = body[begin:end]
-    if dtype == "F16":
+def _tensor_values(entry: tensor_header.Entry, body: memoryview) -> list[float]:
+    count, raw = math.prod(entry.shape), body[entry.begin : entry.end]
+    if entry.dtype == "F16":
         return list(struct.unpack(f"<{count}e", raw))
-    if dtype == "BF16":  # bfloat16 is the top half of a float32
+    if entry.dtype == "BF16":  # bfloat16 is the top half of a float32
         widened = struct.pack(f"<{count}I", *(h << 16 for h in struct.unpack(f"<{count}H", raw)))
         return list(struct.unpack(f"<{count}f", widened))
-    typed = array(_TYPECODES[dtype][0])
+    typed = array(_TYPECODES[entry.dtype])
     typed.frombytes(raw)
     if not _LITTLE:
         typed.byteswap()
