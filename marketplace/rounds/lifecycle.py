@@ -23,6 +23,7 @@ from marketplace.rounds.scheduling import job_needs, node_view, nodes_that_may_w
 from marketplace.rounds.signals import bump_work_generation
 from marketplace.rounds.sizing import is_far, plan_cohort
 from trainer import round_lifecycle as rl
+from trainer.round_lifecycle import quorum_units  # the rule submission checks too
 from trainer.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -209,12 +210,6 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
         else:
             states.append(UnitState(unit, True, usable))
     return states
-
-
-def quorum_units(quorum: float, units: int) -> int:
-    """How many of a round's units must settle before it closes on quorum: the updates such a
-    round can count on, which submission checks the aggregation strategy against."""
-    return rl.quorum_units(quorum, units)
 
 
 def lifecycle_units(states: list[UnitState]) -> list[rl.Unit]:
