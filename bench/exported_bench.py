@@ -191,8 +191,9 @@ def _samples_per_s(models: list[tuple[nn.Module, Any]], data: Any) -> list[float
     return best
 
 
-def throughput(folder: Path) -> dict[str, Any]:
-    """Best of ROUNDS_TIMED STEPS-step runs of train_local, eager module against its program."""
+def throughput(folder: Path, device: str = "cpu") -> dict[str, Any]:
+    """Best of ROUNDS_TIMED STEPS-step runs of train_local, eager module against its program,
+    both on `device`."""
     import importlib.util
 
     from trainer.datasets import load_dataset
@@ -218,13 +219,14 @@ def throughput(folder: Path) -> dict[str, Any]:
         # the eager side is the same module and loss, unexported (WithLoss, as exported)
         eager = _Eager(WithLoss(make(), F.cross_entropy))
         eager.load_state_dict(program.state_dict())
+        program, eager = program.to(device), eager.to(device)
         eager_sps, program_sps = _samples_per_s([(eager, eager_spec), (program, program_spec)],
                                                 data)  # fmt: skip
         rows[label] = {"eager_samples_per_s": round(eager_sps, 1),
                        "exported_samples_per_s": round(program_sps, 1),
                        "ratio": round(program_sps / eager_sps, 3)}  # fmt: skip
     return {"steps": STEPS, "batch_size": 32, "threads": torch.get_num_threads(),
-            "runs": ROUNDS_TIMED, **rows}  # fmt: skip
+            "runs": ROUNDS_TIMED, "device": device, **rows}  # fmt: skip
 
 
 class _Eager(nn.Module):
@@ -348,10 +350,21 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="bench.exported_bench")
-    parser.add_argument("--live", choices=("zoo", "exported"), required=True,
+    parser.add_argument("--live", choices=("zoo", "exported"),
                         help="one real run of the digits MLP, zoo or exported")  # fmt: skip
+    parser.add_argument(
+        "--throughput",
+        metavar="DEVICE",
+        help="train_local samples/s, program against eager, on DEVICE (cuda)",
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(live_one(args.live)))
+    if args.throughput:
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(throughput(Path(tmp), args.throughput)))
+    elif args.live:
+        print(json.dumps(live_one(args.live)))
+    else:
+        parser.error("name --live or --throughput")
     return 0
 
 

@@ -29,6 +29,9 @@ An fp16 row notes any steps fp16's gradient scaler skipped (steps the other repl
     python -m bench.replica_divergence               # one to two minutes on 2 cores
     python -m bench.replica_divergence --per-tensor  # and every tensor's distance
     python -m bench.replica_divergence --long        # and the CNN at 4 epochs per task
+    python -m bench.replica_divergence --device cuda # and every precision on that device too,
+                                                     # against the CPU's fp32 and bf16 replicas
+    python -m bench.replica_divergence --json F      # and the rows as JSON into F
 
 Exits 1 when the rule gets a verdict wrong (an honest pair rejected or a cheat accepted).
 """
@@ -37,6 +40,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
+import json
 import sys
 import sysconfig
 import tempfile
@@ -229,7 +234,7 @@ def _other(precision: str) -> str:
     return "bf16" if precision == "fp32" else "fp32"
 
 
-def measure_case(case: Case, folder: Path) -> list[Row]:
+def measure_case(case: Case, folder: Path, device: str | None = None) -> list[Row]:
     spec = parse_spec(
         {"name": case.name, "seed": 0, "local": {"epochs": case.epochs, "batch_size": 32}}
         | case.spec
@@ -245,6 +250,9 @@ def measure_case(case: Case, folder: Path) -> list[Row]:
         deltas = [train(model, state, shards[s], spec, seeds[s], "fp32") for s in range(SHARDS)]
         if rnd in case.rounds:
             rows += _compare(case.name, rnd, spec, model, state, shards, seeds, deltas, previous)
+            if device is not None:
+                rows += _compare_device(case.name, rnd, spec, model, state, shards[0], seeds[0],
+                                        deltas[0], device)  # fmt: skip
         previous = deltas[0]
         mean = {k: sum(d[k] for d in deltas) / len(deltas) for k in state}
         state = {k: state[k] + mean[k] for k in state}
@@ -285,6 +293,30 @@ def _compare(
     return rows
 
 
+def _compare_device(
+    case: str, rnd: int, spec: JobSpec, model: torch.nn.Module, state: dict[str, Tensor],
+    shard: Dataset, seed: int, cpu_fp32: dict[str, Tensor], device: str,
+) -> list[Row]:  # fmt: skip
+    """Shard 0's task trained on `device` in each precision (fp32 there is TF32 on CUDA),
+    against the CPU's fp32 and bf16 replicas of the same task: mixed hardware, honestly."""
+    steps = planned_steps(spec, shard.num_train)
+    on = copy.deepcopy(model).to(device)
+    start = {k: v.to(device) for k, v in state.items()}
+    cpu = {"fp32": travel(cpu_fp32, state)}
+    cpu["bf16"] = travel(train(model, state, shard, spec, seed, "bf16"), state)
+    rows = []
+    for precision in ("fp32", "bf16", "fp16"):
+        with skipped_steps() as skips:
+            upload = travel(train(on, start, shard, spec, seed, precision), state)
+        note = f", {len(skips)} skipped" if skips else ""
+        for ref in ("fp32", "bf16"):
+            verdict = agreement(cpu[ref], upload, ref, precision)
+            label = f"cpu {ref} vs {device} {precision} (honest{note})"
+            rows.append(Row(case, rnd, steps, label, (ref, precision), verdict.distance,
+                            verdict.agreed, False))  # fmt: skip
+    return rows
+
+
 # ------------------------------------------------------------------------------- report
 
 
@@ -304,6 +336,13 @@ def _print(rows: list[Row], per_tensor: bool) -> None:
         if per_tensor and not r.cheat:
             for name, value in d.per_tensor.items():
                 print(f"{'':65}{name:>30} {value:8.4f}")
+
+
+def _row_json(r: Row) -> dict[str, Any]:
+    d = r.dist
+    return {"case": r.case, "round": r.round, "steps": r.steps, "pair": r.label,
+            "claims": list(r.claims), "relative_l2": d.relative_l2, "cosine": d.cosine,
+            "worst_tensor_l2": d.worst_tensor_l2, "agreed": r.agreed, "cheat": r.cheat}  # fmt: skip
 
 
 def _summary(rows: list[Row]) -> None:
@@ -336,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-tensor", action="store_true", help="every tensor's distance")
     parser.add_argument("--long", action="store_true", help="also 4 epochs per task (slow)")
     parser.add_argument("--case", action="append", help="only this case (repeatable)")
+    parser.add_argument("--device", help="also train every precision on this device (cuda)")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON to this file")
     args = parser.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     print(f"train_local, codec {CODEC.name}, {SHARDS} shards, {torch.get_num_threads()} threads\n")
@@ -345,8 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         for case in CASES:
             if (case.long and not args.long) or (args.case and case.name not in args.case):
                 continue
-            rows += measure_case(case, Path(tmp))
+            rows += measure_case(case, Path(tmp), args.device)
     _print(rows, args.per_tensor)
+    if args.json:
+        args.json.write_text(json.dumps([_row_json(r) for r in rows], indent=1))
     _summary(rows)
     print(f"\n{time.perf_counter() - started:.0f} s")
     return 1 if any(r.agreed == r.cheat for r in rows) else 0

@@ -378,10 +378,23 @@ _PASSED_ENV = (
 )  # fmt: skip
 
 
+# The task runs as a uid the sandbox's /etc has no passwd entry for (none is bound), so a
+# library that asks who it runs as (getpass.getuser(), as torch's inductor does on CUDA for
+# its cache folder) must find the answer in the environment: found on a lent H200, where every
+# CUDA task failed with "getpwuid(): uid not found: 65534". Caches go in the task's folder.
+TASK_USER = "gpuflex-task"
+
+
 def _child_env(folder: Path) -> dict[str, str]:
+    cache = str(folder / ".cache")
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(folder),
+        "USER": TASK_USER,
+        "LOGNAME": TASK_USER,
+        "XDG_CACHE_HOME": cache,
+        "TORCHINDUCTOR_CACHE_DIR": cache + "/torchinductor",
+        "TRITON_CACHE_DIR": cache + "/triton",
         "TMPDIR": "/tmp",
         "PYTHONPATH": _pythonpath(),
         "PYTHONDONTWRITEBYTECODE": "1",

@@ -9,7 +9,10 @@ participating node's update). A unit is *settled* when nothing more is to come f
 - deadline: at its deadline the round closes with the usable updates it has, if the
   strategy can aggregate that many (`at_deadline`); otherwise it waits one more deadline for
   the work still out (`extension_s`: never shorter than noticing a lost node takes), at most
-  MAX_DEADLINES in all, and then gives up (the job fails saying why): no round waits forever.
+  MAX_DEADLINES in all, and then gives up (the job fails saying why) unless work is still in
+  flight on a live node: a lease is bounded (its expiry, its node's timeout, a task's
+  attempts), so no round waits forever, and a node that is slow to start its first task (a
+  GPU's CUDA start against a deadline planned from its speed) is not given up on mid-task.
 - secure aggregation: a round that would close first holds until enough masked updates are
   in to unmask their sum without exposing anyone (`secure_hold`).
 - late updates: work in flight at the close trains on when `rounds.late_updates: stale`
@@ -52,6 +55,7 @@ class Unit:
     settled: bool  # nothing more to come for it
     usable: bool  # an accepted update to aggregate
     far: bool = False  # nothing in yet, held by a far node for two rounds
+    in_flight: bool = False  # leased to a node that is alive, its lease not expired
 
 
 @dataclass(frozen=True)
@@ -137,14 +141,16 @@ def at_deadline(units: Sequence[Unit], rules: Rules, deadlines_passed: int) -> V
     they stand then: a unit still out with an accepted but unverified update counts usable.
     A scoring round closes only with every unit settled; any other closes with what it has
     once the strategy can aggregate that many. Otherwise it waits another deadline, up to
-    MAX_DEADLINES."""
+    MAX_DEADLINES, and past them while any unit's work is still in flight."""
     if rules.every_unit:
         enough = bool(units) and all(u.settled for u in units)
     else:
         enough = sum(u.usable for u in units) >= rules.min_updates
     if enough:
         return Verdict.CLOSE
-    return Verdict.EXTEND if deadlines_passed < MAX_DEADLINES else Verdict.GIVE_UP
+    if deadlines_passed < MAX_DEADLINES or any(u.in_flight for u in units):
+        return Verdict.EXTEND
+    return Verdict.GIVE_UP
 
 
 def keeps_training(rules: Rules, *, far: bool) -> bool:

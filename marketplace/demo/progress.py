@@ -36,6 +36,8 @@ def follow(client: Client, job: dict[str, Any], timeout_s: float, out: Any) -> d
                     bar.refresh()
                 seen = job["rounds_done"]
             if job["status"] in TERMINAL:
+                if job["status"] != "completed" and job.get("error"):
+                    tqdm.write(f"the job {job['status']}: {job['error']}", file=out)
                 return job
             if time.monotonic() > end:
                 tqdm.write(f"giving up after {timeout_s:.0f} s; cancelling the job", file=out)

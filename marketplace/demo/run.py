@@ -120,6 +120,10 @@ def run(opts: Options) -> dict[str, Any]:
                                 uploads=spec_files(opts.spec))  # fmt: skip
             print(f"buyer submitted job {job['id']} with a budget of {opts.budget}", file=out)
             job = follow(client, job, opts.timeout_s, out)
+            if not job["rounds_done"]:  # nothing to download: the reason was said above
+                raise SystemExit(f"gpuflex demo: the job {job['status']} before any round "
+                                 f"finished: {job.get('error') or 'no reason given'} (logs in "
+                                 f"{root / 'logs'})")  # fmt: skip
             model_path, _ = client.download(job["id"], root / "model")
         if not opts.serve:
             cluster.stop_agents()  # their work is done; the summary's replay needs the memory

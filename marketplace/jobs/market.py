@@ -68,6 +68,9 @@ def why_no_node(job: Job) -> str:
         where = "no platform node online" if job.tier == Tier.PLATFORM else "no node online"
         return f"{where}: the job waits for one to come online"
     fits = fitting_prices(needs, job.tier)
+    if fits and fits[0] <= needs.max_price:  # not the price: nodes fit and take it
+        noun = "node fits" if len(fits) == 1 else "nodes fit"
+        return f"{len(fits)} online {noun} it at or under {shown_price(needs.max_price)}"
     if fits:
         return (
             f"no node online at or under {shown_price(needs.max_price)}; the cheapest that "

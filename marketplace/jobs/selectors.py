@@ -123,7 +123,7 @@ def ended_job_node_states(job: Job) -> dict:
         f"{job.status}: {worked} {noun} worked on this job; none works on it now"
         if worked
         # and why none did, which is what a buyer who gave up waiting wants to read
-        else f"{job.status} before any node worked on it: {why_no_node(job)}"
+        else f"{job.status} before any node worked on it: {job.error or why_no_node(job)}"
     )
     return {"nodes": worked, "counts": counts, "reasons": [], "summary": summary, "ended": True}
 

@@ -174,6 +174,7 @@ class UnitState:
     result: TaskResult | None  # the accepted result to aggregate (None: nothing usable)
     # nothing in yet, and leased to a far node for two rounds: the round does not wait for it
     far: bool = False
+    in_flight: bool = False  # leased now, its lease not expired (reclaim_leases ends the rest)
 
 
 def two_round(rnd: Round, task: Task) -> bool:
@@ -199,6 +200,11 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
         outstanding = any(t.status in (TaskStatus.PENDING, TaskStatus.LEASED) for t in group)
         verified = [r for r in accepted if r.verified]
         far = not results and any(two_round(rnd, t) for t in group)
+        now = timezone.now()
+        in_flight = any(
+            t.status == TaskStatus.LEASED and t.lease_expires is not None and t.lease_expires > now
+            for t in group
+        )
         # an unverified result is usable only when it is the unit's only one: two that were
         # never reconciled are a dispute, and either of them may be the bad one
         unverified = [r for r in accepted if r.verified is None]
@@ -206,14 +212,17 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
         if verified:
             states.append(UnitState(unit, True, verified[0]))
         elif outstanding:
-            states.append(UnitState(unit, at_deadline, usable, far))
+            states.append(UnitState(unit, at_deadline, usable, far, in_flight))
         else:
             states.append(UnitState(unit, True, usable))
     return states
 
 
 def lifecycle_units(states: list[UnitState]) -> list[rl.Unit]:
-    return [rl.Unit(settled=s.settled, usable=s.result is not None, far=s.far) for s in states]
+    return [
+        rl.Unit(settled=s.settled, usable=s.result is not None, far=s.far, in_flight=s.in_flight)
+        for s in states
+    ]
 
 
 def quorum_reached(rnd: Round, states: list[UnitState]) -> bool:

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from marketplace.jobs.models import Job
 from marketplace.rounds.maintenance import close_overdue_rounds
-from marketplace.rounds.models import Round
+from marketplace.rounds.models import Round, Task
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer import round_lifecycle as rl
 
@@ -38,6 +38,14 @@ def test_an_underfilled_round_waits_a_bounded_number_of_deadlines(make_agent, su
         assert rnd.status == "open" and rnd.deadlines_passed == passed
         # pushed back by one deadline period, not more
         assert rnd.deadline > timezone.now() + timedelta(seconds=rnd.deadline_s - 60)
+    # its deadlines spent, but the lease is alive (a GPU node slow to start its first task,
+    # seen on a lent H200): the round waits on for it rather than fail the job mid-task
+    _due_now(rnd)
+    assert close_overdue_rounds() == 0
+    rnd.refresh_from_db()
+    assert rnd.status == "open" and rnd.deadlines_passed == rl.MAX_DEADLINES
+    # the lease runs out (its node silent, or past its expiry): nothing in flight, it gives up
+    Task.objects.filter(round=rnd).update(lease_expires=timezone.now() - timedelta(seconds=1))
     _due_now(rnd)
     close_overdue_rounds()
     rnd.refresh_from_db()

@@ -56,6 +56,13 @@ def test_no_round_waits_forever(passed: int) -> None:
     assert verdict is want
 
 
+@pytest.mark.parametrize("passed", range(rl.MAX_DEADLINES, rl.MAX_DEADLINES + 3))
+def test_past_its_deadlines_a_round_waits_only_for_work_in_flight(passed: int) -> None:
+    working = rl.Unit(settled=False, usable=False, in_flight=True)
+    assert rl.at_deadline([OUT, working], rules(), passed) is rl.Verdict.EXTEND
+    assert rl.at_deadline([OUT, OUT], rules(), passed) is rl.Verdict.GIVE_UP
+
+
 def test_a_round_waits_again_no_shorter_than_noticing_a_lost_node_takes() -> None:
     assert rl.extension_s(900.0) == 900.0
     assert rl.extension_s(1.5) == rl.FAILURE_DETECT_S

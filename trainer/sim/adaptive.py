@@ -20,6 +20,7 @@ every round pays `round_s` after it closes, before the next one opens.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -276,7 +277,8 @@ class NetworkAwareRun:
         """When the round closes, by the marketplace's rules (trainer.round_lifecycle) over
         its units as the updates arrive: on the plan's quorum, else at the plan's deadline
         with what came if the strategy can aggregate that many, else a deadline later, up
-        to MAX_DEADLINES; then the run stops as the marketplace fails the job. A vanished
+        to MAX_DEADLINES and past them while a node is still at work; then the run stops as the
+        marketplace fails the job. A vanished
         node's unit never settles (the marketplace gives its lease back after
         FAILURE_DETECT_S; no other node here takes it up). A far node's two-round job not
         due yet is a far unit the round does not wait for."""
@@ -291,11 +293,17 @@ class NetworkAwareRun:
         arrivals = sorted(j.arrival for j in due if j.arrival is not None)
 
         def units(t: float) -> list[rl.Unit]:
-            got = [j.arrival is not None and j.arrival <= t for j in due]
-            return [rl.Unit(settled=g, usable=g) for g in got] + far
+            # a job that will arrive is in flight on a live node; a vanished node's never is
+            return [
+                rl.Unit(settled=j.arrival is not None and j.arrival <= t,
+                        usable=j.arrival is not None and j.arrival <= t,
+                        in_flight=j.arrival is not None and j.arrival > t)
+                for j in due
+            ] + far  # fmt: skip
 
         previous, deadline = start, start + plan.deadline_s
-        for passed in range(1, rl.MAX_DEADLINES + 1):
+        # ends: past the last arrival nothing is in flight, and at_deadline then decides
+        for passed in itertools.count(1):
             for t in (a for a in arrivals if previous < a <= deadline):
                 if rl.quorum_reached(units(t), rules):
                     return t
@@ -307,7 +315,7 @@ class NetworkAwareRun:
                 self.result.stop_reason = rl.gave_up_reason(self.version + 1, usable, rules)
                 return deadline
             previous, deadline = deadline, deadline + rl.extension_s(plan.deadline_s)
-        raise AssertionError("at_deadline gives up at MAX_DEADLINES")
+        raise AssertionError("unreachable: itertools.count never ends")
 
     def is_due(self, job: InFlight) -> bool:
         """A far node's two-round job is due in the round after the one it started in."""
