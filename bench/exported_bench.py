@@ -308,6 +308,7 @@ def render(r: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|",
         *rows,
         "",
+        *_render_cuda(r.get("throughput_cuda")),
         f"A {c['parameters']:,}-parameter program ({c['archive_mb']} MiB): exported in "
         f"{c['export_s']} s; the request's gate (zip and JSON, no torch) {c['request_gate_s']} s; "
         f"the worker's measurement (meta device) {c['worker_measure_s']} s "
@@ -315,6 +316,19 @@ def render(r: dict[str, Any]) -> list[str]:
         "",
         *_render_live(r.get("live")),
     ]
+
+
+def _render_cuda(t: dict[str, Any] | None) -> list[str]:
+    """The same measurement on a GPU (`python -m bench.exported_bench --throughput cuda`), run
+    where one was lent; absent elsewhere."""
+    if not t:
+        return []
+    rows = [f"{name} {v['ratio']:.3f} ({v['exported_samples_per_s']:,.0f} against "
+            f"{v['eager_samples_per_s']:,.0f} samples/s)"
+            for name, v in t.items() if isinstance(v, dict)]  # fmt: skip
+    return [f"On {t.get('gpu', 'a GPU')} (fp32 with TF32, batch {t['batch_size']}, "
+            f"{t['steps']} steps, best of {t['runs']}; {t.get('measured', '')}): exported/eager "
+            + ", ".join(rows) + ".", ""]  # fmt: skip
 
 
 def _render_live(v: dict[str, Any] | None) -> list[str]:

@@ -253,6 +253,7 @@ def render_gpu(g: dict[str, Any]) -> list[str]:
         return [*head, f"skipped: {g['skipped']}", ""]
     return [
         *head,
+        *([g["measured"], ""] if g.get("measured") else []),
         f"{g['device']}, median of {g['repeats']} interleaved runs after a warm-up; the plain "
         "loop uses bf16 autocast, fused AdamW, TF32 and data on the GPU without per-step syncs. "
         "`whole call` also counts loading the state, copying the data and returning the delta.",
