@@ -41,9 +41,10 @@ from dataclasses import dataclass
 
 # training FLOPs per parameter and sample: forward 2, backward 4 (6 N per token/sample)
 TRAIN_FLOPS_PER_PARAM = 6
-# the smallest weight of a new observation in the observed mean (1/n before that): past 10
-# tasks the mean follows a machine that changed (a new GPU, a busier owner)
-MIN_GAIN = 0.1
+# the smallest weight of a new observation in the observed mean (1/n before that): past 20
+# tasks the mean follows a machine that changed (a new GPU, a busier owner), and is still
+# steady enough under honest noise (sigma 0.6 per task) never to cross the margin
+MIN_GAIN = 0.05
 # nodes of a job whose words are trusted needed before any of them is judged
 MIN_PEERS = 2
 

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db
 
 MARGIN = 2.0
 PRIOR_TASKS = 3.0
-FLAG_TASKS = 8
+FLAG_TASKS = 20
 
 
 @pytest.fixture(autouse=True)
@@ -232,42 +232,44 @@ def test_honest_nodes_under_noise_are_never_flagged_and_their_figures_settle(
     make_agent, submit
 ) -> None:
     """Five honest nodes of speeds 5 to 80 TFLOP/s, each task's time off by log-normal noise
-    (sigma 0.3: a task 35 % slow is common, 2x slow happens), 12 tasks each on one job: none
-    is flagged, and each one's figure lands near its real speed."""
+    at sigma 0.6 (the most bench/speed_spread.py measured on a loaded machine: a task twice
+    as slow as usual is common), 30 tasks each on one job: none is flagged, and each one's
+    figure lands near its real speed."""
     rng = random.Random(7)
     speeds = [5.0, 10.0, 20.0, 40.0, 80.0]
     nodes = [Node.objects.get(pk=make_agent(kind="platform", price=PRICE,
                                             benchmark={"fp32_tflops": s}).node_id)
              for s in speeds]  # fmt: skip
     job = _job(submit)
-    for _ in range(12):
+    for _ in range(30):
         for node, s in zip(nodes, speeds, strict=True):
-            _settle(job, node, seconds=_honest_seconds(s, rng, 0.3))
+            _settle(job, node, seconds=_honest_seconds(s, rng, 0.6))
     worst = 1.0
     for node, s in zip(nodes, speeds, strict=True):
         node.refresh_from_db()
+        assert node.speed_tasks >= 29  # the job's very first task had no peer to judge it by
         assert node.speed_flag == "" and node.speed_mismatches == 0
         ratio = speed_of(node) / s
         worst = max(worst, ratio, 1 / ratio)
     print(f"\nworst honest figure off its real speed: x{worst:.3f}")
-    assert worst < 1.3
+    assert worst < 1.5
 
 
 def test_the_honest_spread_is_well_inside_the_margin() -> None:
-    """The margin against the spread honest noise gives. A task's seconds on this machine
-    (the same small task timed 80 times, docs/money.md "Speed") spread with sigma 0.2 in log
-    space; here 0.3 (half again) per task, and the same for each of the five honest peers
-    whose upper median is the reference. 2,000 honest nodes, 40 tasks each: none is
-    flagged, and an 8x overstatement is flagged every time, within FLAG_TASKS tasks."""
+    """The margin against the spread honest noise gives. The same small training task timed
+    80 times (bench/speed_spread.py) spreads with sigma 0.2 to 0.6 in log space, the more
+    the busier the machine; here 0.6 per task, for the node and for each of the five honest
+    peers whose upper median is the reference. 1,000 honest nodes, 60 tasks each: none is
+    flagged, and an 8x overstatement is flagged every time, by its FLAG_TASKS-th task."""
     rng = random.Random(11)
     worst, caught, set_aside, tasks = 1.0, 0, 0, 0
-    for _ in range(2000):
+    for _ in range(1000):
         honest = speed.Speed(20.0, None, 0, None, "")
         liar = speed.Speed(160.0, None, 0, None, "")
-        for _ in range(40):
-            ref = sorted(math.exp(rng.gauss(0, 0.3)) for _ in range(5))[2]
-            honest = speed.fold(honest, 20.0 * math.exp(rng.gauss(0, 0.3)) / ref, **RULES)
-            liar = speed.fold(liar, 20.0 * math.exp(rng.gauss(0, 0.3)) / ref, **RULES)
+        for _ in range(60):
+            ref = sorted(math.exp(rng.gauss(0, 0.6)) for _ in range(5))[2]
+            honest = speed.fold(honest, 20.0 * math.exp(rng.gauss(0, 0.6)) / ref, **RULES)
+            liar = speed.fold(liar, 20.0 * math.exp(rng.gauss(0, 0.6)) / ref, **RULES)
             assert not honest.flagged
             if honest.tasks >= FLAG_TASKS:
                 worst = max(worst, 20.0 / honest.observed)
@@ -280,4 +282,35 @@ def test_the_honest_spread_is_well_inside_the_margin() -> None:
         f"(margin {MARGIN}); honest tasks billed with the benchmark set aside: "
         f"{set_aside / tasks:.5f}"
     )
-    assert worst < MARGIN and caught == 2000
+    assert worst < MARGIN and caught == 1000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_real_uploads_the_inflated_node_earns_what_its_peers_earn(
+    make_agent, submit, buyer
+) -> None:
+    """Three nodes train the same round for real and report the same time; one advertises
+    8x its peers' benchmark. Settlement pays it like them."""
+    from tests.marketplace.test_ledger_jobs import work_all
+
+    honest = [make_agent(kind="platform", price=PRICE, benchmark={"fp32_tflops": 20})
+              for _ in range(2)]  # fmt: skip
+    liar = make_agent(kind="platform", price=PRICE, benchmark={"fp32_tflops": 160})
+    job = submit(tier="platform", budget="20", max_price_per_gpu_hour="5",
+                 spec={**_small_spec(), "rounds": {"max_rounds": 1}})  # fmt: skip
+    assert work_all([liar, *honest]) == 3
+    assert buyer.get(f"/api/v1/jobs/{job['id']}/").json()["status"] == "completed"
+    paid = {
+        tx.node_id: Decimal(tx.details["base"])
+        for tx in Transaction.objects.filter(job_id=job["id"], kind="charge")
+    }
+    assert len(paid) == 3
+    assert paid[liar.node_id] == paid[honest[0].node_id] == paid[honest[1].node_id]
+    assert speed_of(Node.objects.get(pk=liar.node_id)) == pytest.approx(20.0)
+    assert all(not Node.objects.get(pk=a.node_id).speed_flag for a in honest)
+
+
+def _small_spec() -> dict:
+    from tests.marketplace.helpers import SMALL_SPEC
+
+    return dict(SMALL_SPEC)

@@ -264,7 +264,7 @@ TABLE: tuple[Setting, ...] = (
        shown="2"),
     _s("GPUFLEX_SPEED_PRIOR_TASKS", "float", 3.0, "how many observed tasks a node's "
        "benchmark weighs as in its speed figure", MONEY, ge=0, shown="3"),
-    _s("GPUFLEX_SPEED_FLAG_TASKS", "int", 8, "observed tasks before a node's benchmark can "
+    _s("GPUFLEX_SPEED_FLAG_TASKS", "int", 20, "observed tasks before a node's benchmark can "
        "be flagged as inflated", MONEY, ge=1),
     _s("GPUFLEX_MIN_PAYOUT", "decimal", "5", "smallest payout a contributor may withdraw",
        MONEY, unit="credits", ge=0),
