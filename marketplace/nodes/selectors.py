@@ -70,10 +70,11 @@ def market_capacity() -> dict[str, Any]:
         )
         .order_by("gpu_model", "kind")
     )
-    # benchmarks are JSON, validated as they are read (benchmark_of): ranged here, not in SQL
+    # each node's one speed figure (speed_of: what its tasks show, its benchmark as the
+    # prior; benchmarks are JSON, validated as read): ranged here, not in SQL
     tflops: dict[tuple[str, str], list[float]] = {}
-    for node in online_nodes().only("gpu_model", "kind", "benchmark"):
-        fp32 = benchmark_of(node).get("fp32_tflops")
+    for node in online_nodes().only("gpu_model", "kind", "benchmark", "speed_tflops"):
+        fp32 = speed_of(node)
         if fp32 is not None:
             tflops.setdefault((node.gpu_model, node.kind), []).append(float(fp32))
     models = []
