@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from django.conf import settings
+
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node, NodeState
 from marketplace.nodes.selectors import benchmark_of, network_of, speed_figure, speed_of
@@ -226,8 +228,7 @@ def measurement(node: Node, spec: JobSpec, step_s: float | None = None) -> NodeM
 
 
 def default_step_s(node: Node) -> float:
-    from django.conf import settings
-
+    """DEFAULT_STEP_S on a node of the reference speed, scaled by the node's figure."""
     fig = speed_of(node)
     if not fig:
         return DEFAULT_STEP_S

@@ -154,7 +154,9 @@ def test_a_node_advertising_8x_its_speed_is_flagged_and_paid_like_its_real_speed
     assert reconcile(with_chain=False).ok
 
 
-def test_the_nodes_page_shows_the_provider_why(make_agent, submit, client) -> None:
+def test_the_nodes_page_shows_the_provider_and_the_operator_why(
+    make_agent, submit, client, make_user
+) -> None:
     honest = make_agent(kind="platform", price=PRICE, benchmark={"fp32_tflops": 20})
     liar = make_agent(kind="platform", price=PRICE, benchmark={"fp32_tflops": 160})
     job = _job(submit)
@@ -164,6 +166,10 @@ def test_the_nodes_page_shows_the_provider_why(make_agent, submit, client) -> No
     page = client.get("/nodes/").content.decode()
     assert 'data-testid="speed-note"' in page and "Advertises 160" in page
     assert "too slow for its benchmark" in page
+    client.force_login(make_user("operator")[0])
+    overview = client.get("/operator/").content.decode()
+    assert overview.count('data-testid="operator-speed-flag"') == 1  # the liar's, only
+    assert "Advertises 160" in overview
 
 
 def test_a_lone_node_new_to_the_market_keeps_its_word(make_agent, submit) -> None:
