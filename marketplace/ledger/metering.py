@@ -14,7 +14,7 @@ A node's price is per *reference* GPU-hour: a GPU twice as fast as the reference
 half the time and is credited twice the speed, so it earns the same per task and more per
 hour. The server's own clock bounds the time a node can bill; the speed factor is clamped so
 that an inflated benchmark cannot multiply it without limit, and the billed TFLOP/s are the
-observed ones when a node's tasks show its benchmark is inflated (speed.py).
+node's one speed figure (speed.py: what its tasks show, its benchmark as the prior).
 
 A lease reserves `max_charge`: the same meter at the lease's bounded seconds, its speed and
 price and the full quality bonus, so that no charge of that lease can exceed it.

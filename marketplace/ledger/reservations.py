@@ -1,7 +1,7 @@
 """Per-lease reservations against a job's escrow (docs/money.md, "Budgets").
 
 Leasing a task reserves the most its charge could ever be (`metering.max_charge` at the
-lease's bounded seconds, the node's advertised speed factor and price, the full bonus). A
+lease's bounded seconds, the node's speed factor and price, the full bonus). A
 job's free escrow is its escrow balance less its open reservations, and a lease is only
 made when the free escrow covers it, so a charge never finds the escrow short.
 
@@ -31,7 +31,7 @@ from marketplace.ledger.models import Entry, Reservation, ReservationState
 from marketplace.ledger.money import ZERO, q
 from marketplace.ledger.sums import exact_sums_by
 from marketplace.nodes.models import Node
-from marketplace.nodes.selectors import benchmark_of
+from marketplace.nodes.selectors import speed_of
 
 # the advisory locks' class id: "GFRV" (GPUFlex reservations)
 _LOCK_CLASS = 0x47465256 - 2**31
@@ -44,12 +44,13 @@ def _lock_key(job_id: object) -> int:
 
 def lease_bound(node: Node, rules: Rules | None = None) -> Meter:
     """What one lease by `node` reserves: `max_charge` at LEASE_TIMEOUT_S (the most compute
-    seconds an upload can bill), the node's advertised speed factor (billing never uses a
-    higher one: ledger/speed.py only ever lowers it) and its price now (the lease's price)."""
+    seconds an upload can bill), the node's speed factor from its one speed figure now
+    (nodes.selectors.speed_of; the charge is metered with it as a bound) and its price now
+    (the lease's price)."""
     rules = rules or Rules.from_settings()
     return max_charge(
         seconds=float(settings.GPUFLEX["LEASE_TIMEOUT_S"]),
-        speed=speed_factor(benchmark_of(node).get("fp32_tflops"), rules),
+        speed=speed_factor(speed_of(node), rules),
         price_per_hour=Decimal(node.price_per_gpu_hour),
         rules=rules,
     )
@@ -233,7 +234,8 @@ def cheapest_lease(nodes: QuerySet[Node]) -> Decimal | None:
     rounds.scheduling.online_candidates); None when there are none (then nobody can tell
     what it would cost)."""
     rules = Rules.from_settings()
-    bounds = [lease_bound(n, rules).gross for n in nodes.only("price_per_gpu_hour", "benchmark")]
+    fields = ("price_per_gpu_hour", "benchmark", "speed_tflops")
+    bounds = [lease_bound(n, rules).gross for n in nodes.only(*fields)]
     return min(bounds) if bounds else None
 
 

@@ -155,7 +155,7 @@ def charge_result(result: TaskResult) -> Transaction | None:
         task.price_per_gpu_hour if task.price_per_gpu_hour is not None else node.price_per_gpu_hour
     )
     reservation = reservations.open_reservation(task.pk)
-    speed = observe_speed(result)  # what its tasks show, against its peers on the job
+    speed = observe_speed(result)  # the node's one figure, with this task folded in
     if job.kind == "inference":  # sold per sample processed (metering.per_sample)
         floor = float(settings.GPUFLEX["INFERENCE_MIN_S_PER_SAMPLE"])
         sps = seconds_per_sample(job_parameters(job), rules, floor)
@@ -165,7 +165,7 @@ def charge_result(result: TaskResult) -> Transaction | None:
         m = meter(
             reported_s=result.compute_s,
             observed_s=observed,
-            fp32_tflops=speed.billed,
+            fp32_tflops=speed.figure,
             price_per_hour=Decimal(price),
             cosine=result.cosine,
             rules=rules,
@@ -190,7 +190,8 @@ def charge_result(result: TaskResult) -> Transaction | None:
         "reserved": str(reservation.amount) if reservation else None,
         "advertised_tflops": speed.advertised,
         "observed_tflops": speed.observed,
-        "billed_tflops": speed.billed,
+        "billed_tflops": speed.figure,
+        "speed_flagged": speed.flagged,
     }
     tx = post(
         f"charge:{result.pk}",

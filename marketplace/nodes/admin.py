@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from marketplace.nodes.models import EnrollmentToken, NodeSpeed, NodeTraffic
+from marketplace.nodes.models import EnrollmentToken, NodeTraffic
 from marketplace.web.readonly_admin import ReadOnlyAdmin
 
 
@@ -16,16 +16,6 @@ from marketplace.web.readonly_admin import ReadOnlyAdmin
 class EnrollmentTokenAdmin(admin.ModelAdmin):
     list_display = ["prefix", "memo", "uses_left", "expires_at", "revoked_at", "created_by"]
     readonly_fields = ["digest", "prefix", "created_by", "created_at"]
-
-
-# measured by the server from the node's tasks; NodeSpeed sets what the node is billed at
-# (ledger/speed.py), so neither is edited by hand
-@admin.register(NodeSpeed)
-class NodeSpeedAdmin(ReadOnlyAdmin):
-    list_display = ["node", "advertised_tflops", "observed_tflops", "billed_tflops", "tasks",
-                    "mismatch", "updated_at"]  # fmt: skip
-    list_filter = ["mismatch"]
-    list_select_related = ["node"]
 
 
 @admin.register(NodeTraffic)

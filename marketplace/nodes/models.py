@@ -96,10 +96,20 @@ class Node(models.Model):
     verified_ok = models.PositiveIntegerField(default=0)
     verified_bad = models.PositiveIntegerField(default=0)
     lost_leases = models.PositiveIntegerField(default=0)
-    # settled tasks whose throughput showed the advertised benchmark inflated past the
-    # margin (ledger/speed.py): each costs reliability like a lost lease
+    # tasks settled while its benchmark was flagged as inflated (`speed_flag`,
+    # ledger/speed.py): each costs reliability like a lost lease
     speed_mismatches = models.PositiveIntegerField(default=0)
     reliability = models.FloatField(default=0.5)
+    # its one speed (ledger/speed.py, docs/money.md "Speed"), in fp32 TFLOP/s: the figure
+    # sharding, sizing, the lease's reservation and billing all read (selectors.speed_of);
+    # null until a task of it was observed (its benchmark, the prior, stands until then).
+    # Written when its results are settled, never on the claim or heartbeat paths.
+    speed_tflops = models.FloatField(null=True, blank=True)
+    # what its tasks show alone: the (log-space) mean of their observations, and how many
+    speed_observed_tflops = models.FloatField(null=True, blank=True)
+    speed_tasks = models.PositiveIntegerField(default=0)
+    # why its benchmark is not trusted (its tasks show far less); "" while it is
+    speed_flag = models.CharField(max_length=300, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -137,25 +147,6 @@ def reliability_score(
     benchmark inflated."""
     misses = lost_leases + speed_mismatches
     return (verified_ok + 1) / (verified_ok + 3 * verified_bad + misses + 2)
-
-
-class NodeSpeed(models.Model):
-    """What a node's settled tasks show of its speed (ledger/speed.py), beside what it
-    advertises. Its own row, not columns of Node: settlement writes it inside the round's
-    transaction, and the node's heartbeats (which update Node) must not wait for that."""
-
-    node = models.OneToOneField(Node, on_delete=models.CASCADE, related_name="speed")
-    # fp32 TFLOP/s its tasks show, a moving average over them (None: not judged yet)
-    observed_tflops = models.FloatField(null=True, blank=True)
-    # what it advertised when last judged, and what billing used
-    advertised_tflops = models.FloatField(null=True, blank=True)
-    billed_tflops = models.FloatField(null=True, blank=True)
-    # the last task's own figures: model TFLOP/s trained, and utilization of its benchmark
-    achieved_tflops = models.FloatField(null=True, blank=True)
-    tasks = models.PositiveIntegerField(default=0)  # settled tasks that were judged
-    mismatch = models.BooleanField(default=False)
-    note = models.CharField(max_length=300, blank=True)  # why, for the provider
-    updated_at = models.DateTimeField(auto_now=True)
 
 
 class NodeTraffic(models.Model):

@@ -12,14 +12,14 @@ from django.utils import timezone
 
 from marketplace.accounts.models import User
 from marketplace.nodes.bounds import NETWORK_BOUNDS, clean_benchmark, clean_figures
-from marketplace.nodes.models import Node, NodeSpeed, NodeState, NodeTraffic
+from marketplace.nodes.models import Node, NodeState, NodeTraffic
 
 
 def nodes_of(user: User) -> QuerySet[Node]:
-    # with the observed speed the node pages and the API show beside each node
+    # its speed figure and flag are columns of the row (speed_summary): nothing to join
     if user.is_operator:
-        return Node.objects.select_related("speed").order_by("pk")
-    return Node.objects.filter(owner=user).select_related("speed").order_by("pk")
+        return Node.objects.order_by("pk")
+    return Node.objects.filter(owner=user).order_by("pk")
 
 
 def nodes_owned_by(user: User) -> QuerySet[Node]:
@@ -70,10 +70,11 @@ def market_capacity() -> dict[str, Any]:
         )
         .order_by("gpu_model", "kind")
     )
-    # benchmarks are JSON, validated as they are read (benchmark_of): ranged here, not in SQL
+    # each node's one speed figure (speed_of: what its tasks show, its benchmark as the
+    # prior; benchmarks are JSON, validated as read): ranged here, not in SQL
     tflops: dict[tuple[str, str], list[float]] = {}
-    for node in online_nodes().only("gpu_model", "kind", "benchmark"):
-        fp32 = benchmark_of(node).get("fp32_tflops")
+    for node in online_nodes().only("gpu_model", "kind", "benchmark", "speed_tflops"):
+        fp32 = speed_of(node)
         if fp32 is not None:
             tflops.setdefault((node.gpu_model, node.kind), []).append(float(fp32))
     models = []
@@ -114,10 +115,28 @@ def benchmark_of(node: Node) -> dict[str, Any]:
     return clean_benchmark(node.benchmark)
 
 
-def speed_of(node: Node) -> NodeSpeed | None:
-    """What the node's settled tasks show of its speed (ledger/observed_speed.py), or None
-    before any was judged."""
-    try:
-        return node.speed
-    except NodeSpeed.DoesNotExist:
-        return None
+def speed_of(node: Node) -> float | None:
+    """THE node's speed, fp32 TFLOP/s (ledger/speed.py): what its tasks show blended with its
+    benchmark, or its benchmark before any task was observed; None without either. Sharding,
+    sizing, scheduling's requirement, the lease's reservation and billing all read this, and
+    it reads only the row (no query), so the claim path may call it."""
+    return speed_figure(node.speed_tflops, node.benchmark)
+
+
+def speed_figure(stored: float | None, benchmark: object) -> float | None:
+    """speed_of from a row's columns (for queries that read values, not instances)."""
+    if stored is not None and stored > 0:
+        return float(stored)
+    return clean_benchmark(benchmark).get("fp32_tflops")
+
+
+def speed_summary(node: Node) -> dict[str, Any]:
+    """The node's speed as its provider and operators see it (API detail, nodes page)."""
+    return {
+        "advertised_tflops": benchmark_of(node).get("fp32_tflops"),
+        "speed_tflops": speed_of(node),
+        "observed_tflops": node.speed_observed_tflops,
+        "tasks": node.speed_tasks,
+        "flagged": bool(node.speed_flag),
+        "note": node.speed_flag,
+    }

@@ -21,9 +21,9 @@ from marketplace.jobs import files
 from marketplace.jobs.datasets import job_dataset
 from marketplace.jobs.models import Job, Shard
 from marketplace.nodes.models import Node
-from marketplace.nodes.selectors import benchmark_of, online_nodes
+from marketplace.nodes.selectors import online_nodes
 from marketplace.rounds.scheduling import nodes_that_may_work_on
-from marketplace.rounds.sizing import step_seconds
+from marketplace.rounds.sizing import figures
 from trainer.datasets import Dataset
 from trainer.sharding import Shard as PlannedShard
 from trainer.sharding import capability_sizes, plan_shards
@@ -119,12 +119,13 @@ def shard_count(cohort: int, fewest: int, num_train: int) -> int:
 
 def shard_weights(spec: JobSpec, cohort: Sequence[Node], count: int) -> list[float]:
     """`count` per-shard weights, largest first: equal for an elastic equal cut; for a
-    capability cut each node's throughput (1 / seconds per step), the fastest `count` nodes'
-    when the cohort is larger, and the cohort's mean for shards beyond it (kept for the
-    strategy's minimum: no node of their own)."""
+    capability cut each node's one speed figure (sizing.figures: nodes.selectors.speed_of,
+    what sizing and billing read too), the fastest `count` nodes' when the cohort is larger,
+    and the cohort's mean for shards beyond it (kept for the strategy's minimum: no node of
+    their own)."""
     if spec.sharding.method != "capability":
         return [1.0] * count
-    speeds = sorted((1.0 / step_seconds(benchmark_of(n), spec) for n in cohort), reverse=True)
+    speeds = sorted(figures(cohort).values(), reverse=True)
     mean = sum(speeds) / len(speeds)
     return sorted(speeds[:count] + [mean] * (count - len(speeds)), reverse=True)
 

@@ -25,7 +25,7 @@ from marketplace.events.services import job_changed
 from marketplace.jobs.models import Job, JobStatus, Tier
 from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
-from marketplace.nodes.selectors import online_nodes
+from marketplace.nodes.selectors import online_nodes, speed_of
 from marketplace.observability import metrics as obs
 from marketplace.rounds.delivery import model_source, record_model
 from marketplace.rounds.models import Round, RoundStatus, ShardCopy, Task, TaskStatus
@@ -52,10 +52,11 @@ CLAIM_ORDER = ("replica", "round_id", "shard_id")
 
 
 def node_view(node: Node) -> NodeView:
-    """What the scheduling rule reads of a node: its price and hardware as registered."""
+    """What the scheduling rule reads of a node: its price and hardware as registered, and its
+    one speed figure (nodes.selectors.speed_of: a column, no query) for `min_fp32_tflops`."""
     accelerator = str((node.hardware or {}).get("accelerator") or "")
     gpu = accelerator not in ("", "cpu") if accelerator else bool(node.gpu_model)
-    tflops = (node.benchmark or {}).get("fp32_tflops")
+    tflops = speed_of(node)
     # the runtime the node reported (desktop/runtime); an older agent's environment is what
     # its hardware report says: a GPU accelerator and the torch it probed
     runtime = node.runtime or {}
@@ -173,7 +174,7 @@ def nodes_that_may_work_on(job: Job) -> QuerySet[Node]:
     hardware (`may_work_on`) and kind let them take some task of it (online or not)."""
     needs = job_needs(job)
     fields = ("pk", "kind", "price_per_gpu_hour", "memory_gb", "reliability", "gpu_model",
-              "hardware", "benchmark")  # fmt: skip
+              "hardware", "benchmark", "speed_tflops")  # fmt: skip
     nodes = Node.objects.only(*fields)
     qs = Node.objects.filter(pk__in=[n.pk for n in nodes if may_work_on(needs, node_view(n))])
     if job.tier == Tier.PLATFORM:

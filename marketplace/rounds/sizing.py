@@ -2,9 +2,14 @@
 
 Plain jobs give every node the spec's equal work (what FedAvg does). Jobs whose spec enables
 `adaptation` are sized by `trainer.adapt.plan_round`, the same pure function the simulator
-uses: steps, batch and upload codec from each node's step time (what its recent tasks on the
-job took, or its benchmark before it has any), its network as the agent last measured it, and
-its verification record.
+uses: steps, batch and upload codec from each node's step time, its network as the agent
+last measured it, and its verification record.
+
+A node's step time is the job's work per sample over the node's one speed figure
+(nodes.selectors.speed_of, ledger/speed.py: what its tasks show, its benchmark as the
+prior): how fast a node is is that figure's alone, and what the job costs per sample is
+the job's, measured from its recent results (each normalised by its node's figure), or
+before it has any from the cohort's reference-model throughputs.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from django.conf import settings
+
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node, NodeState
-from marketplace.nodes.selectors import benchmark_of, network_of
+from marketplace.nodes.selectors import benchmark_of, network_of, speed_figure, speed_of
 from marketplace.rounds.models import TaskResult
 from trainer.adapt import NodeMeasurement, NodePlan, PolicyState, RoundPlan, Tier, plan_round
 from trainer.sim.network import WARM_TASKS
@@ -28,7 +35,7 @@ DEFAULT_RTT_MS = 100.0
 DEFAULT_MBPS = 20.0
 DEFAULT_STEP_S = 2e-3
 PEERS = 256  # the round's likely cohort the period is planned against
-OBSERVED_TASKS = 5  # a node's recent tasks its step time is taken from
+RECENT_RESULTS = 50  # the job's recent results its work per sample is taken from
 
 
 @dataclass(frozen=True)
@@ -62,11 +69,11 @@ def _plan(
     num_classes: int,
     nodes: Sequence[Node],
     tiers: dict[str, str] | None = None,
-    step_s: Mapping[object, float] | None = None,
+    job: Job | None = None,
 ) -> tuple[RoundPlan, PolicyState]:
     numel = model_numel(spec.model.model_dump_json(), tuple(input_shape), num_classes)
     state = PolicyState(tiers={k: Tier(v) for k, v in (tiers or {}).items()})
-    step_s = step_s or {}
+    step_s = step_times(spec, nodes, job)
     # a task's fixed cost (lease, sandbox, imports) as the round-phase bench measured it: the
     # plan's deadline covers it, or rounds close before their updates can arrive
     measured = [measurement(n, spec, step_s.get(n.pk)) for n in nodes]
@@ -125,7 +132,7 @@ class CohortPlan:
 def plan_cohort(job: Job, nodes: Sequence[Node]) -> CohortPlan:
     """One round's plan for the nodes online at its opening."""
     plan, state = _plan(job.parsed_spec, job.input_shape, job.num_classes, nodes,
-                        job.policy_tiers, observed_step_s(job, nodes))  # fmt: skip
+                        job.policy_tiers, job)  # fmt: skip
     return CohortPlan(
         entries={plan_key(nid): _entry(p) for nid, p in plan.nodes.items()},
         tiers={nid: t.value for nid, t in state.tiers.items()},
@@ -141,39 +148,73 @@ def planned_work(entry: dict[str, Any], spec: JobSpec) -> Work:
     return Work(steps=int(steps), batch_size=int(entry["batch_size"]), codec=str(entry["codec"]))
 
 
-def observed_step_s(job: Job, nodes: Sequence[Node]) -> dict[object, float]:
-    """Seconds per step each node took on this job's recent tasks (the median of its last
-    OBSERVED_TASKS accepted results): what the plan sizes its next work on, in place of the
-    benchmark it ran as it started, which a busy machine or a cold start can get several
-    fold wrong. Nodes new to the job are missing: the benchmark stands for them."""
-    ids = [n.pk for n in nodes]
+def figures(nodes: Sequence[Node]) -> dict[object, float]:
+    """Each node's one speed figure (speed_of); a node with none (no benchmark, no task
+    observed) counts as the cohort's median one, and a cohort with none at all as 1.0 each
+    (only their ratios and the job's work per figure matter)."""
+    known = {n.pk: f for n in nodes if (f := speed_of(n))}
+    default = statistics.median(known.values()) if known else 1.0
+    return {n.pk: known.get(n.pk, default) for n in nodes}
+
+
+def step_times(spec: JobSpec, nodes: Sequence[Node], job: Job | None = None) -> dict[object, float]:
+    """Seconds per step (at the spec's batch) for each node: the job's work per sample over
+    the node's speed figure."""
+    figs = figures(nodes)
+    work = (job_work(job, figs) if job is not None else None) or prior_work(spec, nodes, figs)
+    batch = spec.local.batch_size
+    return {pk: max(work * batch / f, 1e-6) for pk, f in figs.items()}
+
+
+def job_work(job: Job, figs: Mapping[object, float]) -> float | None:
+    """The job's seconds per sample times the speed figure of the node that took them: the
+    same for every node whatever its speed, the median over the job's last RECENT_RESULTS
+    accepted results (one query); None before it has any."""
+    default = statistics.median(figs.values()) if figs else 1.0
     rows = (
         TaskResult.objects.filter(
-            task__round__job=job, node_id__in=ids, accepted=True, compute_s__gt=0, task__steps__gt=0
+            task__round__job=job, accepted=True, compute_s__gt=0, task__steps__gt=0
         )
         .order_by("-created_at")
-        .values_list("node_id", "compute_s", "task__steps", "metrics")[: OBSERVED_TASKS * len(ids)]
-    )
-    per_node: dict[object, list[float]] = {}
-    for node_id, compute_s, leased, metrics in rows:
+        .values_list("node_id", "compute_s", "task__steps", "task__batch_size", "metrics",
+                     "node__speed_tflops", "node__benchmark")[:RECENT_RESULTS]
+    )  # fmt: skip
+    work = []
+    for node_id, compute_s, leased, batch, metrics, stored, bench in rows:
         reported = metrics.get("steps") if isinstance(metrics, dict) else None
         # the steps it says it took (an overlapping node merges more), else those it was given
         steps = reported if isinstance(reported, int | float) and reported >= 1 else leased
-        seen = per_node.setdefault(node_id, [])
-        if len(seen) < OBSERVED_TASKS:
-            seen.append(compute_s / steps)
-    return {nid: statistics.median(v) for nid, v in per_node.items()}
+        fig = figs.get(node_id) or speed_figure(stored, bench) or default
+        work.append(compute_s / (steps * max(batch or 1, 1)) * fig)
+    return statistics.median(work) if work else None
+
+
+def prior_work(spec: JobSpec, nodes: Sequence[Node], figs: Mapping[object, float]) -> float:
+    """Before the job has results: its work per sample from the cohort's benchmarks of the
+    reference model nearest the job's (`train_samples_per_s`, what the agent measured the
+    architecture at), each times its node's figure, the median; DEFAULT_STEP_S at the
+    median figure when none has one."""
+    work = []
+    for n in nodes:
+        per_sample = sample_seconds(benchmark_of(n), spec)
+        if per_sample is not None:
+            work.append(per_sample * figs[n.pk])
+    if work:
+        return statistics.median(work)
+    median = statistics.median(figs.values()) if figs else 1.0
+    return DEFAULT_STEP_S / spec.local.batch_size * median
 
 
 def measurement(node: Node, spec: JobSpec, step_s: float | None = None) -> NodeMeasurement:
-    """What the policy knows of a node: its measured link, its step time (observed on the
-    job when given, else from its benchmark) and its record."""
+    """What the policy knows of a node: its measured link, its step time (`step_times` when
+    given; else DEFAULT_STEP_S at the reference speed, over its speed figure: health scores
+    compare step times, so only the figures' ratios count) and its record."""
     net = network_of(node)  # validated figures only: a bad stored one counts as unreported
     rtt_ms = float(net.get("rtt_ms") or DEFAULT_RTT_MS)
     reports = node.verified_ok + node.verified_bad
     return NodeMeasurement(
         node_id=str(node.pk),
-        step_s=step_s if step_s is not None else step_seconds(benchmark_of(node), spec),
+        step_s=step_s if step_s is not None else default_step_s(node),
         rtt_s=max(rtt_ms, 0.1) / 1000,
         up_bps=float(net.get("up_mbps") or DEFAULT_MBPS) * 1e6,
         down_bps=float(net.get("down_mbps") or DEFAULT_MBPS) * 1e6,
@@ -186,17 +227,26 @@ def measurement(node: Node, spec: JobSpec, step_s: float | None = None) -> NodeM
     )
 
 
-def step_seconds(benchmark: dict, spec: JobSpec) -> float:
-    """Seconds per step at the job's batch, from the node's reference-model throughput."""
+def default_step_s(node: Node) -> float:
+    """DEFAULT_STEP_S on a node of the reference speed, scaled by the node's figure."""
+    fig = speed_of(node)
+    if not fig:
+        return DEFAULT_STEP_S
+    return DEFAULT_STEP_S * float(settings.GPUFLEX["REFERENCE_FP32_TFLOPS"]) / fig
+
+
+def sample_seconds(benchmark: dict, spec: JobSpec) -> float | None:
+    """Seconds per sample of the benchmark's reference model nearest the job's (None without
+    one): a prior for the job's cost, never a node's speed (that is speed_of's)."""
     throughput = benchmark.get("train_samples_per_s")
     if isinstance(throughput, dict):
         ref = "transformer" if spec.model.arch == "transformer" else spec.model.arch
         throughput = throughput.get(ref) or throughput.get("mlp")
     try:
-        per_sample = 1.0 / float(throughput)
+        value = 1.0 / float(throughput)
     except (TypeError, ValueError, ZeroDivisionError):
-        return DEFAULT_STEP_S
-    return max(per_sample * spec.local.batch_size, 1e-6)
+        return None
+    return value if value > 0 else None
 
 
 @lru_cache(maxsize=128)

@@ -26,9 +26,15 @@ def _adaptive_spec(codec: str) -> dict:
 
 
 def _agents(make_agent):
-    fast = make_agent(kind="platform", benchmark={"train_samples_per_s": {"mlp": 64000}})
-    slow = make_agent(kind="platform", benchmark={"train_samples_per_s": {"mlp": 16000}})
+    # a node's speed is its one figure (nodes.selectors.speed_of): its fp32 benchmark until
+    # its tasks are observed; the reference-model throughput prices the job's work per sample
+    fast = make_agent(kind="platform", benchmark=FAST)
+    slow = make_agent(kind="platform", benchmark=SLOW)
     return fast, slow
+
+
+FAST = {"fp32_tflops": 80.0, "train_samples_per_s": {"mlp": 64000}}
+SLOW = {"fp32_tflops": 20.0, "train_samples_per_s": {"mlp": 16000}}
 
 
 def test_faster_nodes_get_more_steps_and_the_spec_codec(make_agent, submit) -> None:
@@ -65,7 +71,7 @@ def test_the_round_plan_sits_out_an_unhealthy_node_until_the_round_would_stall(
     planned work for each node, and no task for a node the policy excludes (its tier kept on
     the job for re-admission hysteresis), unless the round would otherwise stall."""
     fast, slow = _agents(make_agent)
-    bad = make_agent(kind="platform", benchmark={"train_samples_per_s": {"mlp": 64000}})
+    bad = make_agent(kind="platform", benchmark=FAST)
     Node.objects.filter(pk=bad.node_id).update(verified_bad=5)  # its updates kept failing
     job = submit(spec=_adaptive_spec("none"), tier="platform")
     first = Round.objects.get(job_id=job["id"], number=1)
@@ -82,10 +88,14 @@ def test_the_round_plan_sits_out_an_unhealthy_node_until_the_round_would_stall(
     assert bad.claim() is not None
 
 
-def test_the_next_round_is_sized_on_the_step_time_nodes_showed(make_agent, submit) -> None:
+def test_the_next_round_is_sized_on_the_step_time_nodes_showed(
+    make_agent, submit, settings
+) -> None:
     """Three nodes with one benchmark get equal work; once their tasks show that one steps
-    4x as fast as the others, the next round's plan gives it about 4x the steps."""
-    bench = {"train_samples_per_s": {"mlp": 16000}}
+    4x as fast as the others, its speed figure (the benchmark's weight as a prior set to
+    nothing here) and so the next round's plan give it about 4x the steps."""
+    settings.GPUFLEX = settings.GPUFLEX | {"SPEED_PRIOR_TASKS": 0.0, "SPEED_MARGIN": 1e9}
+    bench = SLOW
     agents = [make_agent(kind="platform", benchmark=bench) for _ in range(3)]
     submit(spec=_adaptive_spec("int8"), tier="platform")
     first = [agent.claim() for agent in agents]

@@ -169,8 +169,13 @@ def test_shard_count_is_one_per_node_within_bounds() -> None:
 def test_capability_cut_gives_the_faster_node_a_proportionally_larger_shard(
     make_agent, submit
 ) -> None:
-    fast = make_agent(kind="platform", benchmark={"train_samples_per_s": {"mlp": 3000}})
-    slow = make_agent(kind="platform", benchmark={"train_samples_per_s": {"mlp": 1000}})
+    # a node's speed is its one figure (nodes.selectors.speed_of): its fp32 benchmark here
+    fast = make_agent(
+        kind="platform", benchmark={"fp32_tflops": 30.0, "train_samples_per_s": {"mlp": 3000}}
+    )
+    slow = make_agent(
+        kind="platform", benchmark={"fp32_tflops": 10.0, "train_samples_per_s": {"mlp": 1000}}
+    )
     spec = spec_with(
         {"method": "capability", "num_shards": 2},
         local={"epochs": 1, "batch_size": 32},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from marketplace.api.serializers import numbers
@@ -17,7 +18,8 @@ from marketplace.api.serializers.node_data import (
 )
 from marketplace.nodes.bounds import MAX_LOCAL_DATASETS
 from marketplace.nodes.enrollment import MAX_TOKEN_LENGTH
-from marketplace.nodes.models import Node, NodeKind, NodeSpeed
+from marketplace.nodes.models import Node, NodeKind
+from marketplace.nodes.selectors import speed_summary
 
 ZONE_PATTERN = r"^[A-Za-z0-9._-]+$"
 
@@ -131,29 +133,25 @@ class EnrollmentTokenSerializer(serializers.Serializer):
     enrollment_token = serializers.CharField(help_text="shown only this once")
 
 
-class NodeSpeedSerializer(serializers.ModelSerializer):
-    """What the node's tasks show of its speed beside what it advertises (docs/money.md)."""
+class NodeSpeedSerializer(serializers.Serializer):
+    """The node's one speed figure beside what it advertises (docs/money.md, "Speed")."""
 
-    class Meta:
-        model = NodeSpeed
-        fields = [
-            "advertised_tflops",
-            "observed_tflops",
-            "billed_tflops",
-            "achieved_tflops",
-            "tasks",
-            "mismatch",
-            "note",
-            "updated_at",
-        ]
-        read_only_fields = fields
+    advertised_tflops = serializers.FloatField(allow_null=True, help_text="its benchmark")
+    speed_tflops = serializers.FloatField(
+        allow_null=True, help_text="THE figure sharding, sizing and billing use"
+    )
+    observed_tflops = serializers.FloatField(
+        allow_null=True, help_text="what its tasks show alone; null before any was observed"
+    )
+    tasks = numbers.IntegerField(help_text="tasks observed")
+    flagged = serializers.BooleanField(help_text="its benchmark is not trusted")
+    note = serializers.CharField(help_text="why it is flagged")
 
 
 class NodeSerializer(serializers.ModelSerializer):
-    speed = NodeSpeedSerializer(
-        read_only=True, allow_null=True,
-        help_text="observed speed against the advertised benchmark; null until judged",
-    )  # fmt: skip
+    speed = serializers.SerializerMethodField(
+        help_text="its one speed figure against its advertised benchmark (NodeSpeedSerializer)"
+    )
 
     class Meta:
         model = Node
@@ -187,6 +185,10 @@ class NodeSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(NodeSpeedSerializer)
+    def get_speed(self, node: Node) -> dict:
+        return speed_summary(node)
 
 
 class NodeCreatedSerializer(NodeSerializer):

@@ -258,9 +258,12 @@ GPUFLEX = {
     "INFERENCE_MIN_S_PER_SAMPLE": _env["GPUFLEX_INFERENCE_MIN_S_PER_SAMPLE"],
     "MIN_SPEED_FACTOR": _env["GPUFLEX_MIN_SPEED_FACTOR"],
     "MAX_SPEED_FACTOR": _env["GPUFLEX_MAX_SPEED_FACTOR"],
-    # a node whose benchmark is more than this many times what its tasks show is billed at
-    # what they show, and loses reliability (ledger/speed.py)
+    # a node's one speed figure (ledger/speed.py): its benchmark weighs as SPEED_PRIOR_TASKS
+    # observed tasks; one more than SPEED_MARGIN times what its tasks show is set aside for
+    # what they show, and flagged (losing reliability) after SPEED_FLAG_TASKS tasks
     "SPEED_MARGIN": _env["GPUFLEX_SPEED_MARGIN"],
+    "SPEED_PRIOR_TASKS": _env["GPUFLEX_SPEED_PRIOR_TASKS"],
+    "SPEED_FLAG_TASKS": _env["GPUFLEX_SPEED_FLAG_TASKS"],
     "MIN_PAYOUT": _env["GPUFLEX_MIN_PAYOUT"],
     # a job goes on only while its escrow covers this many times its dearest round so far
     "ROUND_BUDGET_MARGIN": _env["GPUFLEX_ROUND_BUDGET_MARGIN"],

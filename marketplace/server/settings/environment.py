@@ -260,7 +260,12 @@ TABLE: tuple[Setting, ...] = (
     _s("GPUFLEX_MAX_SPEED_FACTOR", "float", 8.0, "fastest speed factor a node is billed at",
        MONEY, gt=0, shown="8"),
     _s("GPUFLEX_SPEED_MARGIN", "float", 2.0, "a benchmark more than this many times what "
-       "the node's tasks show is billed at what they show", MONEY, gt=0, shown="2"),
+       "the node's tasks show is set aside for what they show (and flagged)", MONEY, gt=0,
+       shown="2"),
+    _s("GPUFLEX_SPEED_PRIOR_TASKS", "float", 3.0, "how many observed tasks a node's "
+       "benchmark weighs as in its speed figure", MONEY, ge=0, shown="3"),
+    _s("GPUFLEX_SPEED_FLAG_TASKS", "int", 20, "observed tasks before a node's benchmark can "
+       "be flagged as inflated", MONEY, ge=1),
     _s("GPUFLEX_MIN_PAYOUT", "decimal", "5", "smallest payout a contributor may withdraw",
        MONEY, unit="credits", ge=0),
     _s("GPUFLEX_ROUND_BUDGET_MARGIN", "decimal", "1.5", "a job goes on while its escrow "

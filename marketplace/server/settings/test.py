@@ -52,6 +52,8 @@ GPUFLEX["PLATFORM_SPOT_CHECK_RATE"] = 0.0
 # task's compute time is the test machine's load, not the node's speed, and a busy moment
 # would read as a node that inflated its benchmark
 GPUFLEX["SPEED_MARGIN"] = 1e9
+# and the benchmark stays the speed figure (sizing, sharding, billing) for the same reason
+GPUFLEX["SPEED_PRIOR_TASKS"] = 1e9
 # small so that a test can exceed it without building a huge body
 GPUFLEX["MAX_UPDATE_BYTES"] = 4 * 2**20
 DATA_UPLOAD_MAX_MEMORY_SIZE = GPUFLEX["MAX_UPDATE_BYTES"]

@@ -24,7 +24,7 @@ from marketplace.jobs.services import cancel_job, pause_job, resume_job
 from marketplace.jobs.submission import parse_job_spec, submit_job
 from marketplace.ledger.metering import Rules, speed_factor
 from marketplace.ledger.selectors import balances
-from marketplace.nodes.selectors import benchmark_of, online_nodes
+from marketplace.nodes.selectors import benchmark_of, online_nodes, speed_of
 from marketplace.numbers import is_ascii_text
 from marketplace.sweeps.selectors import best_trial, trial_rows
 from marketplace.web import estimate, jobview
@@ -58,7 +58,7 @@ def _market_estimate(spec: JobSpec, tier: str, max_price: Decimal) -> dict | Non
         estimate.Offer(
             n.price_per_gpu_hour,
             estimate.samples_per_s(benchmark_of(n), arch),
-            speed_factor(benchmark_of(n).get("fp32_tflops"), rules),
+            speed_factor(speed_of(n), rules),
         )
         for n in online_nodes().filter(price_per_gpu_hour__lte=max_price)
     ]

@@ -20,7 +20,13 @@ from marketplace.events.stream import event_stream
 from marketplace.ledger import selectors as ledger
 from marketplace.ledger.errors import LedgerError
 from marketplace.ledger.services import request_payout
-from marketplace.nodes.selectors import benchmark_of, network_of, nodes_of, nodes_owned_by, speed_of
+from marketplace.nodes.selectors import (
+    benchmark_of,
+    network_of,
+    nodes_of,
+    nodes_owned_by,
+    speed_summary,
+)
 from marketplace.nodes.services import set_price
 from marketplace.rounds.selectors import tasks_done_by_node
 from marketplace.web.access import provider_required, role_required
@@ -40,7 +46,7 @@ def _node_rows(user: Any) -> list[dict[str, Any]]:
                 "tflops": bench.get("fp32_tflops"),
                 "device": bench.get("device") or node.gpu_model or "CPU",
                 "rtt_ms": network_of(node).get("rtt_ms"),
-                "speed": speed_of(node),
+                "speed": speed_summary(node),
                 "tasks_done": done.get(node.pk, 0),
                 "earned": ledger.node_earnings(node)["total"],
                 "form": PriceForm(
