@@ -245,7 +245,7 @@ def train_local(
             paused.meta["compute_s"] = before_s + time.perf_counter() - started
             raise TrainingPaused(paused)
         if step in wanted:
-            on_checkpoint(capture(step, model, opt, scaler, loss_total, identity))  # type: ignore[misc]
+            on_checkpoint(_kept(capture(step, model, opt, scaler, loss_total, identity)))  # type: ignore[misc]
         idx = order[bounds[step] : bounds[step + 1]]
         opt.zero_grad(set_to_none=True)
         if accum == 1:
@@ -276,7 +276,7 @@ def train_local(
         else:
             opt.step()
     if steps in wanted:
-        on_checkpoint(capture(steps, model, opt, scaler, loss_total, identity))  # type: ignore[misc]
+        on_checkpoint(_kept(capture(steps, model, opt, scaler, loss_total, identity)))  # type: ignore[misc]
     mean_loss = float(loss_total) / steps  # one device sync, after the loop
     compute_s = before_s + time.perf_counter() - started
 
@@ -296,6 +296,12 @@ def train_local(
         metrics={"loss": mean_loss, "steps": float(steps), "samples": float(n)},
         precision=precision,
     )
+
+
+def _kept(state: PausedState) -> PausedState:
+    # on the CPU, capture's tensors are the live weights and moments (.cpu() copies nothing):
+    # a checkpoint the run goes on after must be a copy
+    return PausedState(state.step, {k: v.clone() for k, v in state.tensors.items()}, state.meta)
 
 
 def _train_sample_private(
