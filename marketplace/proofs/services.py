@@ -111,7 +111,7 @@ def reveal(node: Node, check_id: int, step: int, body: bytes) -> dict[str, Any]:
         raise MarketplaceError(f"The checkpoint was rejected: {exc}.") from None
     if not ok:
         settle(check, False, f"checkpoint {step} does not match its commitment")
-        return {"status": check.status}
+        return {"status": CheckStatus.FAILED.value}
     name = f"{files.job_dir(check.result.task.round.job_id)}/proofs/{check.pk}/{step}.safetensors"
     files.put(name, body)
     with transaction.atomic():
