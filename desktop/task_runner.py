@@ -73,10 +73,16 @@ CORRUPT_INPUT = "corrupt_input"
 # run (tests/system/test_fault_byzantine.py).
 BYZANTINE_ENV = "GPUFLEX_BYZANTINE"
 BYZANTINE_SCALES = {"sign_flip": 10.0, "noise": 30.0, "scaled": 2.0, "half_steps": 0.5,
-                    "wrong_shard": 1.0, "precision_claim": 1.0}  # fmt: skip
+                    "wrong_shard": 1.0, "precision_claim": 1.0, "copy": 1.0,
+                    "stale": 1.0}  # fmt: skip
 # the lazy cheats (issue 35) a proof of learning's segment check is for: they change how the
 # node trains, not only what it sends (see `run`)
 LAZY = ("half_steps", "wrong_shard", "precision_claim")
+# copy and stale send an update made earlier (the agent's fault injection puts it in the folder
+# under this name: another shard's, or this shard's from an earlier round) and train nothing;
+# their chain is made up: the round's model, then straight on to the copied update
+COPIERS = ("copy", "stale")
+CHEAT_SOURCE = "cheat_source.safetensors"
 
 # proof of learning (trainer.proof): the state at each of the task's step boundaries, kept in
 # the folder as CHECKPOINT.format(step) for the agent to keep and reveal on the server's
@@ -372,7 +378,7 @@ def run(folder: Path) -> int:
     import torch
 
     from trainer.compression import CodecConfig, ErrorFeedback, decode_any, encode_update
-    from trainer.local import planned_steps, resolve_precision, train_local
+    from trainer.local import LocalResult, planned_steps, resolve_precision, train_local
     from trainer.lora import update_part
     from trainer.models import ModelSpecError, build_model
     from trainer.proof import boundaries
@@ -459,9 +465,21 @@ def run(folder: Path) -> int:
             on_checkpoint=keep_checkpoint if len(trained_bounds) == len(claimed) else None,
         )  # fmt: skip
 
+    source = folder / CHEAT_SOURCE
+    copied = None
+    if mode in COPIERS and source.exists():  # nothing to copy yet: it trains, this once
+        with contextlib.suppress(ValueError, OSError):  # another model's update: trains too
+            copied = _copied(source, reference, max_norm)
+    if copied is not None:
+        _fabricate_chain(folder, model, start, data, spec, task, lr, claimed, copied)
+    faked = None
+    if copied is not None:  # no training at all: what it sends is the copy
+        faked = LocalResult(delta=copied, num_samples=data.num_train, steps=task_steps, loss=0.0,
+                            compute_s=0.0, precision=resolve_precision(spec.local.precision,
+                                                                       device))  # fmt: skip
     try:
         try:
-            result = train(_paused_state(folder, identity))
+            result = faked or train(_paused_state(folder, identity))
         except ResumeError as exc:  # the same task, but run otherwise (batch, precision...)
             _emit(note=f"paused state dropped: {exc}")
             result = train(None)
@@ -517,6 +535,47 @@ def run(folder: Path) -> int:
     _write_json(folder / "result.json", outcome)
     _emit(progress=1.0, step=result.steps, phase="encoded", t=time.time())
     return EXIT_OK
+
+
+def _copied(path: Path, reference: dict[str, Any], max_norm: float | None) -> Any:
+    """The update a copy or stale cheat sends (fault injection): one made earlier."""
+    from trainer.compression import decode_any
+
+    return decode_any(path.read_bytes(), reference, max_norm)[0]
+
+
+def _fabricate_chain(
+    folder: Path, model: Any, start: dict[str, Any], data: Any, spec: Any,
+    task: dict[str, Any], lr: Any, claimed: list[int], copied: dict[str, Any],
+) -> None:  # fmt: skip
+    """A copier's made-up checkpoints: the true state at step 0 (the round's model), then
+    states on the straight line to the model plus the copied update, at each boundary."""
+    from trainer.local import train_local
+    from trainer.resume import PausedState
+
+    first: list[Any] = []
+
+    class _Got(Exception):
+        pass
+
+    def got(state: Any) -> None:
+        first.append(state)
+        raise _Got
+
+    with contextlib.suppress(_Got):  # stopped before its first step
+        train_local(model, start, data, spec, seed=int(task.get("seed", 0)),
+                    steps=claimed[-1], batch_size=task.get("batch_size"),
+                    proximal_mu=float(task.get("proximal_mu", 0.0)), lr=lr, checkpoints=(0,),
+                    on_checkpoint=got)  # fmt: skip
+    zero = first[0]
+    for b in claimed:
+        t = b / claimed[-1]
+        tensors = dict(zero.tensors)
+        for name, v in copied.items():
+            key = "model/" + name
+            tensors[key] = (start[name] + t * v).to(zero.tensors[key].dtype).contiguous()
+        state = PausedState(b, tensors, zero.meta)
+        _write_bytes(folder / CHECKPOINT.format(b), state.to_bytes())
 
 
 def _proof(folder: Path, claimed: list[int]) -> dict[str, Any] | None:

@@ -65,11 +65,19 @@ def draw_check(
     """After an upload: whether to check it, and which segment (module docstring)."""
     share = settings.GPUFLEX["SEGMENT_CHECK_SHARE"]
     chain = claimed_chain(metadata, result.task.steps)
-    if chain is None or share <= 0:
+    required = settings.GPUFLEX["SEGMENT_PROOF_REQUIRED"]
+    if (chain is None and not required) or share <= 0:
         return None
     rng = rng or _draw
     if rng.random() >= share:
         return None
+    if chain is None:  # it could have committed and did not: a skipped proof is no escape
+        check = SegmentCheck.objects.create(
+            result=result, node_id=result.node_id, boundaries=[], commitments=[], segment=0,
+            wanted=[], deadline=timezone.now(),
+        )  # fmt: skip
+        settle(check, False, "the upload carries no proof of learning")
+        return check
     commitments, bounds = chain
     j = rng.randrange(len(bounds) - 1)
     wanted = sorted({bounds[0], bounds[j], bounds[j + 1], bounds[-1]})

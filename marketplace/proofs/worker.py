@@ -48,6 +48,13 @@ def run_check(check_id: int) -> str:
     except ResumeError as exc:
         settle(check, False, f"a revealed checkpoint cannot be read: {exc}", verifier=VERIFIER)
         return "failed"
+    scaled = [s for s, state in states.items() if state.meta.get("scaler")]
+    if scaled and result.precision != "fp16":
+        # fp16's loss scaler, committed to in the checkpoint: the claim is not what ran. (A
+        # cheater that strips it is left to the segment's distance, see docs/verification.md)
+        settle(check, False, f"checkpoint {scaled[0]} holds fp16 loss scaling; the upload "
+               f"claims {result.precision}", verifier=VERIFIER)  # fmt: skip
+        return "failed"
     global_state = load_model_file(rnd.input_model_file)
     update, _ = decode_state(files.get(result.update_file))
     bounds = check.boundaries

@@ -1,7 +1,8 @@
 """Proof-of-learning segment checks (marketplace/proofs) through the agent API, with the real
-task runner (desktop.task_runner) making the updates and checkpoints: an honest task passes,
-a node that trained half the steps, or sent a scaled update, fails, and one that reveals
-nothing by the deadline fails."""
+task runner (desktop.task_runner) making the updates and checkpoints, its fault injection the
+cheats: an honest task passes; half the steps, a scaled update, another part of the data, a
+copied or stale update fail; so do a wrong checkpoint, a missed deadline and, where proofs are
+required, an upload without one."""
 
 from __future__ import annotations
 
@@ -25,12 +26,15 @@ def always_checked(monkeypatch):
     monkeypatch.setitem(settings.GPUFLEX, "SEGMENT_CHECK_SHARE", 1.0)
 
 
-def _run_task(agent, task, folder: Path) -> bytes:
-    """What the real agent does with a claimed task: its folder, the sandboxed runner."""
+def _run_task(agent, task, folder: Path, source: bytes | None = None) -> bytes:
+    """What the real agent does with a claimed task: its folder, the sandboxed runner
+    (`source`: the update a copy or stale cheat is handed by its fault injection)."""
     folder.mkdir(parents=True)
     (folder / "task.json").write_text(json.dumps(task))
     (folder / "model.safetensors").write_bytes(agent.model(task["id"]).content)
     (folder / "shard.safetensors").write_bytes(agent.shard(task["id"]).content)
+    if source is not None:
+        (folder / task_runner.CHEAT_SOURCE).write_bytes(source)
     assert task_runner.run(folder) == task_runner.EXIT_OK
     return (folder / "update.safetensors").read_bytes()
 
@@ -55,8 +59,10 @@ def _put_all(agent, folder: Path, asked: list[dict]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("cheat", "passes"), [("", True), ("half_steps", False), ("scaled:2", False)]
-)
+    ("cheat", "passes"),
+    [("", True), ("half_steps", False), ("scaled:2", False), ("scaled:0.5", False),
+     ("wrong_shard", False), ("copy", False), ("stale", False), ("precision_claim", False)],
+)  # fmt: skip
 def test_a_segment_check_passes_honest_work_and_fails_lazy_work(
     make_agent,
     submit,
@@ -70,9 +76,15 @@ def test_a_segment_check_passes_honest_work_and_fails_lazy_work(
     agent = make_agent(kind="platform")
     submit(tier="platform")
     task = agent.claim()
+    source = None
+    if cheat in task_runner.COPIERS:
+        # an update made earlier by another run: another seed stands for another shard's
+        # batches (copy) or another round's (stale); the server cannot tell them apart
+        other = dict(task, seed=task["seed"] + 1)
+        source = _run_task(agent, other, tmp_path / "earlier")
     if cheat:
         monkeypatch.setenv(task_runner.BYZANTINE_ENV, cheat)
-    payload = _run_task(agent, task, tmp_path / "task")
+    payload = _run_task(agent, task, tmp_path / "task", source)
     assert agent.upload(task["id"], payload, {"steps": task["steps"]}).status_code == 201
     check = SegmentCheck.objects.get(result__task_id=task["id"])
     assert check.status == CheckStatus.REQUESTED and check.boundaries[-1] == task["steps"]
@@ -88,10 +100,12 @@ def test_a_segment_check_passes_honest_work_and_fails_lazy_work(
         assert check.distance == 0.0 and check.rerun_steps * 4 == check.task_steps
         assert overhead() == {"checks": 1, "rerun_steps": check.rerun_steps,
                               "task_steps": task["steps"]}  # fmt: skip
-    elif cheat == "half_steps":
-        assert check.distance > check.tolerance
-    else:
+    elif cheat.startswith("scaled"):  # an honest chain that does not end at the update
         assert "uploaded update" in check.reason
+    elif cheat == "precision_claim":  # its checkpoints hold the fp16 loss scaler
+        assert "fp16 loss scaling" in check.reason and result.precision == "fp32"
+    else:  # half_steps, wrong_shard, copy, stale: the segment re-run lands elsewhere
+        assert check.distance > check.tolerance, check.reason
 
 
 def test_a_checkpoint_that_does_not_match_its_commitment_fails(
@@ -135,3 +149,17 @@ def test_uploads_are_not_checked_at_share_zero(make_agent, submit, tmp_path, mon
     task = agent.claim()
     assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 201
     assert not SegmentCheck.objects.exists()
+
+
+def test_a_missing_proof_fails_where_proofs_are_required(
+    make_agent, submit, always_checked, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setitem(settings.GPUFLEX, "SEGMENT_PROOF_REQUIRED", True)
+    agent = make_agent(kind="platform")
+    submit(tier="platform")
+    task = agent.claim()
+    payload, metrics = agent.train(task)  # the test stand-in's update: no commitments
+    assert agent.upload(task["id"], payload, metrics).status_code == 201
+    check = SegmentCheck.objects.get()
+    assert check.status == CheckStatus.FAILED and "no proof" in check.reason
+    assert TaskResult.objects.get(task_id=task["id"]).accepted is False

@@ -233,6 +233,7 @@ GPUFLEX = {
     # proof-of-learning segment checks (marketplace/proofs): the share of uploads checked, the
     # node's time to reveal the checkpoints and the largest one taken
     "SEGMENT_CHECK_SHARE": _env["GPUFLEX_SEGMENT_CHECK_SHARE"],
+    "SEGMENT_PROOF_REQUIRED": _env["GPUFLEX_SEGMENT_PROOF_REQUIRED"],
     "SEGMENT_REVEAL_S": _env["GPUFLEX_SEGMENT_REVEAL_S"],
     "MAX_CHECKPOINT_BYTES": _env["GPUFLEX_MAX_CHECKPOINT_BYTES"],
     # platform nodes (enrolled by an operator) are not replicated until trusted, but this

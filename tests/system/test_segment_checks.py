@@ -1,0 +1,53 @@
+"""Proof-of-learning segment checks on the real path (issue 35): real `gpuflex-node` agent
+processes, the web server and the Celery worker. Every upload is checked
+(GPUFLEX_SEGMENT_CHECK_SHARE=1): the honest agent's checks pass, and the agent started by
+`python -m desktop.fault_injection --byzantine half_steps` (it trains half the steps and
+states the task's boundaries) fails every one it is asked for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from marketplace.demo.cluster import NodePlan
+from tests.system.harness import PRICE, SPEC, System, manage, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("system")]
+
+HONEST = NodePlan("honest", kind="platform", price=PRICE)
+LAZY = NodePlan("lazy", kind="platform", price=PRICE, byzantine="half_steps")
+_CHECKS = (
+    "import json; from marketplace.proofs.models import SegmentCheck as C; "
+    "print(json.dumps([[c.node.name, c.status, c.distance, c.rerun_steps, c.task_steps, "
+    "c.reason] for c in C.objects.select_related('node')]))"
+)
+
+
+def _checks(s: System) -> list[list]:
+    return json.loads(manage(s.cluster, "shell", "-c", _CHECKS).strip().splitlines()[-1])
+
+
+def test_segment_checks_pass_an_honest_agent_and_catch_half_the_steps(system) -> None:
+    s = system(nodes=(HONEST, LAZY), GPUFLEX_SEGMENT_CHECK_SHARE="1")
+    s.start()
+    s.wait_idle()
+    spec = SPEC | {"name": "segment-checks", "local": {"steps": 16, "batch_size": 32},
+                   "rounds": {"max_rounds": 2, "deadline_s": 60},
+                   "sharding": {"method": "stratified", "num_shards": 2}}  # fmt: skip
+    s.wait_done(s.submit(spec), timeout=240)
+
+    def settled() -> list[list] | None:
+        checks = _checks(s)
+        by = {name for name, *_ in checks}
+        done = all(status in ("passed", "failed") for _, status, *_ in checks)
+        return checks if done and by == {"honest", "lazy"} else None
+
+    checks = wait_for(settled, 120, "both agents' segment checks to settle", every=2.0)
+    print("segment checks:", checks)  # distances and costs, for `pytest -s`
+    for name, status, distance, rerun, steps, reason in checks:
+        if name == "honest":
+            assert status == "passed" and distance == 0.0, reason
+            assert rerun * 4 == steps == 16  # a quarter of the task re-run
+        else:
+            assert status == "failed" and distance > 0.25, reason
