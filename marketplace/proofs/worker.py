@@ -39,9 +39,6 @@ def run_check(check_id: int) -> str:
     result, task = check.result, check.result.task
     job, rnd = task.round.job, task.round
     spec = job.parsed_spec
-    if task.shard is None:  # a federated task's data never leaves its owner: nothing to re-run
-        settle(check, True, "federated task: binding only", verifier=VERIFIER)
-        return "skipped"
     try:
         states = {int(s): PausedState.from_bytes(files.get(name))
                   for s, name in check.revealed.items()}  # fmt: skip
@@ -64,6 +61,10 @@ def run_check(check_id: int) -> str:
     if problem is not None:
         settle(check, False, problem, verifier=VERIFIER)
         return "failed"
+    if task.shard is None:  # a federated task's data never leaves its owner: nothing to re-run
+        settle(check, True, "federated task: its chain is bound to the update; no re-run",
+               verifier=VERIFIER)  # fmt: skip
+        return "passed"
     dataset = _shard_dataset(files.get(task.shard.file), job.num_classes)
     model = build_model(spec.model, dataset.input_shape, dataset.num_classes, seed=spec.seed)
     cpu_spec = spec.replace(local=spec.local.model_dump(mode="json") | {"precision": "fp32"})
