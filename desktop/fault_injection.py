@@ -7,7 +7,7 @@ runs `gpuflex-node run` as a Byzantine node: every update it sends is corrupted 
 task runner (desktop/task_runner.py BYZANTINE_ENV). MODE: sign_flip and noise attack the job;
 the lazy cheats (issue 35) try to be paid for work not done: half_steps, wrong_shard,
 precision_claim and scaled train otherwise than asked, copy and stale train nothing and send
-an update this node made earlier (`keep_sent` keeps them, `put_source` hands one to the next
+an update this node made earlier (desktop/cheat_sources.py keeps them and hands one to the next
 task: another shard's for copy, the same shard's from an earlier round for stale).
 
 It is no console script and no option of `gpuflex-node run`, so a contributor's `--help`
@@ -19,54 +19,9 @@ through it.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
-from pathlib import Path
-from typing import Any
 
-from desktop.task_runner import BYZANTINE_SCALES, CHEAT_SOURCE, COPIERS  # no torch: cheap
-
-KEPT = 8  # updates a copier keeps to copy from
-
-
-def _mode(byzantine: str) -> str:
-    return byzantine.partition(":")[0]
-
-
-def keep_sent(root: Path, byzantine: str, task: dict[str, Any], folder: Path) -> None:
-    """A copier keeps the update it just sent, with the task's job, round and shard."""
-    update = folder / "update.safetensors"
-    if _mode(byzantine) not in COPIERS or not update.is_file():
-        return
-    root.mkdir(parents=True, exist_ok=True)
-    name = f"{task.get('id')}.safetensors"
-    shutil.copyfile(update, root / name)
-    about = {"job_id": str(task.get("job_id")), "round": int(task.get("round") or 0),
-             "shard_hash": str(task.get("shard_hash")), "file": name}  # fmt: skip
-    (root / f"{task.get('id')}.json").write_text(json.dumps(about))
-    for old in sorted(root.glob("*.json"), key=lambda p: p.stat().st_mtime)[:-KEPT]:
-        (root / json.loads(old.read_text())["file"]).unlink(missing_ok=True)
-        old.unlink(missing_ok=True)
-
-
-def put_source(root: Path, byzantine: str, task: dict[str, Any], folder: Path) -> bool:
-    """What a copier sends for `task`, put in its folder: the newest kept update of the same
-    job, of another shard (copy) or of the same shard from an earlier round (stale)."""
-    mode = _mode(byzantine)
-    if mode not in COPIERS or not root.is_dir():
-        return False
-    for meta in sorted(root.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-        about = json.loads(meta.read_text())
-        if about["job_id"] != str(task.get("job_id")):
-            continue
-        same = about["shard_hash"] == str(task.get("shard_hash"))
-        if (mode == "copy" and not same) or (
-            mode == "stale" and same and about["round"] < int(task.get("round") or 0)
-        ):
-            shutil.copyfile(root / about["file"], folder / CHEAT_SOURCE)
-            return True
-    return False
+from desktop.task_runner import BYZANTINE_SCALES  # no torch at import: cheap
 
 
 def parser() -> argparse.ArgumentParser:

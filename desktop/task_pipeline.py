@@ -425,7 +425,7 @@ class TaskPipeline:
         self.node._sandbox.env[DUTY_ENV] = str(s.max_gpu_busy_pct / 100)
         if self.node.byzantine:
             self.node._sandbox.env[BYZANTINE_ENV] = self.node.byzantine
-            from desktop.fault_injection import put_source  # test hooks: only when attacking
+            from desktop.cheat_sources import put_source  # test hooks: only when attacking
 
             put_source(self.node.paths.data / "byzantine", self.node.byzantine, rec.task,
                        self._folder(rec.id))  # fmt: skip
@@ -566,7 +566,7 @@ class TaskPipeline:
         if proofs is not None:  # before the folder goes: a segment check may ask for them
             proofs.keep(rec.id, self._folder(rec.id))
         if self.node.byzantine:
-            from desktop.fault_injection import keep_sent  # test hooks: only when attacking
+            from desktop.cheat_sources import keep_sent  # test hooks: only when attacking
 
             keep_sent(self.node.paths.data / "byzantine", self.node.byzantine, rec.task,
                       self._folder(rec.id))  # fmt: skip

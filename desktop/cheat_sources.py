@@ -1,0 +1,53 @@
+"""Fault injection's copy and stale cheats (desktop.fault_injection): the updates a copier
+sent, kept to be sent again. Test hooks only: the task pipeline calls these only for an agent
+started as a Byzantine one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from desktop.task_runner import CHEAT_SOURCE, COPIERS
+
+KEPT = 8  # updates a copier keeps to copy from
+
+
+def _mode(byzantine: str) -> str:
+    return byzantine.partition(":")[0]
+
+
+def keep_sent(root: Path, byzantine: str, task: dict[str, Any], folder: Path) -> None:
+    """A copier keeps the update it just sent, with the task's job, round and shard."""
+    update = folder / "update.safetensors"
+    if _mode(byzantine) not in COPIERS or not update.is_file():
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"{task.get('id')}.safetensors"
+    shutil.copyfile(update, root / name)
+    about = {"job_id": str(task.get("job_id")), "round": int(task.get("round") or 0),
+             "shard_hash": str(task.get("shard_hash")), "file": name}  # fmt: skip
+    (root / f"{task.get('id')}.json").write_text(json.dumps(about))
+    for old in sorted(root.glob("*.json"), key=lambda p: p.stat().st_mtime)[:-KEPT]:
+        (root / json.loads(old.read_text())["file"]).unlink(missing_ok=True)
+        old.unlink(missing_ok=True)
+
+
+def put_source(root: Path, byzantine: str, task: dict[str, Any], folder: Path) -> bool:
+    """What a copier sends for `task`, put in its folder: the newest kept update of the same
+    job, of another shard (copy) or of the same shard from an earlier round (stale)."""
+    mode = _mode(byzantine)
+    if mode not in COPIERS or not root.is_dir():
+        return False
+    for meta in sorted(root.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        about = json.loads(meta.read_text())
+        if about["job_id"] != str(task.get("job_id")):
+            continue
+        same = about["shard_hash"] == str(task.get("shard_hash"))
+        if (mode == "copy" and not same) or (
+            mode == "stale" and same and about["round"] < int(task.get("round") or 0)
+        ):
+            shutil.copyfile(root / about["file"], folder / CHEAT_SOURCE)
+            return True
+    return False
