@@ -36,18 +36,20 @@ def keep_sent(root: Path, byzantine: str, task: dict[str, Any], folder: Path) ->
 
 def put_source(root: Path, byzantine: str, task: dict[str, Any], folder: Path) -> bool:
     """What a copier sends for `task`, put in its folder: the newest kept update of the same
-    job, of another shard (copy) or of the same shard from an earlier round (stale)."""
+    job, of another shard (copy) or of the same shard from an earlier round (stale), else
+    any earlier one of the job (claims prefer a node's own shards, so a copier that waited
+    for the kind it wants would rarely cheat)."""
     mode = _mode(byzantine)
     if mode not in COPIERS or not root.is_dir():
         return False
-    for meta in sorted(root.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-        about = json.loads(meta.read_text())
-        if about["job_id"] != str(task.get("job_id")):
-            continue
-        same = about["shard_hash"] == str(task.get("shard_hash"))
-        if (mode == "copy" and not same) or (
-            mode == "stale" and same and about["round"] < int(task.get("round") or 0)
-        ):
-            shutil.copyfile(root / about["file"], folder / CHEAT_SOURCE)
-            return True
-    return False
+    rnd = int(task.get("round") or 0)
+    kept = [json.loads(p.read_text()) for p in
+            sorted(root.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)]  # fmt: skip
+    earlier = [a for a in kept if a["job_id"] == str(task.get("job_id")) and a["round"] < rnd]
+    same = [a for a in earlier if a["shard_hash"] == str(task.get("shard_hash"))]
+    other = [a for a in earlier if a not in same]
+    wanted = (other + same) if mode == "copy" else (same + other)
+    if not wanted:
+        return False
+    shutil.copyfile(root / wanted[0]["file"], folder / CHEAT_SOURCE)
+    return True

@@ -94,7 +94,8 @@ def test_a_copier_is_handed_another_shards_update_a_stale_one_its_own_older_one(
     assert (nxt / CHEAT_SOURCE).read_bytes() == b"shard b round 1"
     assert put_source(root, "stale", {"job_id": "j", "round": 2, "shard_hash": "a"}, nxt)
     assert (nxt / CHEAT_SOURCE).read_bytes() == b"shard a round 1"
-    # nothing older of the shard, another job, or an honest mode: nothing to copy
+    # without its kind, any earlier one; nothing earlier, another job, an honest mode: none
+    assert put_source(root, "stale", {"job_id": "j", "round": 2, "shard_hash": "c"}, nxt)
     assert not put_source(root, "stale", {"job_id": "j", "round": 1, "shard_hash": "a"}, nxt)
     assert not put_source(root, "copy", {"job_id": "k", "round": 2, "shard_hash": "a"}, nxt)
     assert not put_source(root, "noise", {"job_id": "j", "round": 2, "shard_hash": "a"}, nxt)

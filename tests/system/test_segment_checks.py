@@ -20,7 +20,7 @@ LAZY = NodePlan("lazy", kind="platform", price=PRICE, byzantine="half_steps")
 _CHECKS = (
     "import json; from marketplace.proofs.models import SegmentCheck as C; "
     "print(json.dumps([[c.node.name, c.status, c.distance, c.rerun_steps, c.task_steps, "
-    "c.reason] for c in C.objects.select_related('node')]))"
+    "c.reason] for c in C.objects.select_related('node').order_by('pk')]))"
 )
 
 
@@ -51,3 +51,41 @@ def test_segment_checks_pass_an_honest_agent_and_catch_half_the_steps(system) ->
             assert rerun * 4 == steps == 16  # a quarter of the task re-run
         else:
             assert status == "failed" and distance > 0.25, reason
+
+
+CHEATS = (
+    NodePlan("scaled", kind="platform", price=PRICE, byzantine="scaled"),
+    NodePlan("wrongshard", kind="platform", price=PRICE, byzantine="wrong_shard"),
+    NodePlan("stale", kind="platform", price=PRICE, byzantine="stale"),
+)
+
+
+def test_segment_checks_catch_scaled_wrong_shard_and_stale_agents(system) -> None:
+    """The honest agent beside three cheats. `stale` sends its own earlier round's update
+    (another's when it has none of its shard) and trains nothing, so its first task of the
+    job, with nothing to send again, is honest work; every later one is caught."""
+    s = system(nodes=(HONEST, *CHEATS), GPUFLEX_SEGMENT_CHECK_SHARE="1")
+    s.start()
+    s.wait_idle()
+    spec = SPEC | {"name": "segment-cheats", "local": {"steps": 16, "batch_size": 32},
+                   "rounds": {"max_rounds": 4, "deadline_s": 60},
+                   "sharding": {"method": "stratified", "num_shards": 4}}  # fmt: skip
+    s.wait_done(s.submit(spec), timeout=400)
+    names = {"honest", *(n.name for n in CHEATS)}
+
+    def settled() -> list[list] | None:
+        checks = _checks(s)
+        done = all(status in ("passed", "failed") for _, status, *_ in checks)
+        return checks if done and {name for name, *_ in checks} == names else None
+
+    checks = wait_for(settled, 180, "every agent's segment checks to settle", every=2.0)
+    print("segment checks:", checks)
+    by: dict[str, list[str]] = {}
+    for name, status, _, _, _, reason in checks:
+        by.setdefault(name, []).append(status)
+        if name == "scaled":
+            assert "uploaded update" in reason, reason
+    assert set(by["honest"]) == {"passed"}
+    assert set(by["scaled"]) == set(by["wrongshard"]) == {"failed"}
+    # created in upload order: the first had nothing to copy
+    assert len(by["stale"]) >= 2 and set(by["stale"][1:]) == {"failed"}, by["stale"]
