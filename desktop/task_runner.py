@@ -496,7 +496,11 @@ def run(folder: Path) -> int:
     metadata = {"task_id": str(task.get("id", "")),
                 "precision": "fp32" if mode == "precision_claim" else result.precision,
                 "device": device.type}  # fmt: skip
-    proof = _proof(folder, claimed)
+    # a chain is bound to the update (trainer.proof.check_binding): none where the update is
+    # not local final - global model (a clipped or noised private update, top-k's residual
+    # added in, or a start merged with a continuation's progress). Those are left to replicas
+    provable = spec.privacy.clip_norm is None and codec.name != "topk" and progress is None
+    proof = _proof(folder, claimed) if provable else None
     if proof is not None:  # commitments to the states it passed (trainer.proof_commitment)
         metadata["commitments"] = json.dumps(proof["commitments"])
         metadata["boundaries"] = json.dumps(proof["boundaries"])

@@ -246,3 +246,18 @@ def test_lazy_cheats_commit_to_what_they_did(tmp_path: Path, monkeypatch) -> Non
     last = PausedState.from_bytes((scaled / task_runner.CHECKPOINT.format(8)).read_bytes())
     model = decode_state((scaled / "model.safetensors").read_bytes())[0]
     assert "uploaded update" in check_binding(None, last, model, _delta(scaled))
+
+
+def test_no_proof_where_the_update_is_not_the_chains_end(tmp_path: Path) -> None:
+    """Top-k adds the residual in and a private update is clipped: the chain could not be
+    bound to it, so the task carries no proof and is left to replicas."""
+    t = digits_task("t-k", steps=4)
+    t.task["codec"] = "topk"
+    folder = _folder(tmp_path / "topk", t)
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    assert "commitments" not in _meta(folder) and "proof" not in _result(folder)
+    t = digits_task("t-d", steps=4)
+    t.task["spec"]["privacy"] = {"clip_norm": 1.0, "noise_multiplier": 0.0}
+    folder = _folder(tmp_path / "private", t)
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    assert "commitments" not in _meta(folder)
