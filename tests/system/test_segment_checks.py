@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("system")]
 
 HONEST = NodePlan("honest", kind="platform", price=PRICE)
 LAZY = NodePlan("lazy", kind="platform", price=PRICE, byzantine="half_steps")
+FP16 = NodePlan("fp16", kind="platform", price=PRICE, byzantine="precision_claim")
 _CHECKS = (
     "import json; from marketplace.proofs.models import SegmentCheck as C; "
     "print(json.dumps([[c.node.name, c.status, c.distance, c.rerun_steps, c.task_steps, "
@@ -29,26 +30,30 @@ def _checks(s: System) -> list[list]:
 
 
 def test_segment_checks_pass_an_honest_agent_and_catch_half_the_steps(system) -> None:
-    s = system(nodes=(HONEST, LAZY), GPUFLEX_SEGMENT_CHECK_SHARE="1")
+    """And an agent that trains in fp16 and claims fp32 (`precision_claim`): its checkpoints
+    hold the fp16 loss scaler they commit to."""
+    s = system(nodes=(HONEST, LAZY, FP16), GPUFLEX_SEGMENT_CHECK_SHARE="1")
     s.start()
     s.wait_idle()
     spec = SPEC | {"name": "segment-checks", "local": {"steps": 16, "batch_size": 32},
                    "rounds": {"max_rounds": 2, "deadline_s": 60},
-                   "sharding": {"method": "stratified", "num_shards": 2}}  # fmt: skip
+                   "sharding": {"method": "stratified", "num_shards": 3}}  # fmt: skip
     s.wait_done(s.submit(spec), timeout=240)
 
     def settled() -> list[list] | None:
         checks = _checks(s)
         by = {name for name, *_ in checks}
         done = all(status in ("passed", "failed") for _, status, *_ in checks)
-        return checks if done and by == {"honest", "lazy"} else None
+        return checks if done and by == {"honest", "lazy", "fp16"} else None
 
-    checks = wait_for(settled, 120, "both agents' segment checks to settle", every=2.0)
+    checks = wait_for(settled, 120, "every agent's segment checks to settle", every=2.0)
     print("segment checks:", checks)  # distances and costs, for `pytest -s`
     for name, status, distance, rerun, steps, reason in checks:
         if name == "honest":
             assert status == "passed" and distance == 0.0, reason
             assert rerun * 4 == steps == 16  # a quarter of the task re-run
+        elif name == "fp16":
+            assert status == "failed" and "fp16 loss scaling" in reason, reason
         else:
             assert status == "failed" and distance > 0.25, reason
 
