@@ -105,6 +105,8 @@ def reveal(node: Node, check_id: int, step: int, body: bytes) -> dict[str, Any]:
     limit = settings.GPUFLEX["MAX_CHECKPOINT_BYTES"]
     if len(body) > limit:
         raise MarketplaceError(f"The checkpoint is {len(body)} bytes; the limit is {limit}.")
+    if not 0 < check_id < 2**63:  # a path's number the database cannot hold names nothing
+        raise NotFound("No such segment check for this node.")
     check = SegmentCheck.objects.filter(pk=check_id, node=node).select_related("result").first()
     if check is None:
         raise NotFound("No such segment check for this node.")
