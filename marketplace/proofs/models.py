@@ -10,6 +10,8 @@ class CheckStatus(models.TextChoices):
     REVEALED = "revealed"  # all revealed and matching their commitments: re-run pending
     PASSED = "passed"
     FAILED = "failed"
+    # the verifier could not re-run it (a model it cannot build here): no verdict either way
+    SKIPPED = "skipped"
 
 
 class SegmentCheck(models.Model):

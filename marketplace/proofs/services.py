@@ -159,6 +159,13 @@ def settle(
         record_verification(check.node_id, ok=int(ok), bad=int(not ok))
 
 
+def skip(check_id: int, reason: str) -> None:
+    """No verdict: the verifier could not re-run the segment (worker.run_check)."""
+    SegmentCheck.objects.filter(pk=check_id, status=CheckStatus.REVEALED).update(
+        status=CheckStatus.SKIPPED, reason=reason[:300], settled_at=timezone.now()
+    )
+
+
 def expire_overdue() -> int:
     """Checks whose node revealed nothing by the deadline fail (the periodic tick)."""
     overdue = SegmentCheck.objects.filter(status=CheckStatus.REQUESTED, deadline__lt=timezone.now())

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from marketplace.jobs import files
 from marketplace.jobs.models_io import load_model_file
 from marketplace.proofs.models import CheckStatus, SegmentCheck
-from marketplace.proofs.services import settle
+from marketplace.proofs.services import settle, skip
 from trainer.datasets import Dataset
 from trainer.lora import update_keys
 from trainer.models import build_model
@@ -17,6 +19,7 @@ from trainer.schedule import round_lr
 from trainer.updates import decode_state
 
 VERIFIER = "platform-worker-cpu"
+log = logging.getLogger(__name__)
 
 
 def _shard_dataset(data: bytes, num_classes: int) -> Dataset:
@@ -31,7 +34,17 @@ def _shard_dataset(data: bytes, num_classes: int) -> Dataset:
 
 
 def run_check(check_id: int) -> str:
-    """Re-run the check's segment on this worker's CPU (fp32) and settle it."""
+    """Re-run the check's segment on this worker's CPU (fp32) and settle it. A failure of the
+    verifier's own (a model it cannot build, no memory) is no verdict on the node: skipped."""
+    try:
+        return _run_check(check_id)
+    except (RuntimeError, ValueError, KeyError, OSError, MemoryError) as exc:
+        log.exception("segment check %s could not be re-run", check_id)
+        skip(check_id, f"not re-run: {type(exc).__name__}: {exc}")
+        return "skipped"
+
+
+def _run_check(check_id: int) -> str:
     check = SegmentCheck.objects.select_related("result__task__round__job", "result__task__shard"
                                                 ).get(pk=check_id)  # fmt: skip
     if check.status != CheckStatus.REVEALED:

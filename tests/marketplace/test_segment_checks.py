@@ -163,3 +163,22 @@ def test_a_missing_proof_fails_where_proofs_are_required(
     check = SegmentCheck.objects.get()
     assert check.status == CheckStatus.FAILED and "no proof" in check.reason
     assert TaskResult.objects.get(task_id=task["id"]).accepted is False
+
+
+def test_a_segment_the_verifier_cannot_rerun_is_skipped_not_held_against_the_node(
+    make_agent, submit, always_checked, tmp_path, django_capture_on_commit_callbacks
+) -> None:
+    from marketplace.jobs import files
+    from marketplace.rounds.models import Task
+
+    agent = make_agent(kind="platform")
+    submit(tier="platform")
+    task = agent.claim()
+    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 201
+    files.delete_tree([Task.objects.get(pk=task["id"]).shard.file])  # the worker's input gone
+    _reveal_all(agent, tmp_path / "t", django_capture_on_commit_callbacks)
+    check = SegmentCheck.objects.get()
+    assert check.status == CheckStatus.SKIPPED and "not re-run" in check.reason
+    node = Node.objects.get(pk=agent.node_id)
+    assert (node.verified_ok, node.verified_bad) == (0, 0)
+    assert TaskResult.objects.get(task_id=task["id"]).accepted is True

@@ -42,6 +42,7 @@ class Migration(migrations.Migration):
                             ("revealed", "Revealed"),
                             ("passed", "Passed"),
                             ("failed", "Failed"),
+                            ("skipped", "Skipped"),
                         ],
                         default="requested",
                         max_length=12,
