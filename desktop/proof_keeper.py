@@ -32,6 +32,10 @@ MAX_TASKS = 16
 MAX_BYTES = 2 * 2**30
 MAX_AGE_S = 24 * 3600.0
 POLL_S = 5.0  # how often the loop asks whether a check wants checkpoints
+# asked only this long after the last upload it kept checkpoints for: the server draws a check
+# as the upload arrives and gives the node minutes to reveal (GPUFLEX_SEGMENT_REVEAL_S), so a
+# node with nothing recent asks nothing and costs the server no request
+ASK_FOR_S = 3600.0
 _NAME = re.compile(r"^checkpoint\.(\d{1,9})\.safetensors$")
 _TASK = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -41,6 +45,10 @@ class ProofKeeper:
         self.root = root
         self._clock = clock
         self._polled = 0.0
+        # the newest task it holds (an agent restarted between an upload and its check still
+        # answers); none: nothing to be asked about
+        held = [p.stat().st_mtime for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+        self._kept_at = max(held, default=-ASK_FOR_S)
 
     def keep(self, task_id: str, folder: Path) -> int:
         """Move the task's checkpoints out of its folder before it goes; returns how many."""
@@ -55,6 +63,8 @@ class ProofKeeper:
                 kept += 1
             except (UnsafeOutput, OSError) as exc:
                 log.warning("task %s: checkpoint %s not kept (%s)", task_id, name, exc)
+        if kept:
+            self._kept_at = self._clock()
         self.prune()
         return kept
 
@@ -78,7 +88,7 @@ class ProofKeeper:
         """Send what the marketplace's segment checks ask for (at most every POLL_S);
         returns the checkpoints sent. A missing one is not sent: the check then fails."""
         now = self._clock()
-        if not force and now - self._polled < POLL_S:
+        if not force and (now - self._polled < POLL_S or now - self._kept_at > ASK_FOR_S):
             return 0
         self._polled = now
         sent = 0

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from desktop.client import ApiError
-from desktop.proof_keeper import MAX_AGE_S, MAX_TASKS, ProofKeeper
+from desktop.proof_keeper import ASK_FOR_S, MAX_AGE_S, MAX_TASKS, ProofKeeper
 from desktop.task_runner import CHECKPOINT
 
 
@@ -16,8 +16,10 @@ class _Server:
     def __init__(self, requests: list[dict]) -> None:
         self.requests = requests
         self.got: list[tuple[int, int, bytes]] = []
+        self.asked = 0
 
     def proof_requests(self) -> list[dict]:
+        self.asked += 1
         return self.requests
 
     def put_checkpoint(self, check_id: int, step: int, data: bytes) -> str:
@@ -37,14 +39,20 @@ def _task_folder(tmp_path: Path, steps: list[int]) -> Path:
 
 
 def test_kept_checkpoints_are_revealed_byte_for_byte_then_dropped(tmp_path: Path) -> None:
-    keeper = ProofKeeper(tmp_path / "proofs")
+    now = [1_000_000.0]
+    keeper = ProofKeeper(tmp_path / "proofs", clock=lambda: now[0])
+    server = _Server([{"id": 7, "task_id": "t-1", "steps": [0, 2, 99]}])
+    assert keeper.reveal_pending(server) == 0 and server.asked == 0  # no upload: never asks
     assert keeper.keep("t-1", _task_folder(tmp_path, [0, 2, 4])) == 3
     assert not (tmp_path / "proofs" / "t-1" / "update.safetensors").exists()
-    server = _Server([{"id": 7, "task_id": "t-1", "steps": [0, 2, 99]}])
     assert keeper.reveal_pending(server) == 2
     assert server.got == [(7, 0, b"state 0"), (7, 2, b"state 2")]
     assert not (tmp_path / "proofs" / "t-1").exists()  # asked once: never needed again
-    assert keeper.reveal_pending(server) == 0  # polled at most every POLL_S
+    assert keeper.reveal_pending(server) == 0 and server.asked == 1  # at most every POLL_S
+    now[0] += 10
+    assert keeper.reveal_pending(server) == 0 and server.asked == 2  # the upload is recent
+    now[0] += ASK_FOR_S
+    assert keeper.reveal_pending(server) == 0 and server.asked == 2  # an hour on: not asked
 
 
 def test_a_symlinked_checkpoint_is_never_followed(tmp_path: Path) -> None:
