@@ -107,3 +107,10 @@ def test_a_copier_is_handed_another_shards_update_a_stale_one_its_own_older_one(
     assert not put_source(root, "stale", {"job_id": "j", "round": 1, "shard_hash": "a"}, nxt)
     assert not put_source(root, "copy", {"job_id": "k", "round": 2, "shard_hash": "a"}, nxt)
     assert not put_source(root, "noise", {"job_id": "j", "round": 2, "shard_hash": "a"}, nxt)
+
+
+def test_a_restarted_agent_still_answers_for_what_it_kept(tmp_path: Path) -> None:
+    ProofKeeper(tmp_path / "proofs").keep("t-1", _task_folder(tmp_path, [0]))
+    again = ProofKeeper(tmp_path / "proofs")  # the agent started anew
+    server = _Server([{"id": 3, "task_id": "t-1", "steps": [0]}])
+    assert again.reveal_pending(server) == 1 and server.got == [(3, 0, b"state 0")]
