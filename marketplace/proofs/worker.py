@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from django.conf import settings
 
 from marketplace.jobs import files
 from marketplace.jobs.models_io import load_model_file
@@ -84,7 +85,8 @@ def _run_check(check_id: int) -> str:
     start, end = states[bounds[check.segment]], states[bounds[check.segment + 1]]
     verdict = check_segment(
         model, start, end, dataset, cpu_spec, seed=task.seed, steps=bounds[-1],
-        tolerance=tolerance_for(result.precision, "fp32", result.device == "cpu"),
+        tolerance=tolerance_for(result.precision, "fp32", result.device == "cpu",
+                                settings.GPUFLEX["AGREEMENT_TOLERANCE"]),
         batch_size=task.batch_size, proximal_mu=job.proximal_mu,
         lr=round_lr(spec, rnd.number), global_state=global_state,
     )  # fmt: skip

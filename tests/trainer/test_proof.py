@@ -15,6 +15,7 @@ from trainer.proof import (
     tolerance_for,
 )
 from trainer.proof_commitment import CommitmentError, commitment, parse_claim
+from trainer.replicas import SAME_DEVICE_TOLERANCE
 from trainer.resume import PausedState
 from trainer.spec import parse_spec
 
@@ -106,7 +107,7 @@ def test_every_honest_segment_rerun_on_the_same_device_is_exact(digits, optimize
             spec,
             seed=3,
             steps=STEPS,
-            tolerance=tolerance_for("fp32", "fp32", True),
+            tolerance=tolerance_for("fp32", "fp32", True, SAME_DEVICE_TOLERANCE),
         )
         assert verdict.ok and verdict.distance.relative_l2 == 0.0
         assert verdict.steps == end.step - start.step
@@ -171,3 +172,10 @@ def test_the_chain_is_bound_to_the_model_and_the_update(digits) -> None:
     assert "uploaded update" in check_binding(first, last, state, scaled)
     other = {k: v + 0.01 for k, v in state.items()}
     assert "round's model" in check_binding(first, None, other, result.delta)
+
+
+def test_the_tolerance_follows_the_replica_policy() -> None:
+    assert tolerance_for("fp32", "fp32", True) == 0.25  # default: CPUs of other makes differ
+    assert tolerance_for("fp32", "fp32", True, SAME_DEVICE_TOLERANCE) == SAME_DEVICE_TOLERANCE
+    assert tolerance_for("fp32", "fp32", False, SAME_DEVICE_TOLERANCE) == 0.25
+    assert tolerance_for("bf16", "fp32", True, SAME_DEVICE_TOLERANCE) == 0.25
