@@ -3,8 +3,8 @@
 A task commits, as it trains, to its state at K+1 step boundaries (`boundaries`: 0, ..., the
 task's steps), each a paused-run state (trainer.resume) hashed by
 trainer.proof_commitment.commitment. After the upload the server picks one segment j at
-random (so the node cannot know which one when it trains), has the node reveal checkpoints j
-and j+1, checks them against the commitments, and has a verifier re-run steps b_j..b_{j+1}
+random (so the node cannot know which one when it trains), has the node reveal checkpoints 0,
+j, j+1 and K, checks them against the commitments, and has a verifier re-run steps b_j..b_{j+1}
 from checkpoint j (`check_segment`). The re-run costs 1/K of the task instead of a whole
 replica.
 
@@ -28,10 +28,9 @@ weights against the committed end's minus the same start:
 so a segment is held to trainer.replicas' CROSS_DEVICE_TOLERANCE (0.25, 1.6x the largest honest
 distance, 1.5x below the smallest cheat), as replicas are: a deployment whose fleet is one kind
 of device lowers the same-class bound (AGREEMENT_TOLERANCE) to SAME_DEVICE_TOLERANCE, where
-identical bits are expected, and then also catches most fp16 runs that claim fp32 (above).
-Not
-measured here: GPUs (TF32, other kernels), longer segments, trained models; a fleet of those
-has to be measured before lowering anything.
+identical bits are expected, and then also catches some fp16 runs that claim fp32 (above: not
+the MLP's smallest). Not measured here: GPUs (TF32, other kernels), CPUs of other makes,
+longer segments, trained models; a fleet of those has to be measured before lowering anything.
 """
 
 from __future__ import annotations
