@@ -67,6 +67,7 @@ from desktop.netprobe import NetProbe
 from desktop.policy import Decision, Observations, WorkPolicy, decide, observe
 from desktop.presence import Presence, registration_hardware
 from desktop.probe import probe
+from desktop.proof_keeper import ProofKeeper
 from desktop.runtime.active import Runtime
 from desktop.sandbox import Limits, Sandbox
 from desktop.task_pipeline import CONTINUED, TaskPipeline
@@ -143,6 +144,8 @@ class Agent:
         self.inputs = InputCache(self.paths.tasks.parent / "inputs")
         self.netprobe = NetProbe()
         self.presence = Presence(self)  # registration and heartbeats (desktop.presence)
+        # uploaded tasks' checkpoints, revealed when a segment check asks (desktop.proof_keeper)
+        self.proofs = ProofKeeper(self.paths.proofs)
         self.pipeline = TaskPipeline(self)  # claim, fetch, train, upload (desktop.task_pipeline)
         self.lane_host = LaneHost(self)  # a multi-GPU host's lanes (desktop.lane_host)
         self.client: MarketplaceClient | None = None

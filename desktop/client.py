@@ -189,6 +189,18 @@ class MarketplaceClient:
         )
         return r.status_code
 
+    def proof_requests(self) -> list[dict[str, Any]]:
+        """The segment checks asking this node for checkpoints (desktop.proof_keeper)."""
+        return list(self._request("GET", "agent/proofs", attempts=2).json()["requests"])
+
+    def put_checkpoint(self, check_id: int, step: int, data: bytes) -> str:
+        """One revealed checkpoint; the check's status after it."""
+        r = self._request(
+            "PUT", f"agent/proofs/{int(check_id)}/checkpoints/{int(step)}", content=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )  # fmt: skip
+        return str(r.json().get("status", ""))
+
     def fail(self, task_id: str, reason: str, detail: str) -> None:
         self._request(
             "POST", f"agent/tasks/{task_id}/fail", json_body={"reason": reason, "detail": detail}

@@ -56,6 +56,11 @@ class Paths:
         return self.data / "tasks"
 
     @property
+    def proofs(self) -> Path:
+        """Uploaded tasks' boundary checkpoints, kept to reveal (desktop.proof_keeper)."""
+        return self.data / "proofs"
+
+    @property
     def journal(self) -> Path:
         return self.data / "journal.jsonl"
 

@@ -1,13 +1,19 @@
 """Fault injection for robustness tests and the bench, never offered to contributors:
 
-    python -m desktop.fault_injection --byzantine sign_flip|noise [--byzantine-scale X] \\
+    python -m desktop.fault_injection --byzantine MODE [--byzantine-scale X] \\
         [gpuflex-node run's options]
 
 runs `gpuflex-node run` as a Byzantine node: every update it sends is corrupted by the sandboxed
-task runner (desktop/task_runner.py BYZANTINE_ENV). It is no console script and no option of
-`gpuflex-node run`, so a contributor's `--help` offers no way to attack the jobs it works on;
-the test clusters (marketplace/demo/cluster.py) and tests/system/test_fault_byzantine.py start
-agents through it.
+task runner (desktop/task_runner.py BYZANTINE_ENV). MODE: sign_flip and noise attack the job;
+the lazy cheats (issue 35) try to be paid for work not done: half_steps, wrong_shard,
+precision_claim and scaled train otherwise than asked, copy and stale train nothing and send
+an update this node made earlier (desktop/cheat_sources.py keeps them and hands one to the next
+task: another shard's for copy, the same shard's from an earlier round for stale).
+
+It is no console script and no option of `gpuflex-node run`, so a contributor's `--help`
+offers no way to attack the jobs it works on; the test clusters (marketplace/demo/cluster.py),
+tests/system/test_fault_byzantine.py and tests/system/test_segment_checks.py start agents
+through it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ def parser() -> argparse.ArgumentParser:
         required=True,
         choices=tuple(BYZANTINE_SCALES),
         help="sign_flip: -scale x its real update; noise: its update plus Gaussian noise of "
-        "scale x its norm",
+        "scale x its norm; scaled: scale x its update; half_steps: trains scale x the steps; "
+        "wrong_shard: trains on half its shard; precision_claim: trains fp16, claims fp32; "
+        "copy/stale: sends an earlier update of another shard/the same shard",
     )
     p.add_argument(
         "--byzantine-scale",

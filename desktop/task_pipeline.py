@@ -106,6 +106,9 @@ class TaskPipeline:
         if pending:
             self.process(pending[0])
             return
+        proofs = getattr(self.node, "proofs", None)
+        if proofs is not None:  # segment checks asking for kept checkpoints (marketplace/proofs)
+            proofs.reveal_pending(client)
         if not self.overlap_shown():  # else the status shows the continuation
             self.node._set(state=State.IDLE, reason="", task=None)
         task = client.claim(self.node.claim_wait_s)
@@ -422,6 +425,10 @@ class TaskPipeline:
         self.node._sandbox.env[DUTY_ENV] = str(s.max_gpu_busy_pct / 100)
         if self.node.byzantine:
             self.node._sandbox.env[BYZANTINE_ENV] = self.node.byzantine
+            from desktop.cheat_sources import put_source  # test hooks: only when attacking
+
+            put_source(self.node.paths.data / "byzantine", self.node.byzantine, rec.task,
+                       self._folder(rec.id))  # fmt: skip
         self.node._trace(rec.id, "sandbox_called")
         read_only = None
         if rec.task.get("local_dataset"):  # the local dataset, bound read-only (never copied)
@@ -555,6 +562,14 @@ class TaskPipeline:
             return
         self.node.presence.timed(data, t0, upload=True)
         self.node._info(f"task {rec.id} uploaded" + (" (already accepted)" if code == 200 else ""))
+        proofs = getattr(self.node, "proofs", None)
+        if proofs is not None:  # before the folder goes: a segment check may ask for them
+            proofs.keep(rec.id, self._folder(rec.id))
+        if self.node.byzantine:
+            from desktop.cheat_sources import keep_sent  # test hooks: only when attacking
+
+            keep_sent(self.node.paths.data / "byzantine", self.node.byzantine, rec.task,
+                      self._folder(rec.id))  # fmt: skip
         if session is not None:
             try:
                 session.unmask()

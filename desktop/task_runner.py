@@ -72,7 +72,22 @@ CORRUPT_INPUT = "corrupt_input"
 # scale is harmful enough that with one attacker in five plain FedAvg ends far below a clean
 # run (tests/system/test_fault_byzantine.py).
 BYZANTINE_ENV = "GPUFLEX_BYZANTINE"
-BYZANTINE_SCALES = {"sign_flip": 10.0, "noise": 30.0}
+BYZANTINE_SCALES = {"sign_flip": 10.0, "noise": 30.0, "scaled": 2.0, "half_steps": 0.5,
+                    "wrong_shard": 1.0, "precision_claim": 1.0, "copy": 1.0,
+                    "stale": 1.0}  # fmt: skip
+# the lazy cheats (issue 35) a proof of learning's segment check is for: they change how the
+# node trains, not only what it sends (see `run`)
+LAZY = ("half_steps", "wrong_shard", "precision_claim")
+# copy and stale send an update made earlier (the agent's fault injection puts it in the folder
+# under this name: another shard's, or this shard's from an earlier round) and train nothing;
+# their chain is made up: the round's model, then straight on to the copied update
+COPIERS = ("copy", "stale")
+CHEAT_SOURCE = "cheat_source.safetensors"
+
+# proof of learning (trainer.proof): the state at each of the task's step boundaries, kept in
+# the folder as CHECKPOINT.format(step) for the agent to keep and reveal on the server's
+# request; the upload's metadata carries their commitments and the boundaries as JSON lists
+CHECKPOINT = "checkpoint.{}.safetensors"
 
 
 class BadInput(ValueError):
@@ -186,7 +201,8 @@ def _byzantine(value: str) -> tuple[str, float] | None:
 
 def attack(delta: dict[str, Any], mode: str, scale: float, seed: int) -> dict[str, Any]:
     """A Byzantine node's update from its honest `delta`: `sign_flip` sends -scale x delta;
-    `noise` adds Gaussian noise with, in each tensor, scale x that tensor's RMS as its std (so
+    `scaled` sends scale x delta (its checkpoints stay honest); `noise` adds Gaussian noise
+    with, in each tensor, scale x that tensor's RMS as its std (so
     about scale x the update's norm). Seeded by the task, so a task always sends the same bytes."""
     import torch
 
@@ -197,7 +213,9 @@ def attack(delta: dict[str, Any], mode: str, scale: float, seed: int) -> dict[st
         if v.is_floating_point():
             if mode == "sign_flip":
                 v = v * -scale
-            else:
+            elif mode == "scaled":
+                v = v * scale
+            elif mode == "noise":
                 std = scale * float(v.double().square().mean().sqrt())
                 v = v + (torch.randn(v.shape, generator=gen, dtype=torch.float64) * std).to(v)
         out[name] = v
@@ -357,10 +375,13 @@ def run(folder: Path) -> int:
     if _kind(folder) in ("evaluate", "inference"):
         return run_scoring(folder)
     _emit(phase="started", t=time.time())  # the bench splits sandbox start from imports
+    import torch
+
     from trainer.compression import CodecConfig, ErrorFeedback, decode_any, encode_update
-    from trainer.local import train_local
+    from trainer.local import LocalResult, planned_steps, resolve_precision, train_local
     from trainer.lora import update_part
     from trainer.models import ModelSpecError, build_model
+    from trainer.proof import boundaries
     from trainer.resume import ResumeError, TrainingPaused
     from trainer.spec import SpecError, parse_spec
     from trainer.updates import UpdateRejected, encode_state
@@ -404,6 +425,28 @@ def run(folder: Path) -> int:
         return EXIT_BAD_INPUT
     model = build_model(spec.model, data.input_shape, data.num_classes, seed=spec.seed).to(device)
     steps = int(task.get("steps") or 0) or None
+    task_steps = steps or planned_steps(spec, data.num_train, task.get("batch_size"))
+    claimed = boundaries(task_steps)  # the boundaries the proof commits to
+    trained_steps, trained_bounds = task_steps, claimed
+    mode = byzantine[0] if byzantine else ""
+    if mode == "half_steps":  # trains a fraction of the steps, states the task's boundaries
+        trained_steps = max(1, round(task_steps * byzantine[1]))  # type: ignore[index]
+        trained_bounds = boundaries(trained_steps, len(claimed) - 1)
+        steps = trained_steps
+    elif mode == "wrong_shard":  # other rows than the task's: its shard's second half
+        data = data.subset(torch.arange(data.num_train // 2, data.num_train))
+    elif mode == "precision_claim" and spec.local.precision != "fp16":
+        try:  # trains in fp16 where this device can, and claims below that it ran fp32
+            resolve_precision("fp16", device)
+            spec = spec.replace(local=spec.local.model_dump(mode="json") | {"precision": "fp16"})
+        except ValueError:
+            pass
+    renamed = dict(zip(trained_bounds, claimed, strict=False))
+
+    def keep_checkpoint(state: Any) -> None:
+        state.step = renamed.get(state.step, state.step)
+        _write_bytes(folder / CHECKPOINT.format(state.step), state.to_bytes())
+
     seen = _watch_steps(model, steps or 1, spec.local.grad_accum_steps, pace=_duty_pace())
     _emit(progress=0.0, step=0, device=str(device))
     overlap = bool(task.get("overlap"))
@@ -418,12 +461,25 @@ def run(folder: Path) -> int:
         return train_local(
             model, start, data, spec, seed=int(task.get("seed", 0)), steps=steps,
             batch_size=task.get("batch_size"), proximal_mu=float(task.get("proximal_mu", 0.0)),
-            lr=lr, pause=(folder / PAUSE).exists, resume=resume,
+            lr=lr, pause=(folder / PAUSE).exists, resume=resume, checkpoints=trained_bounds,
+            on_checkpoint=keep_checkpoint if len(trained_bounds) == len(claimed) else None,
         )  # fmt: skip
 
+    source = folder / CHEAT_SOURCE
+    copied = None
+    if mode in COPIERS and source.exists():  # nothing to copy yet: it trains, this once
+        with contextlib.suppress(ValueError, OSError):  # another model's update: trains too
+            copied = _copied(source, reference, max_norm)
+    if copied is not None:
+        _fabricate_chain(folder, model, start, data, spec, task, lr, claimed, copied)
+    faked = None
+    if copied is not None:  # no training at all: what it sends is the copy
+        faked = LocalResult(delta=copied, num_samples=data.num_train, steps=task_steps, loss=0.0,
+                            compute_s=0.0, precision=resolve_precision(spec.local.precision,
+                                                                       device))  # fmt: skip
     try:
         try:
-            result = train(_paused_state(folder, identity))
+            result = faked or train(_paused_state(folder, identity))
         except ResumeError as exc:  # the same task, but run otherwise (batch, precision...)
             _emit(note=f"paused state dropped: {exc}")
             result = train(None)
@@ -437,11 +493,20 @@ def run(folder: Path) -> int:
     _emit(phase="trained", t=time.time())
     # the precision that ran travels with the update: verification compares replicas that
     # ran in different precisions (a CPU's fp32, a GPU's bf16) by a rule measured for that
-    metadata = {"task_id": str(task.get("id", "")), "precision": result.precision,
+    metadata = {"task_id": str(task.get("id", "")),
+                "precision": "fp32" if mode == "precision_claim" else result.precision,
                 "device": device.type}  # fmt: skip
+    # a chain is bound to the update (trainer.proof.check_binding): none where the update is
+    # not local final - global model (a clipped or noised private update, top-k's residual
+    # added in, or a start merged with a continuation's progress). Those are left to replicas
+    provable = spec.privacy.clip_norm is None and codec.name != "topk" and progress is None
+    proof = _proof(folder, claimed) if provable else None
+    if proof is not None:  # commitments to the states it passed (trainer.proof_commitment)
+        metadata["commitments"] = json.dumps(proof["commitments"])
+        metadata["boundaries"] = json.dumps(proof["boundaries"])
     # local final − global model: with a merge, the progress is part of what this node sends
     delta = result.delta if progress is None else _added(result.delta, progress)
-    if byzantine is not None:
+    if byzantine is not None and mode not in LAZY:
         # corrupted before encoding: well formed, checked below and sent as an honest one is
         delta = attack(delta, *byzantine, seed=int(task.get("seed", 0)))
     update = encode_update(delta, codec, feedback, metadata)
@@ -461,16 +526,74 @@ def run(folder: Path) -> int:
     compute_s = max(result.compute_s - seen["held_s"], 0.0)
     outcome = {
         "status": "ok",
-        "metrics": {"loss": result.loss, "steps": result.steps,
+        "metrics": {"loss": result.loss,  # half_steps claims the task's steps, as a cheat would
+                    "steps": task_steps if mode == "half_steps" else result.steps,
                     "samples": result.num_samples, "compute_s": compute_s},
         "device": str(device),
         "precision": result.precision,
     }  # fmt: skip
+    if proof is not None:
+        outcome["proof"] = proof
     if overlap:
         outcome["merged"] = progress is not None
     _write_json(folder / "result.json", outcome)
     _emit(progress=1.0, step=result.steps, phase="encoded", t=time.time())
     return EXIT_OK
+
+
+def _copied(path: Path, reference: dict[str, Any], max_norm: float | None) -> Any:
+    """The update a copy or stale cheat sends (fault injection): one made earlier."""
+    from trainer.compression import decode_any
+
+    return decode_any(path.read_bytes(), reference, max_norm)[0]
+
+
+def _fabricate_chain(
+    folder: Path, model: Any, start: dict[str, Any], data: Any, spec: Any,
+    task: dict[str, Any], lr: Any, claimed: list[int], copied: dict[str, Any],
+) -> None:  # fmt: skip
+    """A copier's made-up checkpoints: the true state at step 0 (the round's model), then
+    states on the straight line to the model plus the copied update, at each boundary."""
+    from trainer.local import train_local
+    from trainer.resume import PausedState
+
+    first: list[Any] = []
+
+    class _Got(Exception):
+        pass
+
+    def got(state: Any) -> None:
+        first.append(state)
+        raise _Got
+
+    with contextlib.suppress(_Got):  # stopped before its first step
+        train_local(model, start, data, spec, seed=int(task.get("seed", 0)),
+                    steps=claimed[-1], batch_size=task.get("batch_size"),
+                    proximal_mu=float(task.get("proximal_mu", 0.0)), lr=lr, checkpoints=(0,),
+                    on_checkpoint=got)  # fmt: skip
+    zero = first[0]
+    for b in claimed:
+        t = b / claimed[-1]
+        tensors = dict(zero.tensors)
+        for name, v in copied.items():
+            key = "model/" + name
+            tensors[key] = (start[name] + t * v).to(zero.tensors[key].dtype).contiguous()
+        state = PausedState(b, tensors, zero.meta)
+        _write_bytes(folder / CHECKPOINT.format(b), state.to_bytes())
+
+
+def _proof(folder: Path, claimed: list[int]) -> dict[str, Any] | None:
+    """The commitments to the checkpoints the run left at `claimed` boundaries (a resumed run
+    left the earlier ones before its pause); None when one is missing: a task without a
+    proof is still a task, verified by replicas alone."""
+    from trainer.proof_commitment import CommitmentError, commitment
+
+    try:
+        hashes = [commitment((folder / CHECKPOINT.format(b)).read_bytes()) for b in claimed]
+    except (OSError, CommitmentError) as exc:
+        _emit(note=f"no proof of learning: {exc}")
+        return None
+    return {"commitments": hashes, "boundaries": claimed}
 
 
 def _paused_state(folder: Path, identity: dict[str, Any]) -> Any:

@@ -12,7 +12,7 @@ import contextlib
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -145,6 +145,22 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def run_identity(
+    seed: int,
+    steps: int,
+    batch: int,
+    accum: int,
+    samples: int,
+    precision: str,
+    proximal_mu: float,
+    lr: float,
+) -> dict[str, object]:
+    """What a paused state must match to be resumed by a train_local call (trainer.resume);
+    a verifier re-running a segment states its own (trainer.proof)."""
+    return {"seed": seed, "steps": steps, "batch": batch, "accum": accum, "samples": samples,
+            "precision": precision, "proximal_mu": proximal_mu, "lr": lr}  # fmt: skip
+
+
 def train_local(
     model: nn.Module,
     global_state: Mapping[str, torch.Tensor],
@@ -158,6 +174,8 @@ def train_local(
     lr: float | None = None,
     pause: Callable[[], bool] | None = None,
     resume: PausedState | None = None,
+    checkpoints: Collection[int] = (),
+    on_checkpoint: Callable[[PausedState], None] | None = None,
 ) -> LocalResult:
     """Train `model` (reused across calls to save allocations) from `global_state` on `data`.
 
@@ -171,6 +189,10 @@ def train_local(
 
     `lr` is the round's learning rate (trainer.schedule.round_lr; the spec's `optimizer.lr`
     when None), constant through the local steps.
+
+    `checkpoints`: step counts (0 to the run's steps) at which `on_checkpoint` is handed the
+    run's state as a pause would capture it, the run going on unchanged (copies to the CPU,
+    no RNG drawn): the boundaries a proof of learning commits to (trainer.proof).
     """
     device = next(model.parameters()).device
     if spec.privacy.mode == "sample" and spec.privacy.clip_norm is not None:
@@ -207,9 +229,9 @@ def train_local(
     lm = data.task == "language_model"
     program = is_program(model)  # a buyer's program computes its own (mean) loss
     # what a paused state must match to be resumed by this call
-    identity = {"seed": seed, "steps": steps, "batch": batch, "accum": accum, "samples": n,
-                "precision": precision, "proximal_mu": proximal_mu,
-                "lr": spec.optimizer.lr if lr is None else lr}  # fmt: skip
+    identity = run_identity(seed, steps, batch, accum, n, precision, proximal_mu,
+                            spec.optimizer.lr if lr is None else lr)  # fmt: skip
+    wanted = set(checkpoints) if on_checkpoint is not None else set()
 
     started = time.perf_counter()
     loss_total = torch.zeros((), device=device)
@@ -222,6 +244,8 @@ def train_local(
             paused = capture(step, model, opt, scaler, loss_total, identity)
             paused.meta["compute_s"] = before_s + time.perf_counter() - started
             raise TrainingPaused(paused)
+        if step in wanted:
+            on_checkpoint(_kept(capture(step, model, opt, scaler, loss_total, identity)))  # type: ignore[misc]
         idx = order[bounds[step] : bounds[step + 1]]
         opt.zero_grad(set_to_none=True)
         if accum == 1:
@@ -251,6 +275,8 @@ def train_local(
             scaler.update()
         else:
             opt.step()
+    if steps in wanted:
+        on_checkpoint(_kept(capture(steps, model, opt, scaler, loss_total, identity)))  # type: ignore[misc]
     mean_loss = float(loss_total) / steps  # one device sync, after the loop
     compute_s = before_s + time.perf_counter() - started
 
@@ -270,6 +296,12 @@ def train_local(
         metrics={"loss": mean_loss, "steps": float(steps), "samples": float(n)},
         precision=precision,
     )
+
+
+def _kept(state: PausedState) -> PausedState:
+    # on the CPU, capture's tensors are the live weights and moments (.cpu() copies nothing):
+    # a checkpoint the run goes on after must be a copy
+    return PausedState(state.step, {k: v.clone() for k, v in state.tensors.items()}, state.meta)
 
 
 def _train_sample_private(

@@ -4,7 +4,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularSwaggerView
 
 from marketplace.api.schema_view import CachedSchemaView
-from marketplace.api.views import agent, jobs, keys, ledger, market, nodes, secagg, uploads
+from marketplace.api.views import agent, jobs, keys, ledger, market, nodes, proofs, secagg, uploads
 
 urlpatterns = [
     # agent (docs/agent-api.md)
@@ -40,6 +40,12 @@ urlpatterns = [
         name="zone-model",
     ),
     path("agent/zone/partial", agent.ZonePartialView.as_view(), name="zone-partial"),
+    path("agent/proofs", proofs.ProofRequestsView.as_view(), name="agent-proofs"),
+    path(
+        "agent/proofs/<int:check_id>/checkpoints/<int:step>",
+        proofs.ProofRevealView.as_view(),
+        name="agent-proof-reveal",
+    ),
     path("agent/me", agent.MeView.as_view(), name="agent-me"),
     path("agent/datasets", agent.LocalDatasetsView.as_view(), name="agent-datasets"),
     path("agent/probe", agent.ProbeView.as_view(), name="agent-probe"),

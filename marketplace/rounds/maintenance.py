@@ -265,4 +265,11 @@ def tick() -> dict[str, Any]:
         "resumed": resume_orphaned_jobs(),
         "pruned": prune_ended_jobs(),
         "uploads": expire_stale_uploads(),
+        "segment_checks": _expire_segment_checks(),
     }
+
+
+def _expire_segment_checks() -> int:
+    from marketplace.proofs.services import expire_overdue
+
+    return expire_overdue()

@@ -138,6 +138,7 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     num_samples = task.shard.size if task.shard else federated_samples(node, task, metrics)
     spec = task.round.job.parsed_spec
     name = f"{files.job_dir(task.round.job_id)}/updates/{digest}.safetensors"
+    meta: dict[str, str] = {}  # a training upload's metadata: its proof of learning
     if spec.scoring:  # an evaluation's sums or an inference's predictions, kept as sent
         precision, device = check_result(task, body)
         files.put(name, body, content_addressed=True)
@@ -151,7 +152,7 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
             ) from None
         files.put(name, body, content_addressed=True)
     else:
-        precision, device = _store_update(node, task, body, name)
+        precision, device, meta = _store_update(node, task, body, name)
     lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
     with transaction.atomic():
         rnd = Round.objects.select_for_update().get(pk=task.round_id)
@@ -185,12 +186,18 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
             verify_unit(rnd, task)
             maybe_close(rnd)
         job_changed(rnd.job_id)
+    if meta:  # drawn after the upload is in: the node could not know (marketplace/proofs)
+        from marketplace.proofs.services import draw_check
+
+        draw_check(result, meta)
     return 201
 
 
-def _store_update(node: Node, task: Task, body: bytes, name: str) -> tuple[str, str]:
+def _store_update(
+    node: Node, task: Task, body: bytes, name: str
+) -> tuple[str, str, dict[str, str]]:
     """Check a training update against the round's model and store it as `name`; returns
-    the precision and device it claims."""
+    the precision and device it claims, and its metadata."""
     from marketplace.jobs.models_io import load_model_file
     from trainer.compression import decode_any
     from trainer.privacy import noise_problem
@@ -214,7 +221,7 @@ def _store_update(node: Node, task: Task, body: bytes, name: str) -> tuple[str, 
     # the name keys the bytes the node sent, which is what makes a retried upload idempotent.
     plain = meta.get("codec", "none") == "none"
     files.put(name, body if plain else encode_state(delta), content_addressed=True)
-    return precision, device
+    return precision, device, dict(meta)
 
 
 def _takes_late(rnd: Round, task: Task) -> bool:

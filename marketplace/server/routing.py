@@ -17,7 +17,9 @@ AGGREGATE_ROUND = "marketplace.jobs.tasks.aggregate_round"  # its historical nam
 PREPARE_JOB = "marketplace.jobs.tasks.prepare_job"
 # a sweep's step submits its next trials, loading their dataset as a submission does
 ADVANCE_SWEEP = "marketplace.sweeps.tasks.advance_sweep"
-HEAVY = (AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP)
+# a proof of learning's segment re-run (marketplace.proofs): training, however short
+RUN_SEGMENT_CHECK = "marketplace.proofs.tasks.run_segment_check"
+HEAVY = (AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP, RUN_SEGMENT_CHECK)
 KINDS = ("all", "maintenance", "aggregation")
 
 

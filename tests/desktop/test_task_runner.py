@@ -195,3 +195,69 @@ def _built(t: FakeTask):
     model = build_model(parse_spec(t.task["spec"]).model, (64,), 10, seed=0)
     model.load_state_dict(t.reference)
     return model
+
+
+def _meta(folder: Path) -> dict:
+    return decode_state((folder / "update.safetensors").read_bytes())[1]
+
+
+def test_a_task_commits_to_its_boundary_checkpoints(tmp_path: Path) -> None:
+    """Proof of learning (trainer.proof): the update's metadata carries the commitments to the
+    checkpoints the folder keeps, and the chain is the task's run from the model to the update."""
+    from trainer.proof import check_binding
+    from trainer.proof_commitment import commitment
+    from trainer.resume import PausedState
+
+    t = digits_task("t-p", steps=8)
+    folder = _folder(tmp_path, t)
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    meta = _meta(folder)
+    bounds, hashes = json.loads(meta["boundaries"]), json.loads(meta["commitments"])
+    assert bounds == [0, 2, 4, 6, 8] and _result(folder)["proof"]["commitments"] == hashes
+    kept = [(folder / task_runner.CHECKPOINT.format(b)).read_bytes() for b in bounds]
+    assert [commitment(b) for b in kept] == hashes
+    first, last = PausedState.from_bytes(kept[0]), PausedState.from_bytes(kept[-1])
+    model = decode_state((folder / "model.safetensors").read_bytes())[0]
+    assert check_binding(first, last, model, _delta(folder)) is None
+
+
+def test_lazy_cheats_commit_to_what_they_did(tmp_path: Path, monkeypatch) -> None:
+    """half_steps trains 4 of 8 steps and states the task's boundaries; scaled sends 2x its
+    honest update with an honest chain, which no longer ends at the update."""
+    from trainer.proof import check_binding
+    from trainer.resume import PausedState
+
+    honest = _folder(tmp_path / "honest", digits_task("t-c", steps=8))
+    assert task_runner.run(honest) == task_runner.EXIT_OK
+    monkeypatch.setenv(task_runner.BYZANTINE_ENV, "half_steps")
+    lazy = _folder(tmp_path / "lazy", digits_task("t-c", steps=8))
+    assert task_runner.run(lazy) == task_runner.EXIT_OK
+    assert json.loads(_meta(lazy)["boundaries"]) == [0, 2, 4, 6, 8]
+    assert _result(lazy)["metrics"]["steps"] == 8  # it claims the task's steps
+    half = PausedState.from_bytes((lazy / task_runner.CHECKPOINT.format(8)).read_bytes())
+    full = PausedState.from_bytes((honest / task_runner.CHECKPOINT.format(8)).read_bytes())
+    assert not torch.equal(half.tensors["loss_total"], full.tensors["loss_total"])
+
+    monkeypatch.setenv(task_runner.BYZANTINE_ENV, "scaled:2")
+    scaled = _folder(tmp_path / "scaled", digits_task("t-c", steps=8))
+    assert task_runner.run(scaled) == task_runner.EXIT_OK
+    for name, v in _delta(scaled).items():
+        torch.testing.assert_close(v, 2.0 * _delta(honest)[name])
+    last = PausedState.from_bytes((scaled / task_runner.CHECKPOINT.format(8)).read_bytes())
+    model = decode_state((scaled / "model.safetensors").read_bytes())[0]
+    assert "uploaded update" in check_binding(None, last, model, _delta(scaled))
+
+
+def test_no_proof_where_the_update_is_not_the_chains_end(tmp_path: Path) -> None:
+    """Top-k adds the residual in and a private update is clipped: the chain could not be
+    bound to it, so the task carries no proof and is left to replicas."""
+    t = digits_task("t-k", steps=4)
+    t.task["codec"] = "topk"
+    folder = _folder(tmp_path / "topk", t)
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    assert "commitments" not in _meta(folder) and "proof" not in _result(folder)
+    t = digits_task("t-d", steps=4)
+    t.task["spec"]["privacy"] = {"clip_norm": 1.0, "noise_multiplier": 0.0}
+    folder = _folder(tmp_path / "private", t)
+    assert task_runner.run(folder) == task_runner.EXIT_OK
+    assert "commitments" not in _meta(folder)

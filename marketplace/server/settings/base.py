@@ -58,6 +58,7 @@ INSTALLED_APPS = [
     "marketplace.rounds",
     "marketplace.ledger",
     "marketplace.uploads",
+    "marketplace.proofs",
     "marketplace.sweeps",
     "marketplace.api",
     "marketplace.web",
@@ -229,6 +230,12 @@ GPUFLEX = {
     # than this is replicated; afterwards only REPLICATION_SHARE of them, at random.
     "TRUST_AFTER_VERIFIED": _env["GPUFLEX_TRUST_AFTER_VERIFIED"],
     "REPLICATION_SHARE": _env["GPUFLEX_REPLICATION_SHARE"],
+    # proof-of-learning segment checks (marketplace/proofs): the share of uploads checked, the
+    # node's time to reveal the checkpoints and the largest one taken
+    "SEGMENT_CHECK_SHARE": _env["GPUFLEX_SEGMENT_CHECK_SHARE"],
+    "SEGMENT_PROOF_REQUIRED": _env["GPUFLEX_SEGMENT_PROOF_REQUIRED"],
+    "SEGMENT_REVEAL_S": _env["GPUFLEX_SEGMENT_REVEAL_S"],
+    "MAX_CHECKPOINT_BYTES": _env["GPUFLEX_MAX_CHECKPOINT_BYTES"],
     # platform nodes (enrolled by an operator) are not replicated until trusted, but this
     # share of their tasks still gets a verification replica (a keyed draw per task)
     "PLATFORM_SPOT_CHECK_RATE": _env["GPUFLEX_PLATFORM_SPOT_CHECK_RATE"],

@@ -237,6 +237,16 @@ TABLE: tuple[Setting, ...] = (
        "replicated", TRUST, ge=0, le=1),
     _s("GPUFLEX_PLATFORM_SPOT_CHECK_RATE", "float", 0.05, "share of platform nodes' tasks "
        "given a verification replica", TRUST, ge=0, le=1),
+    _s("GPUFLEX_SEGMENT_CHECK_SHARE", "float", 0.1, "share of training uploads with a proof "
+       "of learning whose node is asked to reveal a random segment's checkpoints, re-run by "
+       "the worker (marketplace/proofs)", TRUST, ge=0, le=1),
+    _s("GPUFLEX_SEGMENT_PROOF_REQUIRED", "bool", False, "a drawn training upload without a "
+       "proof of learning fails its check (off: agents older than proofs are left to "
+       "replicas)", TRUST),
+    _s("GPUFLEX_SEGMENT_REVEAL_S", "int", 600, "seconds a node has to reveal a segment check's "
+       "checkpoints before the check fails", TRUST, ge=1),
+    _s("GPUFLEX_MAX_CHECKPOINT_BYTES", "int", 256 * MIB, "the largest revealed checkpoint "
+       "taken (one request body)", TRUST, ge=1),
     _s("GPUFLEX_AGREEMENT_TOLERANCE", "float", 0.25, "relative L2 distance within which two "
        "replicas agree", TRUST, gt=0),
     _s("GPUFLEX_MIN_COSINE", "decimal", None, "an update whose cosine to the round's median is "

@@ -35,6 +35,8 @@ else:
         "DATABASE_URL", f"sqlite:///{Path(os.environ['GPUFLEX_DATA_DIR']) / 'gpuflex.sqlite3'}"
     )
 os.environ.setdefault("CELERY_TASK_ALWAYS_EAGER", "1")
+# segment checks are drawn at random: tests that want them set the share (1 or 0) themselves
+os.environ.setdefault("GPUFLEX_SEGMENT_CHECK_SHARE", "0")
 
 from marketplace.server.settings.base import *  # noqa: E402, F403
 from marketplace.server.settings.base import DATA_DIR, DATABASES, GPUFLEX  # noqa: E402

@@ -1,0 +1,1 @@
+"""Proof-of-learning segment checks (issue 35): see services.py."""
