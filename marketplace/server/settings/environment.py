@@ -263,6 +263,14 @@ TABLE: tuple[Setting, ...] = (
        "the node's tasks show is billed at what they show", MONEY, gt=0, shown="2"),
     _s("GPUFLEX_MIN_PAYOUT", "decimal", "5", "smallest payout a contributor may withdraw",
        MONEY, unit="credits", ge=0),
+    # 7 days: long enough that a node completing 2 tasks a day holds the 12 tasks past which
+    # no share of cheating pays at the default REPLICATION_SHARE (ledger/cheating_ev.py),
+    # short enough to be a usual marketplace payout delay
+    _s("GPUFLEX_PAYOUT_HOLD_S", "float", float(7 * 24 * 3600), "a volunteer's earnings for "
+       "unverified work wait this long before they can be paid out, and are forfeited to the "
+       "buyers if one of its results fails verification first; 7 days makes cheating cost "
+       "more than it saves (docs/money.md); 0: no hold", MONEY, unit="seconds", ge=0,
+       shown="604800"),
     _s("GPUFLEX_ROUND_BUDGET_MARGIN", "decimal", "1.5", "a job goes on while its escrow "
        "covers this many times its dearest round", MONEY, ge=1),
     # -- chain settlement --
