@@ -25,11 +25,20 @@ then on, so the cheater's best move is a fresh node: the model is the cheater's 
        honest    = 1 - c                                                  per task
        ratio     = cheater / honest
 
-For a cheater who cheats rarely (f -> 0) the catch comes late and the ratio tends to 1 from
-above or below by the sign of  c s - k (1 - p) p d:  cheating stops paying, at any share,
-once the hold covers  k > c s / ((1 - p) p d)  tasks; with a task's whole cost saved and a
-cost equal to its pay (c s = 1, the worst case where honest work still breaks even), that is
-k > 1 / ((1 - p) p d).
+The cheater's gain over honest work along one cycle (the probation cancels: it is honest
+work on both sides) is  g(f) / q  with
+
+       g(f) = c s f - p f d - (1 - p) (1 - (1 - p f d)^k)
+
+so cheating pays iff g(f) > 0. g(0) = 0 and g is convex in f, so the cheater's best share
+is one of the ends, and no share pays (ratio < 1 for every f) iff both
+
+       k > (c s - p d) / ((1 - p) p d)                       (rare cheating, f -> 0)
+       k > ln(1 - (c s - p d) / (1 - p)) / ln(1 - p d)       (cheating on every task)
+
+The second grows without bound as c s -> 1: when a task's cost eats its whole pay, honest
+work earns nothing and any kept cheat beats it, so no hold suffices; the hold has to be set
+for the cost share the platform's prices leave providers (docs/money.md gives the table).
 """
 
 from __future__ import annotations
@@ -115,12 +124,23 @@ def break_even_tasks(rates: Rates, limit: int = 10**6) -> int | None:
     return lo
 
 
-def small_share_bound(rates: Rates) -> float:
-    """c s / ((1 - p) p d): a hold covering more tasks than this stops rare cheating."""
-    denominator = (1.0 - rates.check_rate) * rates.check_rate * rates.detection
-    if denominator == 0.0:
-        return math.inf
-    return rates.cost_share * rates.saving / denominator
+def break_even_closed(rates: Rates) -> int | None:
+    """The fewest tasks per hold at which no share of cheating pays, from the two
+    conditions of the module's docstring; None if no hold suffices. Agrees with
+    `break_even_tasks`, which searches instead."""
+    c_s = rates.cost_share * rates.saving
+    pd = rates.check_rate * rates.detection
+    if pd == 0.0:
+        return None
+    gain = c_s - pd  # what one cheated task saves beyond the pay a catch costs at once
+    if gain < 0:  # at 0 a cheat breaks even without a hold (ratio 1): one task held is needed
+        return 0
+    rare = gain / ((1.0 - rates.check_rate) * pd)
+    left = 1.0 - gain / (1.0 - rates.check_rate)
+    if left <= 0 or pd >= 1.0:
+        return None if left <= 0 else math.floor(rare) + 1
+    every = math.log(left) / math.log(1.0 - pd)
+    return math.floor(max(rare, every)) + 1
 
 
 def simulate(rates: Rates, tasks: int, seed: int = 0) -> Outcome:
@@ -174,11 +194,11 @@ if __name__ == "__main__":  # the numbers docs/money.md quotes, at the default s
     p, trust, hold = 0.1, 3, 7 * 24 * 3600.0
     base = Rates(check_rate=p, tasks_per_hold=0, probation_tasks=trust)
     print(f"no hold: worst-case ratio {cheat_ev_ratio(base):.3f}")
-    for c_share in (0.25, 0.5, 0.9):
+    for c_share in (0.25, 0.5, 0.75, 0.9):
         r = replace(base, cost_share=c_share)
         print(
-            f"cost share {c_share}: break-even tasks per hold {break_even_tasks(r)}, "
-            f"small-share bound {small_share_bound(r):.2f}"
+            f"cost share {c_share}: break-even tasks per hold {break_even_tasks(r)} "
+            f"(closed form {break_even_closed(r)}), no hold {cheat_ev_ratio(r):.3f}"
         )
-    for seconds, k, ratio in doc_table(p, trust, hold, (300, 3600, 86400, 7 * 86400 / 12)):
+    for seconds, k, ratio in doc_table(p, trust, hold, (300, 3600, 86400 / 2, 86400)):
         print(f"one task every {seconds:.0f} s: k = {k}, worst-case ratio {ratio:.3f}")
