@@ -30,6 +30,7 @@ class JobCosts:
     bonus: Decimal
     redundancy_cost: Decimal  # charges for replicas beyond the first, paid to verify
     refunded: Decimal
+    forfeited: Decimal  # given back: charges of work whose node then failed verification
     shortfall: Decimal  # verified work the escrow could not cover (should stay zero)
     charges: int
 
@@ -63,6 +64,7 @@ def job_costs(job: Job) -> JobCosts:
         bonus=q(bonus),
         redundancy_cost=q(redundancy),
         refunded=q(refunded or ZERO),
+        forfeited=holds.forfeited_refunds(job.pk),
         shortfall=q(shortfall),
         charges=charges,
     )

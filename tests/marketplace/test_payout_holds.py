@@ -205,11 +205,13 @@ def test_a_failed_verification_forfeits_held_earnings_refunds_the_buyers_and_res
     owner = Node.objects.get(pk=cheater.node_id).owner_id
     assert legs.pop(f"earnings:{owner}") == -sum(h.amount for h in held.values())
     assert legs.pop("platform:fees") == -sum(h.fee for h in held.values())
-    for buyer, before, job in zip(buyers, credit, jobs, strict=True):
+    for client, buyer, before, job in zip((first, second), buyers, credit, jobs, strict=True):
         hold = held[uuid.UUID(job["id"])]
         # each buyer gets back what the charge cost it: the provider's share and the fee
         assert legs.pop(f"buyer:{buyer.pk}") == hold.amount + hold.fee
         assert balance(accounts.buyer_credit(buyer)) == before + hold.amount + hold.fee
+        costs = client.get(f"/api/v1/jobs/{job['id']}/").json()["costs"]
+        assert Decimal(costs["forfeited"]) == hold.amount + hold.fee
     assert not legs
     assert earned(cheater) == 0, "everything it had earned was still held"
     me = node_earnings(Node.objects.get(pk=cheater.node_id))
