@@ -278,3 +278,43 @@ def test_a_payout_may_take_what_no_hold_keeps(make_user, submit, clock) -> None:
     assert payout(owner, total, "all").status_code == 400
     assert payout(owner, free, "free").status_code == 201
     assert earned(agent) == total - free and reconcile(with_chain=False).ok
+
+
+@pytest.fixture
+def chain(settings):
+    """The in-process EVM as the money rail (tests/marketplace/test_ledger_chain.py)."""
+    pytest.importorskip("eth_tester")
+    from contracts import ChainClient
+    from marketplace.ledger import chain as ledger_chain
+    from tests.marketplace.chain_payouts import UPC
+
+    settings.CHAIN = settings.CHAIN | {"URL": "embedded", "UNITS_PER_CREDIT": UPC}
+    client = ChainClient.embedded()
+    ledger_chain.use_client(client)
+    yield client
+    ledger_chain.use_client(None)
+
+
+def test_on_chain_a_forfeited_charge_is_the_buyers_to_withdraw_again(
+    chain, make_user, submit
+) -> None:
+    """A refunded charge no longer counts as spent deposit: the buyer may take it back."""
+    from marketplace.ledger import chain as ledger_chain
+    from tests.marketplace.chain_payouts import UPC
+
+    buyer_user, key = make_user("buyer")
+    buyer = client_for(key)
+    address = chain.w3.eth.accounts[2]
+    wallet = buyer.put("/api/v1/ledger/wallet", {"address": address}, format="json").json()
+    chain.deposit(wallet["funding_id"], 30 * UPC, sender=address)
+    assert ledger_chain.sync_deposits(chain) == 1
+    agent, _ = node_of(make_user, trusted=True)
+    submit(tier="volunteer", spec=ONE_TASK, client=buyer)
+    work_all([agent])
+    (hold,) = EarningsHold.objects.all()
+    assert ledger_chain.withdrawable(buyer_user) == 30 - hold.amount - hold.fee
+
+    record_verification(agent.node_id, bad=1)
+    assert ledger_chain.withdrawable(buyer_user) == 30
+    report = reconcile()
+    assert report.ok, report.problems
