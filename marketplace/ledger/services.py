@@ -296,11 +296,10 @@ def request_payout(
             # post: what running holds keep is not withdrawable (ledger/holds.py)
             earnings = accounts.provider_earnings(user)
             Account.objects.select_for_update().filter(pk=earnings.pk).get()
-            if amount > holds.available(user):
+            free = holds.available(user)
+            if amount > free:
                 raise InvalidPayout(
-                    holds.refusal(user, amount),
-                    available=str(holds.available(user)),
-                    held=str(holds.held(user)),
+                    holds.refusal(user, amount), available=str(free), held=str(holds.held(user))
                 )
         elif not settings.CHAIN["URL"]:
             raise InvalidPayout(f"A {kind} payout goes through the chain, which is disabled.")
