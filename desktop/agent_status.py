@@ -110,6 +110,8 @@ class AgentStatus:
     registered: bool = False
     earnings_today: str = "0.00"
     earnings_total: str = "0.00"
+    # of the total, what waits out the server's payout hold (unverified work, docs/money.md)
+    earnings_held: str = "0.00"
     completed: int = 0
     failed: int = 0
     isolated: bool = False  # tasks run under bubblewrap
@@ -131,7 +133,8 @@ class AgentStatus:
             "state": self.state.value, "reason": self.reason,
             "task": None if self.task is None else self.task.__dict__,
             "server": self.server, "node_id": self.node_id, "registered": self.registered,
-            "earnings": {"today": self.earnings_today, "total": self.earnings_total},
+            "earnings": {"today": self.earnings_today, "total": self.earnings_total,
+                         "held": self.earnings_held},
             "completed": self.completed, "failed": self.failed, "isolated": self.isolated,
             "network": self.network, "last_error": self.last_error, "updated": time.time(),
             "hardware": None if self.hardware is None else self.hardware.to_dict(),
@@ -152,6 +155,7 @@ class AgentStatus:
             registered=bool(d.get("registered")),
             earnings_today=str(earnings.get("today", "0.00")),
             earnings_total=str(earnings.get("total", "0.00")),
+            earnings_held=str(earnings.get("held", "0.00")),
             completed=int(d.get("completed", 0)), failed=int(d.get("failed", 0)),
             isolated=bool(d.get("isolated")),
             hardware=None if not hw else HardwareReport.from_dict(hw),

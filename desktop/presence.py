@@ -218,6 +218,7 @@ class Presence:
                 self.node._set(
                     earnings_today=str(money.get("today", "0.00")),
                     earnings_total=str(money.get("total", "0.00")),
+                    earnings_held=str(money.get("held", "0.00")),
                 )
             self.node._set(network=self.node.netprobe.figures().to_dict())
             self.last_beat = (time.time(), "")

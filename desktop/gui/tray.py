@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
+
 from PySide6.QtCore import QObject, QUrl
 from PySide6.QtGui import QAction, QDesktopServices
 from PySide6.QtWidgets import QApplication, QMenu, QSystemTrayIcon
@@ -73,8 +75,10 @@ class TrayController(QObject):
             self.task_action.setText(f"Task {st.task.id[:10]} · {100 * st.task.progress:.0f}%")
         self.task_action.setVisible(st.task is not None)
         self._show_lanes([lane.line() for lane in st.lanes])
+        held = f" · {credits(st.earnings_held)} on hold" if _nonzero(st.earnings_held) else ""
         self.earnings_action.setText(
             f"Earned {credits(st.earnings_today)} today · {credits(st.earnings_total)} in total"
+            + held  # unverified work's pay waits out the server's payout hold
         )
         self.pause_action.setText("Resume" if st.state is State.PAUSED else "Pause")
         lanes = "".join(f"\n{lane.line()}" for lane in st.lanes)
@@ -120,3 +124,11 @@ class TrayController(QObject):
     def quit(self) -> None:
         self.tray.hide()
         self.bridge.close()
+
+
+def _nonzero(value: str) -> bool:
+    """Whether a money figure the server sent is above zero (anything unreadable is not)."""
+    try:
+        return Decimal(value) > 0
+    except InvalidOperation:
+        return False

@@ -11,6 +11,7 @@ from django.contrib import admin
 from marketplace.ledger.models import (
     Account,
     ChainDeposit,
+    EarningsHold,
     Entry,
     NodeRegistration,
     Payout,
@@ -92,6 +93,13 @@ class ReservationAdmin(ReadOnlyAdmin):
     list_display = ["id", "job", "node", "amount", "seconds", "state", "created_at", "closed_at"]
     list_filter = ["state"]
     list_select_related = ["job", "node"]
+
+
+@admin.register(EarningsHold)
+class EarningsHoldAdmin(ReadOnlyAdmin):
+    list_display = ["id", "node", "user", "job", "amount", "until", "state", "created_at"]
+    list_filter = ["state"]
+    list_select_related = ["node", "user", "job"]
 
 
 @admin.register(NodeRegistration)

@@ -183,7 +183,11 @@ def _funding() -> list[tuple[str, int, int, int]]:
         charges = Entry.objects.filter(
             transaction__kind=TxKind.CHARGE, account__job__buyer_id=owners[fid]
         )
-        charged = to_units(q(-exact_sum(charges)), upc)
+        # forfeited work's refunds (ledger/holds.py) were never spent: back in the buyer's credit
+        refunded = Entry.objects.filter(
+            transaction__kind=TxKind.FORFEIT, account__code=f"buyer:{owners[fid]}"
+        )
+        charged = to_units(q(-exact_sum(charges) - exact_sum(refunded)), upc)
         out.append((str(fid), int(units), charged, withdrawn.get(str(fid), 0)))
     return out
 

@@ -69,6 +69,8 @@ class TxKind(models.TextChoices):
     PAYOUT_REQUEST = "payout_request"
     PAYOUT_SETTLED = "payout_settled"
     PAYOUT_REVERSED = "payout_reversed"
+    # a node failed verification: its held earnings go back to the buyers (ledger/holds.py)
+    FORFEIT = "forfeit"
 
 
 class Transaction(models.Model):
@@ -250,6 +252,51 @@ class WalletAddress(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="wallet"
     )
     address = models.CharField(max_length=42, unique=True)
+
+
+class HoldState(models.TextChoices):
+    HELD = "held"  # not withdrawable until `until` (or its result is verified); see holds.py
+    FORFEITED = "forfeited"  # its node failed verification first: refunded to the buyer
+
+
+class EarningsHold(models.Model):
+    """A volunteer's earnings from one charged, unverified result, held from payout until
+    `until` (PAYOUT_HOLD_S after the charge) and forfeited if any result of its node fails
+    verification first (docs/money.md, "Cheating does not pay").
+
+    Not an entry, as a Reservation is not: the earnings account keeps the money, and what a
+    provider may withdraw is its balance less its holds still running. A hold is released by
+    time (`until` passes) or by a replica agreeing with its result (`verified`), both read
+    from the rows at the time asked: no task has to run for a hold to end."""
+
+    charge = models.OneToOneField(Transaction, on_delete=models.PROTECT, related_name="hold")
+    node = models.ForeignKey("nodes.Node", on_delete=models.PROTECT, related_name="holds")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="earnings_holds"
+    )
+    job = models.ForeignKey("jobs.Job", on_delete=models.PROTECT, related_name="earnings_holds")
+    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    amount = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)  # net
+    fee = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    until = models.DateTimeField()
+    state = models.CharField(max_length=12, choices=HoldState.choices, default=HoldState.HELD)
+    forfeit = models.ForeignKey(
+        Transaction, null=True, blank=True, on_delete=models.PROTECT, related_name="forfeited"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["user", "until"], condition=models.Q(state="held"), name="hold_user_held"
+            ),
+            models.Index(
+                fields=["node", "until"], condition=models.Q(state="held"), name="hold_node_held"
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(amount__gte=0), name="hold_not_negative")
+        ]
 
 
 class ReservationState(models.TextChoices):

@@ -16,9 +16,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from marketplace.jobs.models import Job, JobStatus
+from marketplace.ledger.holds import running
 from marketplace.ledger.models import (
     NON_NEGATIVE,
     Account,
+    EarningsHold,
     Entry,
     Payout,
     PayoutStatus,
@@ -132,6 +134,20 @@ def check_charges() -> list[str]:
     return problems
 
 
+def check_holds(bal: dict[int, Decimal]) -> list[str]:
+    """Held earnings are in their provider's earnings (payouts take only what no hold keeps),
+    and each hold is the net of a charge its node's work was paid by."""
+    problems = []
+    held = exact_sums_by(running(EarningsHold.objects.all()), "user_id")
+    for uid, amount in sorted(held.items()):
+        have = _balance_of(f"earnings:{uid}", bal)
+        if q(amount) > have:
+            problems.append(f"User {uid} has {q(amount)} of earnings on hold but holds {have}.")
+    wrong = EarningsHold.objects.exclude(charge__kind=TxKind.CHARGE).values_list("pk", flat=True)
+    problems += [f"Hold {pk} is not of a charge." for pk in wrong]
+    return problems
+
+
 def _balance_of(code: str, bal: dict[int, Decimal]) -> Decimal:
     """Without creating the account (a check must not write)."""
     pk = Account.objects.filter(code=code).values_list("pk", flat=True).first()
@@ -164,6 +180,7 @@ def reconcile(with_chain: bool = True) -> Report:
     )
     report.add("only credited results are charged", check_charges())
     report.add("payout records agree with the payout accounts", check_payouts(bal))
+    report.add("held earnings are within their providers' earnings", check_holds(bal))
     if with_chain:
         from marketplace.ledger.chain import chain_client, reconcile_chain
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from marketplace.accounts.models import User
 from marketplace.jobs.models import Job
-from marketplace.ledger import accounts
+from marketplace.ledger import accounts, holds
 from marketplace.ledger.models import Entry, Payout, PayoutStatus, Transaction, TxKind
 from marketplace.ledger.money import ZERO, q
 from marketplace.ledger.posting import balance
@@ -30,6 +30,7 @@ class JobCosts:
     bonus: Decimal
     redundancy_cost: Decimal  # charges for replicas beyond the first, paid to verify
     refunded: Decimal
+    forfeited: Decimal  # given back: charges of work whose node then failed verification
     shortfall: Decimal  # verified work the escrow could not cover (should stay zero)
     charges: int
 
@@ -63,6 +64,7 @@ def job_costs(job: Job) -> JobCosts:
         bonus=q(bonus),
         redundancy_cost=q(redundancy),
         refunded=q(refunded or ZERO),
+        forfeited=holds.forfeited_refunds(job.pk),
         shortfall=q(shortfall),
         charges=charges,
     )
@@ -72,7 +74,9 @@ def job_costs(job: Job) -> JobCosts:
 class Balances:
     available: Decimal  # buyer credit not held by a job
     held: Decimal  # in the escrow of the user's jobs
-    earnings: Decimal  # provider earnings not yet requested
+    earnings: Decimal  # provider earnings not yet requested, held or not
+    earnings_held: Decimal  # of which on payout hold (unverified work, ledger/holds.py)
+    earnings_available: Decimal  # of which withdrawable now
     pending_payouts: Decimal
     paid_out: Decimal
 
@@ -86,10 +90,14 @@ def balances(user: User) -> Balances:
     paid = exact_sum(
         Payout.objects.filter(user=user, status__in=[PayoutStatus.PAID, PayoutStatus.BATCHED])
     )
+    earnings = balance(accounts.provider_earnings(user))
+    on_hold = min(holds.held(user), earnings)
     return Balances(
         available=balance(accounts.buyer_credit(user)),
         held=q(held or ZERO),
-        earnings=balance(accounts.provider_earnings(user)),
+        earnings=earnings,
+        earnings_held=on_hold,
+        earnings_available=earnings - on_hold,
         pending_payouts=q(pending or ZERO),
         paid_out=q(paid or ZERO),
     )
@@ -148,17 +156,22 @@ def earnings_by_job(user: User) -> list[dict[str, object]]:
 
 
 def node_earnings(node: Node) -> dict[str, str]:
-    """The node owner's share of charges for this node's work, today and in total."""
-    entries = Entry.objects.filter(
-        account__code=f"earnings:{node.owner_id}",
-        transaction__kind=TxKind.CHARGE,
-        transaction__node=node,
-    )
+    """The node owner's share of charges for this node's work, today and in total (earnings
+    later forfeited included); of it, what is `held` (waiting out its payout hold) and what
+    was `forfeited` (taken back to the buyers when one of its results failed verification)."""
+    mine = Entry.objects.filter(account__code=f"earnings:{node.owner_id}", transaction__node=node)
+    entries = mine.filter(transaction__kind=TxKind.CHARGE)
     total = entries.aggregate(s=Sum("amount"))["s"]
     today = entries.filter(transaction__created_at__date=timezone.localdate()).aggregate(
         s=Sum("amount")
     )["s"]
-    return {"today": str(q(today or ZERO)), "total": str(q(total or ZERO))}
+    forfeited = -exact_sum(mine.filter(transaction__kind=TxKind.FORFEIT))
+    return {
+        "today": str(q(today or ZERO)),
+        "total": str(q(total or ZERO)),
+        "held": str(holds.held_for_node(node.pk)),
+        "forfeited": str(q(forfeited)),
+    }
 
 
 def payouts_for(user: User) -> QuerySet[Payout]:

@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 
 from marketplace.accounts.models import User
 from marketplace.jobs.models import ACTIVE_STATUSES, Job
-from marketplace.ledger import accounts, reservations
+from marketplace.ledger import accounts, holds, reservations
 from marketplace.ledger.errors import (
     IdempotencyConflict,
     InsufficientCredit,
@@ -193,20 +193,22 @@ def charge_result(result: TaskResult) -> Transaction | None:
         "billed_tflops": speed.figure,
         "speed_flagged": speed.flagged,
     }
-    tx = post(
-        f"charge:{result.pk}",
-        TxKind.CHARGE,
-        [
-            (escrow, -m.gross),
-            (accounts.provider_earnings(node.owner_id), m.net),
-            (accounts.platform_fees(), m.fee),
-        ],
-        memo=f"round {task.round.number} of {job.name} on {node.name}",
-        job=job,
-        node=node,
-        task_result=result,
-        details=details,
-    )
+    with transaction.atomic():  # a volunteer's unverified earnings are never left unheld
+        tx = post(
+            f"charge:{result.pk}",
+            TxKind.CHARGE,
+            [
+                (escrow, -m.gross),
+                (accounts.provider_earnings(node.owner_id), m.net),
+                (accounts.platform_fees(), m.fee),
+            ],
+            memo=f"round {task.round.number} of {job.name} on {node.name}",
+            job=job,
+            node=node,
+            task_result=result,
+            details=details,
+        )
+        holds.hold_charge(tx, result)
     if reservation is not None:
         reservations.close(reservation, ReservationState.CONVERTED)
     return tx
@@ -291,6 +293,15 @@ def request_payout(
             minimum = Decimal(str(settings.GPUFLEX["MIN_PAYOUT"]))
             if amount < minimum:
                 raise InvalidPayout(f"The minimum payout is {minimum}; {amount} was requested.")
+            # one provider's payouts at a time, and no forfeiture between the read and the
+            # post: what running holds keep is not withdrawable (ledger/holds.py)
+            earnings = accounts.provider_earnings(user)
+            Account.objects.select_for_update().filter(pk=earnings.pk).get()
+            free = holds.available(user)
+            if amount > free:
+                raise InvalidPayout(
+                    holds.refusal(user, amount), available=str(free), held=str(holds.held(user))
+                )
         elif not settings.CHAIN["URL"]:
             raise InvalidPayout(f"A {kind} payout goes through the chain, which is disabled.")
         if kind == PayoutKind.WITHDRAWAL:

@@ -15,6 +15,7 @@ from django.utils import timezone
 from marketplace.accounts.models import User
 from marketplace.accounts.services import issue_node_key
 from marketplace.events.services import nodes_changed
+from marketplace.ledger.holds import forfeit_held
 from marketplace.nodes import presence
 from marketplace.nodes.bounds import MAX_MEMORY_GB, MAX_MEMORY_MB, finite_in
 from marketplace.nodes.enrollment import redeem_enrollment_token
@@ -179,10 +180,22 @@ def mark_offline(now: datetime | None = None) -> list[int]:
 
 
 def record_verification(
-    node_id: int, *, ok: int = 0, bad: int = 0, lost: int = 0, speed_mismatch: int = 0
+    node_id: int,
+    *,
+    ok: int = 0,
+    bad: int = 0,
+    lost: int = 0,
+    speed_mismatch: int = 0,
+    reason: str = "",
 ) -> None:
     """Count verified / rejected results, lost leases and tasks that showed an inflated
-    benchmark, then recompute reliability."""
+    benchmark, then recompute reliability.
+
+    A failed result (`bad`, from any check: replicas, segment checks, the statistical
+    filter, the privacy check) costs the node its trust and its held earnings: every
+    running payout hold is forfeited to the buyers who paid for that work
+    (ledger/holds.forfeit_held), and `verified_bad` > 0 makes every later task of the node
+    replicated (rounds/scheduling._needs_replica), so it is checked on all its work again."""
     with transaction.atomic():
         Node.objects.filter(pk=node_id).update(
             verified_ok=F("verified_ok") + ok,
@@ -195,6 +208,8 @@ def record_verification(
             node.verified_ok, node.verified_bad, node.lost_leases, node.speed_mismatches
         )
         node.save(update_fields=["reliability"])
+        if bad:
+            forfeit_held(node_id, reason or f"{bad} result(s) failed verification")
 
 
 def set_price(node: Node, price: Decimal) -> Node:

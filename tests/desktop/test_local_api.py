@@ -73,7 +73,7 @@ def test_status_pause_resume(daemon, isolated_dirs) -> None:
     wait_for(lambda: client.status()["state"] == "idle")
     st = client.status()
     assert st["pid"] == os.getpid() and st["login"]["provider_key"] is True
-    assert st["earnings"] == {"today": "0.00", "total": "0.00"}
+    assert st["earnings"] == {"today": "0.00", "total": "0.00", "held": "0.00"}
     assert st["hardware"]["cpu_name"] and "gpus" in st["hardware"]
     paused = client.pause("gaming")
     assert paused["state"] == "paused" and paused["reason"] == "paused by you: gaming"

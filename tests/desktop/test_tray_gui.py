@@ -289,3 +289,15 @@ def test_the_owner_keeps_a_gpu_back_in_the_settings(qtbot, live, isolated_dirs, 
     again = SettingsDialog(bridge)
     qtbot.addWidget(again)
     assert not again.lend[0].isChecked() and again.lend[1].isChecked()
+
+
+def test_the_tray_says_what_waits_out_the_payout_hold(qtbot, live) -> None:
+    """Earnings of unverified work are held by the server (docs/money.md, payout holds): the
+    tray's earnings line says how much, through the local API, and nothing while none is."""
+    agent, bridge = live
+    tray = TrayController(bridge, parent=bridge)
+    agent._set(earnings_today="0.25", earnings_total="1.50", earnings_held="0.75")
+    qtbot.waitUntil(lambda: "on hold" in tray.earnings_action.text(), timeout=10_000)
+    assert tray.earnings_action.text().endswith("1.50 credits in total · 0.75 credits on hold")
+    agent._set(earnings_held="0.000000")  # released
+    qtbot.waitUntil(lambda: "on hold" not in tray.earnings_action.text(), timeout=10_000)

@@ -1,5 +1,6 @@
 """Random sequences of grants, jobs, leases with their reservations, uploads, charges,
-rejections, lost leases, cancellations and payouts: after every step the ledger reconciles,
+rejections, lost leases, cancellations, payouts, and payout holds released by verification or
+forfeited by a failed one: after every step the ledger reconciles,
 every balance matches a simple model of the rules, no job's open reservations exceed its
 escrow, and no reserved lease's charge is ever cut."""
 
@@ -19,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from marketplace.accounts.services import create_user
 from marketplace.jobs.models import Job, JobStatus
-from marketplace.ledger import accounts
+from marketplace.ledger import accounts, holds
 from marketplace.ledger.errors import InsufficientCredit, InvalidPayout, LedgerError
 from marketplace.ledger.metering import Rules, cap, max_charge, meter
 from marketplace.ledger.models import Payout, PayoutStatus, Reservation, ReservationState
@@ -43,6 +44,7 @@ from marketplace.ledger.services import (
     reverse_payout,
 )
 from marketplace.nodes.models import Node
+from marketplace.nodes.services import record_verification
 from marketplace.rounds.models import Round, Task, TaskResult
 
 pytestmark = pytest.mark.django_db
@@ -74,6 +76,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.jobs: list[Job] = []
         self.results: list[TaskResult] = []
         self.payouts: list[Payout] = []
+        # running payout holds (volunteer nodes, unverified results): result id -> (node
+        # index, net, fee, buyer id)
+        self.held: dict[int, tuple[int, Decimal, Decimal, int]] = {}
         self.rules = Rules.from_settings()
 
     @rule(who=st.integers(0, 1), amount=money)
@@ -111,9 +116,10 @@ class LedgerMachine(RuleBasedStateMachine):
 
     @rule(
         j=st.integers(0, 20), who=st.integers(0, 1), seconds=st.floats(0, 20000),
-        cosine=st.none() | st.floats(-1, 1), credited=st.booleans(),
+        cosine=st.none() | st.floats(-1, 1), credited=st.booleans(), caught=st.booleans(),
     )  # fmt: skip
-    def work(self, j: int, who: int, seconds: float, cosine, credited: bool) -> None:
+    def work(self, j: int, who: int, seconds: float, cosine, credited: bool,
+             caught: bool) -> None:  # fmt: skip
         active = [job for job in self.jobs if job.is_active]
         if not active:
             return
@@ -143,6 +149,9 @@ class LedgerMachine(RuleBasedStateMachine):
             self.escrow[str(job.pk)] -= expected.gross
             self.earnings[node.owner_id] += expected.net
             self.results.append(result)
+            self._hold(result, who, tx)
+            if caught:  # another result of the node fails a check now: a forfeiture
+                self.fail_verification(who)
 
     def free(self, job_id: str) -> Decimal:
         held = sum((a for j, a, _, _ in self.reserved.values() if j == job_id), Decimal(0))
@@ -237,6 +246,38 @@ class LedgerMachine(RuleBasedStateMachine):
         self.escrow[job_id] -= expected.gross
         self.earnings[node.owner_id] += expected.net
         self.results.append(result)
+        self._hold(result, who, tx)
+
+    def _hold(self, result: TaskResult, who: int, tx) -> None:
+        """A volunteer's unverified result: its net is held from payout."""
+        buyer = Job.objects.get(pk=tx.job_id).buyer_id
+        net, fee = Decimal(tx.details["net"]), Decimal(tx.details["fee"])
+        self.held[result.pk] = (who, net, fee, buyer)
+
+    def held_of(self, who: int) -> Decimal:
+        return sum((net for i, net, _, _ in self.held.values() if i == who), Decimal(0))
+
+    @rule(i=st.integers(0, 50))
+    def verify_later(self, i: int) -> None:
+        """A replica agrees with a held result after its charge: the hold ends."""
+        if self.held:
+            pk = sorted(self.held)[i % len(self.held)]
+            TaskResult.objects.filter(pk=pk).update(verified=True)
+            del self.held[pk]
+
+    @rule(n=st.integers(0, 1))
+    def fail_verification(self, n: int) -> None:
+        """One of a node's results fails a check (a node with held earnings, when there is
+        one): every running hold of it is forfeited, and the buyers get back what those
+        charges cost them (net and fee)."""
+        holding = sorted({i for i, *_ in self.held.values()})
+        who = n if n in holding or not holding else holding[0]
+        record_verification(self.nodes[who].pk, bad=1)
+        for pk, (i, net, fee, buyer) in list(self.held.items()):
+            if i == who:
+                self.earnings[self.providers[who].pk] -= net
+                self.credit[buyer] += net + fee
+                del self.held[pk]
 
     @rule(i=st.integers(0, 50))
     def lose(self, i: int) -> None:
@@ -278,11 +319,12 @@ class LedgerMachine(RuleBasedStateMachine):
             if seen is None:
                 assert isinstance(exc, InvalidPayout)
                 minimum = Decimal(str(self.rules_min()))
-                assert amount < minimum or amount > self.earnings[user.pk]
+                assert amount < minimum or amount > self.earnings[user.pk] - self.held_of(who)
             else:
                 assert seen.amount != amount  # a reused key for another amount
             return
         if seen is None:
+            assert amount <= self.earnings[user.pk] - self.held_of(who)  # never held money
             self.earnings[user.pk] -= amount
             self.payouts.append(p)
         else:
@@ -313,8 +355,9 @@ class LedgerMachine(RuleBasedStateMachine):
         assert report.ok, report.problems
         for b in self.buyers:
             assert balance(accounts.buyer_credit(b)) == self.credit[b.pk]
-        for p in self.providers:
+        for who, p in enumerate(self.providers):
             assert balance(accounts.provider_earnings(p)) == self.earnings[p.pk]
+            assert holds.held(p) == self.held_of(who)  # node `who` is provider `who`'s
         for job in self.jobs:
             key = str(job.pk)
             assert balance(accounts.job_escrow(job)) == self.escrow[key]

@@ -28,7 +28,7 @@ def run(*args: str) -> str:
 def test_a_sound_ledger_reconciles() -> None:
     grant_credit(user=create_user("b", "buyer"), amount="3", memo="m", operator=None)
     out = run()
-    assert "the ledger reconciles" in out and out.count("checked:") == 5
+    assert "the ledger reconciles" in out and out.count("checked:") == 6
     assert json.loads(run("--json"))["ok"] is True
 
 

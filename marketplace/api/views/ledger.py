@@ -28,7 +28,7 @@ from marketplace.api.serializers.ledger import (
 )
 from marketplace.api.serializers.queries import EarningsQuerySerializer
 from marketplace.jobs.errors import Conflict, NotFound
-from marketplace.ledger import accounts, selectors, services
+from marketplace.ledger import accounts, holds, selectors, services
 from marketplace.ledger.models import Payout, PayoutKind, SettlementRecord, WalletAddress
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
@@ -65,12 +65,20 @@ class EarningsView(APIView):
         query = EarningsQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         days = query.validated_data["days"]
-        money = lambda rows: [r | {"amount": str(r["amount"])} for r in rows]  # noqa: E731
+        rows = lambda rows: [r | {"amount": str(r["amount"])} for r in rows]  # noqa: E731
+        money = selectors.balances(request.user)
         return Response(
             {
-                "balance": str(selectors.balances(request.user).earnings),
-                "by_node": money(selectors.earnings_by_node(request.user)),
-                "by_job": money(selectors.earnings_by_job(request.user)),
+                "balance": str(money.earnings),
+                # unverified work's earnings wait out GPUFLEX_PAYOUT_HOLD_S (docs/money.md)
+                "held": str(money.earnings_held),
+                "available": str(money.earnings_available),
+                "releases": [  # per UTC day, soonest first
+                    {"date": day, "amount": str(amount)}
+                    for day, amount in holds.releases_by_day(request.user)
+                ],
+                "by_node": rows(selectors.earnings_by_node(request.user)),
+                "by_job": rows(selectors.earnings_by_job(request.user)),
                 "daily": [
                     {"date": d.isoformat(), "amount": str(a)}
                     for d, a in selectors.earnings_series(request.user, days)

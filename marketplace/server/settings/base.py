@@ -272,6 +272,9 @@ GPUFLEX = {
     "SPEED_PRIOR_TASKS": _env["GPUFLEX_SPEED_PRIOR_TASKS"],
     "SPEED_FLAG_TASKS": _env["GPUFLEX_SPEED_FLAG_TASKS"],
     "MIN_PAYOUT": _env["GPUFLEX_MIN_PAYOUT"],
+    # a volunteer's earnings for work no replica checked are not withdrawable this long, and
+    # are forfeited (refunded to the buyers) if one of its results fails verification first
+    "PAYOUT_HOLD_S": _env["GPUFLEX_PAYOUT_HOLD_S"],
     # a job goes on only while its escrow covers this many times its dearest round so far
     "ROUND_BUDGET_MARGIN": _env["GPUFLEX_ROUND_BUDGET_MARGIN"],
     # -- scale (docs/scale.md) --

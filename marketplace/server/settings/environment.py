@@ -278,6 +278,14 @@ TABLE: tuple[Setting, ...] = (
        "be flagged as inflated", MONEY, ge=1),
     _s("GPUFLEX_MIN_PAYOUT", "decimal", "5", "smallest payout a contributor may withdraw",
        MONEY, unit="credits", ge=0),
+    # 7 days: a node finishing 2 tasks a day holds 14, more than the 13 past which no share
+    # of cheating pays at the default REPLICATION_SHARE even when a task's cost is 3/4 of its
+    # pay (6 at 1/2; ledger/cheating_ev.py, docs/money.md); a usual marketplace payout delay
+    _s("GPUFLEX_PAYOUT_HOLD_S", "float", float(7 * 24 * 3600), "a volunteer's earnings for "
+       "unverified work wait this long before they can be paid out, and are forfeited to the "
+       "buyers if one of its results fails verification first; 7 days makes cheating cost "
+       "more than it saves (docs/money.md); 0: no hold", MONEY, unit="seconds", ge=0,
+       shown="604800"),
     _s("GPUFLEX_ROUND_BUDGET_MARGIN", "decimal", "1.5", "a job goes on while its escrow "
        "covers this many times its dearest round", MONEY, ge=1),
     # -- chain settlement --

@@ -50,6 +50,9 @@
     }
     if (d.shown) {
       document.getElementById("e-earnings").textContent = d.shown.earnings;
+      // unverified work's earnings wait out their payout hold (docs/money.md)
+      document.getElementById("e-available").textContent = d.shown.earnings_available;
+      document.getElementById("e-held").textContent = d.shown.earnings_held;
       document.getElementById("e-pending").textContent = d.shown.pending_payouts;
       document.getElementById("e-paid").textContent = d.shown.paid_out;
     }
