@@ -187,15 +187,19 @@ def record_verification(
     lost: int = 0,
     speed_mismatch: int = 0,
     reason: str = "",
+    caught: bool = False,
 ) -> None:
     """Count verified / rejected results, lost leases and tasks that showed an inflated
     benchmark, then recompute reliability.
 
     A failed result (`bad`, from any check: replicas, segment checks, the statistical
-    filter, the privacy check) costs the node its trust and its held earnings: every
-    running payout hold is forfeited to the buyers who paid for that work
-    (ledger/holds.forfeit_held), and `verified_bad` > 0 makes every later task of the node
-    replicated (rounds/scheduling._needs_replica), so it is checked on all its work again."""
+    filter, the privacy check) costs the node its trust: `verified_bad` > 0 makes every later
+    task of the node checked (rounds/scheduling._needs_replica, proofs.services.check_share).
+    One that re-execution proved wrong (`caught`: a replica majority or a segment check
+    disagreed with it) costs it its held earnings too: every running payout hold is forfeited
+    to the buyers who paid for that work (ledger/holds.forfeit_held). The statistical filter
+    and the privacy check judge an update by its statistics, which an honest node's non-IID
+    data can trip: they never take money (issue 35: honest nodes are never flagged)."""
     with transaction.atomic():
         Node.objects.filter(pk=node_id).update(
             verified_ok=F("verified_ok") + ok,
@@ -208,7 +212,7 @@ def record_verification(
             node.verified_ok, node.verified_bad, node.lost_leases, node.speed_mismatches
         )
         node.save(update_fields=["reliability"])
-        if bad:
+        if bad and caught:
             forfeit_held(node_id, reason or f"{bad} result(s) failed verification")
 
 

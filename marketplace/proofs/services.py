@@ -156,7 +156,8 @@ def settle(
             TaskResult.objects.filter(pk=check.result_id).update(
                 accepted=False, verified=False, rejection=f"segment check: {reason}"[:200]
             )
-        record_verification(check.node_id, ok=int(ok), bad=int(not ok))
+        record_verification(check.node_id, ok=int(ok), bad=int(not ok), caught=not ok,
+                            reason=f"segment check: {reason}")  # fmt: skip
 
 
 def skip(check_id: int, reason: str) -> None:

@@ -61,7 +61,8 @@ def _settle(result: TaskResult, ok: bool, others: list[TaskResult], nearest: Agr
             f"{nearest.distance.relative_l2:.3g}, tolerance {nearest.tolerance:.3g})"
         )
     result.save(update_fields=["verified", "verified_against", "accepted", "rejection"])
-    record_verification(result.node_id, ok=int(ok), bad=int(not ok))
+    record_verification(result.node_id, ok=int(ok), bad=int(not ok), caught=not ok,
+                        reason=result.rejection)  # fmt: skip
 
 
 def _majority(results: list[TaskResult], agree: dict[tuple[int, int], bool]) -> list[TaskResult]:
@@ -99,7 +100,8 @@ def _verify_scoring(tasks: list[Task], results: list[TaskResult]) -> None:
             r.accepted = False
             r.rejection = "its results disagreed with the replica majority's"
         r.save(update_fields=["verified", "verified_against", "accepted", "rejection"])
-        record_verification(r.node_id, ok=int(ok), bad=int(not ok))
+        record_verification(r.node_id, ok=int(ok), bad=int(not ok), caught=not ok,
+                            reason=r.rejection)  # fmt: skip
 
 
 def verify_unit(rnd: Round, task: Task) -> None:

@@ -272,7 +272,7 @@ class LedgerMachine(RuleBasedStateMachine):
         charges cost them (net and fee)."""
         holding = sorted({i for i, *_ in self.held.values()})
         who = n if n in holding or not holding else holding[0]
-        record_verification(self.nodes[who].pk, bad=1)
+        record_verification(self.nodes[who].pk, bad=1, caught=True)
         for pk, (i, net, fee, buyer) in list(self.held.items()):
             if i == who:
                 self.earnings[self.providers[who].pk] -= net

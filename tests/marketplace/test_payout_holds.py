@@ -230,22 +230,28 @@ def test_a_failed_verification_forfeits_held_earnings_refunds_the_buyers_and_res
     assert Task.objects.filter(round__job_id=job["id"], replica=1).exists()
 
 
-def test_any_check_that_records_a_failure_forfeits_once(make_user, submit) -> None:
-    """A segment check (or any other) calls record_verification(node, bad=1): the held
-    earnings go, once; a second failure finds nothing more to take."""
+def test_a_failure_proven_by_re_execution_forfeits_once(make_user, submit) -> None:
+    """A segment check (or a replica majority) calls record_verification(node, bad=1,
+    caught=True): the held earnings go, once; a second failure finds nothing more to take.
+    The statistical filter's or the privacy check's failure (caught=False) costs trust, not
+    money: an honest node's non-IID update can trip them."""
     agent, _ = node_of(make_user, trusted=True)
     submit(tier="volunteer", spec=ONE_TASK)
     work_all([agent])
     (hold,) = EarningsHold.objects.all()
     fees = balance(accounts.platform_fees())
 
-    record_verification(agent.node_id, ok=0, bad=1, reason="segment 3 did not reproduce")
+    record_verification(agent.node_id, bad=1, reason="filtered as an outlier")
+    assert not Transaction.objects.filter(kind=TxKind.FORFEIT).exists()
+    assert holds.held_for_node(agent.node_id) == hold.amount
+    record_verification(agent.node_id, ok=0, bad=1, reason="segment 3 did not reproduce",
+                        caught=True)  # fmt: skip
     forfeit = Transaction.objects.get(kind=TxKind.FORFEIT)
     assert forfeit.details["reason"] == "segment 3 did not reproduce"
     assert "segment 3" in forfeit.memo and earned(agent) == 0
     assert balance(accounts.platform_fees()) == fees - hold.fee
     assert holds.forfeit_held(agent.node_id, "again") == 0
-    record_verification(agent.node_id, ok=0, bad=1)
+    record_verification(agent.node_id, ok=0, bad=1, caught=True)
     assert Transaction.objects.filter(kind=TxKind.FORFEIT).count() == 1
     assert reconcile(with_chain=False).ok
 
@@ -258,7 +264,7 @@ def test_an_honest_node_keeps_its_held_earnings_whatever_others_do(make_user, su
     work_all([honest, other])
     mine = holds.held_for_node(honest.node_id)
     assert mine > 0
-    record_verification(other.node_id, bad=1)  # the other node fails
+    record_verification(other.node_id, bad=1, caught=True)  # the other node fails
     record_verification(honest.node_id, ok=1)  # its own checks pass
     assert holds.held_for_node(honest.node_id) == mine == earned(honest)
     assert holds.forfeit_held(other.node_id, "again") == 0
@@ -314,7 +320,7 @@ def test_on_chain_a_forfeited_charge_is_the_buyers_to_withdraw_again(
     (hold,) = EarningsHold.objects.all()
     assert ledger_chain.withdrawable(buyer_user) == 30 - hold.amount - hold.fee
 
-    record_verification(agent.node_id, bad=1)
+    record_verification(agent.node_id, bad=1, caught=True)
     assert ledger_chain.withdrawable(buyer_user) == 30
     report = reconcile()
     assert report.ok, report.problems
