@@ -382,6 +382,7 @@ def run(folder: Path) -> int:
     from trainer.lora import update_part
     from trainer.models import ModelSpecError, build_model
     from trainer.proof import boundaries
+    from trainer.proof_commitment import provable
     from trainer.resume import ResumeError, TrainingPaused
     from trainer.spec import SpecError, parse_spec
     from trainer.updates import UpdateRejected, encode_state
@@ -499,8 +500,9 @@ def run(folder: Path) -> int:
     # a chain is bound to the update (trainer.proof.check_binding): none where the update is
     # not local final - global model (a clipped or noised private update, top-k's residual
     # added in, or a start merged with a continuation's progress). Those are left to replicas
-    provable = spec.privacy.clip_norm is None and codec.name != "topk" and progress is None
-    proof = _proof(folder, claimed) if provable else None
+    chained = provable(private=spec.privacy.clip_norm is not None, codec=codec.name,
+                       merged=progress is not None)  # fmt: skip
+    proof = _proof(folder, claimed) if chained else None
     if proof is not None:  # commitments to the states it passed (trainer.proof_commitment)
         metadata["commitments"] = json.dumps(proof["commitments"])
         metadata["boundaries"] = json.dumps(proof["boundaries"])

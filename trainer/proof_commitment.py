@@ -28,6 +28,15 @@ MAX_CHECKPOINT_BYTES = 512 * 2**20
 HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
+def provable(*, private: bool, codec: str, merged: bool = False) -> bool:
+    """Whether a task's upload can be bound to a committed chain (trainer.proof.check_binding:
+    the update is the last checkpoint's weights less the round's model). Not a private
+    update (clipped and noised), not top-k's (its residual from earlier tasks is added in),
+    not one merged with a paused run's progress. The task runner commits where this holds,
+    and the marketplace lets a segment check stand in for a replica only there."""
+    return not private and codec != "topk" and not merged
+
+
 class CommitmentError(ValueError):
     """A checkpoint that cannot be read as a paused-run state; the message says why."""
 

@@ -140,3 +140,10 @@ def speed_summary(node: Node) -> dict[str, Any]:
         "flagged": bool(node.speed_flag),
         "note": node.speed_flag,
     }
+
+
+def on_probation(node: Node) -> bool:
+    """The one rule for a volunteer whose every task is checked: too few results verified yet
+    (TRUST_AFTER_VERIFIED), or one ever failed a check. Replication (rounds/scheduling) and
+    segment checks (proofs/services) both ask it."""
+    return node.verified_ok < settings.GPUFLEX["TRUST_AFTER_VERIFIED"] or node.verified_bad > 0

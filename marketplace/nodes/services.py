@@ -194,7 +194,7 @@ def record_verification(
 
     A failed result (`bad`, from any check: replicas, segment checks, the statistical
     filter, the privacy check) costs the node its trust: `verified_bad` > 0 makes every later
-    task of the node checked (rounds/scheduling._needs_replica, proofs.services.check_share).
+    task of the node checked (rounds/scheduling.needs_replica, proofs.services.check_share).
     One that re-execution proved wrong (`caught`: a replica majority or a segment check
     disagreed with it) costs it its held earnings too: every running payout hold is forfeited
     to the buyers who paid for that work (ledger/holds.forfeit_held). The statistical filter

@@ -31,7 +31,8 @@ from django.utils import timezone
 
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound
-from marketplace.nodes.models import Node
+from marketplace.nodes.models import Node, NodeKind
+from marketplace.nodes.selectors import on_probation
 from marketplace.nodes.services import record_verification
 from marketplace.proofs.models import CheckStatus, SegmentCheck
 from marketplace.rounds.models import TaskResult
@@ -59,11 +60,40 @@ def claimed_chain(
         return None
 
 
+def check_share(node: Node) -> float:
+    """The chance one of `node`'s uploads is checked: every one while it is on probation (new,
+    or once caught: nodes.selectors.on_probation), SEGMENT_CHECK_SHARE once trusted; a
+    platform node is trusted from the start. Nothing with checks off (share 0)."""
+    share = settings.GPUFLEX["SEGMENT_CHECK_SHARE"]
+    if share <= 0 or node.kind == NodeKind.PLATFORM:
+        return share
+    return 1.0 if on_probation(node) else share
+
+
+def after_upload(result: TaskResult, metadata: Mapping[str, str]) -> SegmentCheck | None:
+    """A training upload is in: its segment check is drawn, or, where the lease counted on a
+    proof that did not come (an agent older than proofs), the replica the proof stood in
+    for is made now (rounds.scheduling.proof_stands_in)."""
+    from marketplace.rounds.scheduling import add_replica, needs_replica, proof_stands_in
+
+    task = result.task
+    if (
+        claimed_chain(metadata, task.steps) is None
+        and not settings.GPUFLEX["SEGMENT_PROOF_REQUIRED"]
+    ):
+        spec = task.round.job.parsed_spec
+        counted_on = task.replica == 0 and task.shard_id is not None and not result.late
+        if counted_on and proof_stands_in(spec, task.codec) and needs_replica(result.node, task):
+            add_replica(task, task.steps, task.batch_size, task.codec)
+        return None
+    return draw_check(result, metadata)
+
+
 def draw_check(
     result: TaskResult, metadata: Mapping[str, str], rng: random.Random | None = None
 ) -> SegmentCheck | None:
     """After an upload: whether to check it, and which segment (module docstring)."""
-    share = settings.GPUFLEX["SEGMENT_CHECK_SHARE"]
+    share = check_share(result.node)
     chain = claimed_chain(metadata, result.task.steps)
     required = settings.GPUFLEX["SEGMENT_PROOF_REQUIRED"]
     if (chain is None and not required) or share <= 0:

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
@@ -25,7 +25,7 @@ from marketplace.events.services import job_changed
 from marketplace.jobs.models import Job, JobStatus, Tier
 from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
-from marketplace.nodes.selectors import online_nodes, speed_of
+from marketplace.nodes.selectors import on_probation, online_nodes, speed_of
 from marketplace.observability import metrics as obs
 from marketplace.rounds.delivery import model_source, record_model
 from marketplace.rounds.models import Round, RoundStatus, ShardCopy, Task, TaskStatus
@@ -39,7 +39,11 @@ from marketplace.rounds.planning import (
 )
 from marketplace.rounds.signals import bump_work_generation, work_generation
 from marketplace.rounds.sizing import is_far, plan_key, plan_works, planned_work, size_work
+from trainer.proof_commitment import provable
 from trainer.schedule import round_lr
+
+if TYPE_CHECKING:
+    from trainer.spec import JobSpec
 
 # re-check the database at least this often even when no new-work signal came
 _FALLBACK_POLL_S = 2.0
@@ -196,7 +200,7 @@ def spot_draw(task_id: object) -> float:
     return int.from_bytes(digest.digest()[:8], "big") / 2**64
 
 
-def _needs_replica(node: Node, task: Task) -> bool:
+def needs_replica(node: Node, task: Task) -> bool:
     """The one place replication is decided. BOINC adaptive replication for volunteers:
     every task of an untrusted node, then a random share (REPLICATION_SHARE). A platform
     node is the operator's, enrolled with a token, and trusted from the start, but its
@@ -204,9 +208,19 @@ def _needs_replica(node: Node, task: Task) -> bool:
     conf = settings.GPUFLEX
     if node.kind == NodeKind.PLATFORM:
         return spot_draw(task.pk) < conf["PLATFORM_SPOT_CHECK_RATE"]
-    if node.verified_ok < conf["TRUST_AFTER_VERIFIED"] or node.verified_bad > 0:
+    if on_probation(node):
         return True
     return spot_draw(task.pk) < conf["REPLICATION_SHARE"]
+
+
+def proof_stands_in(spec: JobSpec, codec: str) -> bool:
+    """A segment check drawn after the upload (marketplace/proofs) stands in for a replica:
+    where the task commits to a chain (trainer.proof_commitment.provable) and checks are on.
+    It re-runs a quarter of the task instead of all of it, which is what brings verification
+    under a tenth of the compute (issue 35); an upload that comes without its proof after all
+    (an agent older than proofs) is replicated then (proofs.services.after_upload)."""
+    private = spec.privacy.clip_norm is not None
+    return settings.GPUFLEX["SEGMENT_CHECK_SHARE"] > 0 and provable(private=private, codec=codec)
 
 
 def extend_leases(held: Sequence[tuple[int, datetime, Sequence[str | None]]]) -> int:
@@ -307,7 +321,8 @@ def _lease_terms(
     replicable = (task.shard_id is not None and not is_far(task.round.plan, node.pk)
                   and not spec.privacy.private
                   and not spec.privacy.secure_aggregation.enabled)  # fmt: skip
-    replicate = task.replica == 0 and replicable and _needs_replica(node, task)
+    replicate = (task.replica == 0 and replicable and not proof_stands_in(spec, codec)
+                 and needs_replica(node, task))  # fmt: skip
     if replicate and codec == "topk":
         # top-k's error feedback makes an upload depend on the node's earlier tasks, so two
         # honest replicas would not agree; a verified task travels as deterministic int8

@@ -186,10 +186,11 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
             verify_unit(rnd, task)
             maybe_close(rnd)
         job_changed(rnd.job_id)
-    if meta:  # drawn after the upload is in: the node could not know (marketplace/proofs)
-        from marketplace.proofs.services import draw_check
+    if not spec.scoring and not secure(rnd.job):
+        # drawn after the upload is in: the node could not know (marketplace/proofs)
+        from marketplace.proofs.services import after_upload
 
-        draw_check(result, meta)
+        after_upload(result, meta)
     return 201
 
 

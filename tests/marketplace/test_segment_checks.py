@@ -182,3 +182,63 @@ def test_a_segment_the_verifier_cannot_rerun_is_skipped_not_held_against_the_nod
     node = Node.objects.get(pk=agent.node_id)
     assert (node.verified_ok, node.verified_bad) == (0, 0)
     assert TaskResult.objects.get(task_id=task["id"]).accepted is True
+
+
+def test_a_segment_check_stands_in_for_a_replica_and_probation_checks_every_upload(
+    make_agent, submit, tmp_path, monkeypatch
+) -> None:
+    """With checks on, a provable task of a new volunteer gets no replica at its lease (a
+    quarter of the task re-run instead of all of it), and every upload of a node on
+    probation is checked; a trusted node's at SEGMENT_CHECK_SHARE."""
+    from marketplace.proofs.services import check_share
+    from marketplace.rounds.models import Task
+
+    monkeypatch.setitem(settings.GPUFLEX, "SEGMENT_CHECK_SHARE", 0.25)
+    agent = make_agent()  # a volunteer, new: on probation
+    node = Node.objects.get(pk=agent.node_id)
+    assert check_share(node) == 1.0
+    job = submit(tier="volunteer")
+    task = agent.claim()
+    assert not Task.objects.filter(round__job_id=job["id"], replica=1).exists()
+    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 201
+    assert SegmentCheck.objects.get().node_id == agent.node_id  # drawn at 1.0
+    Node.objects.filter(pk=node.pk).update(verified_ok=settings.GPUFLEX["TRUST_AFTER_VERIFIED"])
+    assert check_share(Node.objects.get(pk=node.pk)) == 0.25
+    Node.objects.filter(pk=node.pk).update(verified_bad=1)  # once caught, on probation again
+    assert check_share(Node.objects.get(pk=node.pk)) == 1.0
+
+
+def test_an_upload_without_the_proof_its_lease_counted_on_is_replicated(
+    make_agent, submit, monkeypatch
+) -> None:
+    from marketplace.rounds.models import Task
+
+    monkeypatch.setitem(settings.GPUFLEX, "SEGMENT_CHECK_SHARE", 0.25)
+    agent = make_agent()  # new: every task would be replicated without proofs
+    job = submit(tier="volunteer")
+    task = agent.claim()
+    assert not Task.objects.filter(round__job_id=job["id"], replica=1).exists()
+    payload, metrics = agent.train(task)  # the test stand-in's update: an older agent's
+    assert agent.upload(task["id"], payload, metrics).status_code == 201
+    assert not SegmentCheck.objects.exists()
+    replica = Task.objects.get(round__job_id=job["id"], replica=1)
+    assert replica.shard_id == Task.objects.get(pk=task["id"]).shard_id
+
+
+def test_a_task_that_cannot_commit_to_a_chain_is_still_replicated(
+    make_agent, submit, monkeypatch
+) -> None:
+    """Top-k's upload adds its residual from earlier tasks: no chain ends in it, so no proof
+    can stand in for the replica (trainer.proof_commitment.provable)."""
+    import copy
+
+    from marketplace.rounds.models import Task
+    from tests.marketplace.helpers import SMALL_SPEC
+
+    monkeypatch.setitem(settings.GPUFLEX, "SEGMENT_CHECK_SHARE", 0.25)
+    agent = make_agent()
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["compression"] = {"codec": "topk"}
+    job = submit(tier="volunteer", spec=spec)
+    agent.claim()
+    assert Task.objects.filter(round__job_id=job["id"], replica=1).exists()

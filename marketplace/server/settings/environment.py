@@ -237,9 +237,13 @@ TABLE: tuple[Setting, ...] = (
        "replicated", TRUST, ge=0, le=1),
     _s("GPUFLEX_PLATFORM_SPOT_CHECK_RATE", "float", 0.05, "share of platform nodes' tasks "
        "given a verification replica", TRUST, ge=0, le=1),
-    _s("GPUFLEX_SEGMENT_CHECK_SHARE", "float", 0.1, "share of training uploads with a proof "
-       "of learning whose node is asked to reveal a random segment's checkpoints, re-run by "
-       "the worker (marketplace/proofs)", TRUST, ge=0, le=1),
+    # 0.25: a trusted node that starts cheating on every task is caught within 20 tasks with
+    # probability 1 - 0.75^20 = 0.997 (issue 35 asks 0.99), at 0.25 x 1/4 of a segment = 6 %
+    # of its compute; a node on probation has every upload checked, whatever this says
+    _s("GPUFLEX_SEGMENT_CHECK_SHARE", "float", 0.25, "share of a trusted node's training "
+       "uploads with a proof of learning whose node is asked to reveal a random segment's "
+       "checkpoints, re-run by the worker (marketplace/proofs); such uploads get no replica. "
+       "0 turns segment checks off (replicas alone)", TRUST, ge=0, le=1),
     _s("GPUFLEX_SEGMENT_PROOF_REQUIRED", "bool", False, "a drawn training upload without a "
        "proof of learning fails its check (off: agents older than proofs are left to "
        "replicas)", TRUST),
