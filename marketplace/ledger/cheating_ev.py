@@ -191,7 +191,7 @@ def doc_table(
 
 
 if __name__ == "__main__":  # the numbers docs/money.md quotes, at the default settings
-    p, trust, hold = 0.1, 3, 7 * 24 * 3600.0
+    p, trust, hold = 0.25, 3, 7 * 24 * 3600.0  # GPUFLEX_SEGMENT_CHECK_SHARE, TRUST_AFTER_VERIFIED
     base = Rates(check_rate=p, tasks_per_hold=0, probation_tasks=trust)
     print(f"no hold: worst-case ratio {cheat_ev_ratio(base):.3f}")
     for c_share in (0.25, 0.5, 0.75, 0.9):
