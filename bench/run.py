@@ -28,6 +28,7 @@ from bench import (
     sweep_bench,
     trainer_bench,
     upload_bench,
+    verification_bench,
     zones_bench,
 )
 
@@ -150,6 +151,11 @@ SOURCES: tuple[tuple[str, str], ...] = (
         "installer and pack files)",
     ),
     (
+        "## Verification",
+        f"trials: {IN_PROCESS} (train_local, the agreement and segment rules); overhead: {REAL} "
+        "(`gpuflex serve`, the worker, 20 `gpuflex-node` agents, one cheating)",
+    ),
+    (
         "## Exported models",
         f"accuracy: {SIMULATOR}; samples/s and checking: {IN_PROCESS}; the accuracy "
         f"through real agents: {REAL} (`gpuflex serve`, the worker, `gpuflex-node` agents)",
@@ -212,6 +218,8 @@ def render(results: dict[str, Any]) -> str:
         parts += render_gpu(results["gpu"])
     if "exported" in results:
         parts += exported_bench.render(results["exported"])
+    if "verification" in results:
+        parts += verification_bench.render(results["verification"])
     if "zones" in results:
         parts += render_zones(results["zones"])
     if "network" in results:
@@ -379,7 +387,7 @@ def render_marketplace(m: dict[str, Any]) -> list[str]:
 SECTIONS = (
     "trainer", "gpu", "network", "marketplace", "slow_clients", "rounds", "live", "scaling",
     "load", "pause", "upload", "examples", "privacy", "inference", "zones", "sweep",
-    "promises", "footprint", "exported",
+    "promises", "footprint", "exported", "verification",
 )  # fmt: skip
 
 
@@ -667,6 +675,9 @@ def main(argv: list[str] | None = None) -> int:
             results["examples"] = examples_bench.run()
         elif section == "exported":
             results["exported"] = exported_bench.run()
+        elif section == "verification":
+            print("verification: honest replicas and cheats of real tasks, segment checks")
+            results["verification"] = verification_bench.run()
         elif section == "zones":
             print("zones: flat uploads against 3 zone aggregators, 24 wan nodes (simulator)")
             results["zones"] = zones_bench.run()

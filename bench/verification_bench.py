@@ -85,11 +85,77 @@ def caught_within(per_check: float, check_share: float, tasks: int = TASKS_TO_CA
     return 1.0 - (1.0 - check_share * per_check) ** tasks
 
 
-def run(mlp_seeds: int = 25, cnn_seeds: int = 10) -> dict[str, Any]:
+CHECK_SHARE = 0.25  # GPUFLEX_SEGMENT_CHECK_SHARE's default: a trusted node's uploads checked
+SEGMENTS = 4  # trainer.proof.DEFAULT_SEGMENTS
+LIVE = ROOT / "bench" / "results" / "verification_live.json"
+
+
+def segment_figures(shards: int) -> dict[str, Any]:
+    from bench.segment_trials import binding_trials, trials
+
+    rows = list(trials(shards))
+    honest = [r for r in rows if not r.cheat]
+    bind: dict[str, list[bool]] = defaultdict(list)
+    for name, caught in binding_trials(shards):
+        bind[name].append(caught)
+    fp16 = [r for r in honest if r.prover == "honest_fp16"]
+    detect = {
+        name: {"trials": len(v), "per_check": round(sum(v) / len(v), 4), "how": "binding"}
+        for name, v in bind.items() if name != "honest"
+    }  # fmt: skip
+    for name in ("half_steps", "wrong_shard"):
+        picked = [r for r in rows if r.prover == name]
+        detect[name] = {"trials": len(picked), "how": "segment re-run",
+                        "per_check": round(sum(r.caught_share for r in picked) / len(picked), 4),
+                        "closest": round(min(min(r.distances) for r in picked), 4)}  # fmt: skip
+    # an fp16 run claimed as fp32 commits to fp16's loss scaler in every checkpoint after the
+    # first (marketplace/proofs/worker.py): caught on each check while the state holds it
+    detect["precision_claim"] = {"trials": len(fp16), "per_check": 1.0 if fp16 else 0.0,
+                                 "how": "fp16 loss scaler in the committed state"}  # fmt: skip
+    return {
+        "honest_segments": sum(len(r.distances) for r in honest),
+        "honest_flagged": sum(d > r.tolerance for r in honest for d in r.distances),
+        "honest_largest": round(max(max(r.distances) for r in honest), 4),
+        "honest_binding": len(bind["honest"]),
+        "honest_binding_flagged": sum(bind["honest"]),
+        "detection": detect,
+    }
+
+
+def run(mlp_seeds: int = 25, cnn_seeds: int = 10, shards: int = 4) -> dict[str, Any]:
+    from marketplace.ledger.cheating_ev import Rates, cheat_ev_ratio
+
     torch.set_num_threads(1)
     started = time.perf_counter()
     rows = replica_trials(mlp_seeds, cnn_seeds)
     out = summarize_replicas(rows, honest_gpu())
+    seg = segment_figures(shards)
+    out["segments"] = seg
+    honest = out["honest"]
+    comparisons = honest["comparisons"] + seg["honest_segments"] + seg["honest_binding"]
+    flagged = honest["flagged"] + seg["honest_flagged"] + seg["honest_binding_flagged"]
+    out["honest_flagged"] = {"flagged": flagged, "of": comparisons}
+    caught, smart = {}, {}
+    for name in CHEATS:
+        d = seg["detection"][name]["per_check"]
+        caught[name] = round(caught_within(d, CHECK_SHARE), 4)
+        # a cheater that fabricates one segment's checkpoints to match its upload is caught
+        # only when that segment is drawn: 1 in SEGMENTS of the checks
+        smart[name] = round(caught_within(d / SEGMENTS, CHECK_SHARE), 4)
+    out["caught"] = caught
+    out["caught_one_segment_fabricated"] = smart
+    out["caught_on_probation"] = {n: round(caught_within(seg["detection"][n]["per_check"], 1.0), 4)
+                                  for n in CHEATS}  # fmt: skip
+    worst = min(seg["detection"][n]["per_check"] for n in CHEATS)
+    ev_rates = Rates(check_rate=CHECK_SHARE, tasks_per_hold=14, probation_tasks=3,
+                     detection=worst)  # fmt: skip
+    out["cheat_ev_ratio"] = round(cheat_ev_ratio(ev_rates), 4)
+    out["cheat_ev_rates"] = {"check_rate": CHECK_SHARE, "tasks_per_hold": 14,
+                             "probation_tasks": 3, "detection": worst, "cost_share": 0.5,
+                             "note": "7-day hold, 2 tasks a day (docs/money.md)"}  # fmt: skip
+    live = json.loads(LIVE.read_text()) if LIVE.exists() else None
+    out["live"] = live
+    out["overhead"] = live["overhead"] if live else None
     out["trials_s"] = round(time.perf_counter() - started, 1)
     return out
 
@@ -104,3 +170,61 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def render(v: dict[str, Any]) -> list[str]:
+    h, seg, live = v["honest"], v["segments"], v.get("live")
+    rows = []
+    for name in CHEATS:
+        d = seg["detection"][name]
+        rep = v["replica_detection"].get(name)
+        rep_s = f"{rep['rejected']}/{rep['trials']}" if rep else "—"
+        rows.append(
+            f"| {name} | {d['how']} | {d['per_check']:.2f} ({d['trials']}) | {rep_s} | "
+            f"**{v['caught'][name]:.4f}** | {v['caught_one_segment_fabricated'][name]:.3f} |"
+        )
+    over = "not measured"
+    if live:
+        over = (f"**{live['overhead']:.3f}** ({live['rerun_steps']} steps re-run and "
+                f"{live['replica_steps']} replica steps against {live['primary_steps']} steps "
+                f"of {live['primary_tasks']} tasks; {live['checks']} segment checks; "
+                f"{live['nodes']} agents, {live['cheaters']} cheating, {live['rounds']} rounds; "
+                f"job {live['job_status']}, {live['wall_s']:.0f} s)")  # fmt: skip
+    return [
+        "## Verification (issue #35)",
+        "",
+        "`python -m bench.run --only verification` (bench/verification_bench.py; the overhead "
+        "from `python -m bench.verification_live`).",
+        "",
+        "| figure | measured | goal |",
+        "|---|---|---|",
+        f"| verification compute / useful compute, steady state, {live['nodes'] if live else 20}"
+        f" nodes, 5 % cheaters | {over} | ≤ 0.10 |",
+        f"| honest results flagged (fp32/bf16/fp16; CPU, and a CPU against an H200) | "
+        f"**{v['honest_flagged']['flagged']} in {v['honest_flagged']['of']:,}** "
+        f"({h['comparisons']:,} replica pairs, {h['gpu_comparisons']} of them CPU/H200; "
+        f"{seg['honest_segments']} segment re-runs; {seg['honest_binding']} bindings) | "
+        "0 in ≥ 1,000 |",
+        f"| expected earnings of a cheating node / an honest one | **{v['cheat_ev_ratio']:.3f}** "
+        f"(7-day hold, 2 tasks a day, a task costing half its pay, the weakest detection) | < 1 |",
+        "",
+        f"Each cheat, caught within 20 tasks of a trusted node starting to cheat, its uploads "
+        f"checked at {CHECK_SHARE:.0%} (a node on probation has every upload checked: "
+        "caught at its first check). Per check: the share of checks that reject it, from "
+        "real tasks; replicas: the same cheat against an honest replica by the replica rule "
+        "(tasks that cannot commit to a chain). Last column: a cheater that fabricates one "
+        "segment's checkpoints to match its upload, caught only when that segment is drawn.",
+        "",
+        "| cheat | caught by | per check (trials) | replicas rejected | caught within 20 "
+        "tasks (goal ≥ 0.99) | one segment fabricated |",
+        "|---|---|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"Largest honest distances: replicas {h['largest']:.3f} (CPU against an H200 "
+        f"{h['gpu_largest']:.3f}), segment re-runs {seg['honest_largest']:.3f}; the rule's "
+        "tolerance 0.25. The same-device rule (1e-3 for equal claims) would flag "
+        f"{h['flagged_by_same_device_rule_across_devices']} of "
+        f"{h['by_pair'].get('fp32/fp64', {}).get('n', 0)} honest fp32 replicas of another "
+        "summation order: it is for a fleet of one kind of device only.",
+        "",
+    ]
