@@ -13,6 +13,7 @@ import hmac
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,7 +23,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from marketplace.events.services import job_changed
-from marketplace.jobs.models import Job, JobStatus, Tier
+from marketplace.jobs.models import Job, JobStatus, Shard, Tier
 from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
@@ -91,22 +92,39 @@ def jobs_node_may_work_on(node: Node) -> list[Any]:
     return [pk for pk, *needs in rows if may_work_on(JobNeeds(*needs), offers)]
 
 
-def eligible_tasks(node: Node) -> QuerySet[Task]:
+@dataclass(frozen=True)
+class Eligibility:
+    """What decides which pending tasks a node may run (`eligible_tasks`), read once per
+    claim: the running jobs `may_work_on` lets it work on and what the rounds' plans keep
+    it from."""
+
+    node: Node
+    jobs: list[Any]
+    rules: PlanRules
+
+
+def eligibility(node: Node) -> Eligibility:
+    return Eligibility(node, jobs_node_may_work_on(node), _plan_rules(node))
+
+
+def eligible_tasks(node: Node, known: Eligibility | None = None) -> QuerySet[Task]:
     """Pending tasks this node may run: job running, tier, price and hardware
     (`may_work_on`), never a second replica of a unit it already holds, and nothing the
-    rounds' plans keep it from (`plan_rules`)."""
+    rounds' plans keep it from (`plan_rules`). The claim on PostgreSQL reads the same rule
+    as one SQL statement (`_candidates_sql`)."""
+    known = known or eligibility(node)
     mine = Task.objects.filter(round=OuterRef("round"), shard=OuterRef("shard"), node=node)
     qs = (
         Task.objects.filter(
             status=TaskStatus.PENDING,
             round__status=RoundStatus.OPEN,
             round__job__status=JobStatus.RUNNING,
-            round__job__in=jobs_node_may_work_on(node),
+            round__job__in=known.jobs,
         )
         .filter(Q(reserved_for__isnull=True) | Q(reserved_for=node))
         .exclude(Exists(mine))
     )
-    rules = _plan_rules(node)
+    rules = known.rules
     qs = qs.exclude(round__in=sorted(rules.sat_out)).exclude(
         round__in=sorted(rules.far), replica__gt=0
     )
@@ -400,7 +418,7 @@ def _claim_locked(node: Node, count: int) -> list[Task]:
 def _lease_optimistic(node: Node, count: int) -> list[Task]:
     """Lease the best `count` candidates, then reserve their escrow; `_Short` if a job's
     free escrow does not cover its share (the caller's transaction is then rolled back)."""
-    chosen = _choose(node, count, eligible_tasks(node), None)
+    chosen = _choose(node, count, eligibility(node), None)
     if not chosen:
         return []
     _lease_locked(node, chosen)
@@ -415,7 +433,7 @@ def _lease_optimistic(node: Node, count: int) -> list[Task]:
 
 
 def _choose(
-    node: Node, count: int, pool: QuerySet[Task], funds: Funds | None
+    node: Node, count: int, pool: Eligibility, funds: Funds | None
 ) -> list[tuple[Task, tuple[int, int, str, bool]]]:
     """Up to `count` row-locked candidates of `pool` in preference and claim order, never two
     of one unit, with their lease terms; with `funds`, only what the escrow affords (each
@@ -423,11 +441,11 @@ def _choose(
     chosen: list[tuple[Task, tuple[int, int, str, bool]]] = []
     units: set[tuple[Any, ...]] = set()
     sized: dict[tuple[Any, ...], tuple[int, int, str]] = {}
-    for group in preference(node):
-        if len(chosen) >= count:
+    for replicas in (True, False) if node.kind == NodeKind.PLATFORM else (False, True):
+        if len(chosen) >= count:  # the groups of `preference`
             break
         # a few spares: replicas of one unit are skipped
-        for task in _candidates(pool.filter(group), node, 2 * count + 2, True):
+        for task in _candidates_sql(pool, replicas, 2 * count + 2):
             if len(chosen) >= count:
                 break
             unit = (task.round_id, *task.unit)
@@ -463,14 +481,14 @@ def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], b
     their leases are written together in one UPDATE after the choice, and the leased Task
     instances are returned; without them (SQLite) each lease is its own compare-and-set,
     which another claim may win, and the ids won are returned."""
-    pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
     funds = Funds()  # each lease reserves its most possible charge in its job's escrow
     if skip_locked:
-        chosen = _choose(node, count, pool, funds)
+        chosen = _choose(node, count, eligibility(node), funds)
         if chosen:
             _lease_locked(node, chosen)
         funds.save()
         return [task for task, _ in chosen], False
+    pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
     won: list[Any] = []
     units: set[tuple[Any, ...]] = set()
     sized: dict[tuple[Any, ...], tuple[int, int, str]] = {}
@@ -545,9 +563,75 @@ def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> 
                 key = (task.replica, task.round_id, not affine, no_shard, task.shard_id or 0)
                 found[task.pk] = (key, task)
     # a held task the second list also returned keeps the first list's (affine) key
-    tasks = [task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n]
-    # each round and its job read once (usually one of each), not once per candidate row:
-    # a job's spec and a round's plan (an entry per node) are the rows' biggest columns
+    return _with_rounds([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
+
+
+def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> list[Task]:
+    """`_candidates` of `eligible_tasks(node).filter(preference group)` on PostgreSQL, row-
+    locked (SKIP LOCKED), as two hand-written statements: the same rule, clause for clause,
+    without compiling that queryset twice per claim (most of a claim's CPU went to Django
+    building and compiling these two reads). `replicas`: the group of replicas (else the
+    primaries). tests/marketplace/test_claim_sql.py holds it to the queryset's answers."""
+    node, rules = known.node, known.rules
+    task_f = [f.column for f in Task._meta.concrete_fields]
+    shard_f = [f.column for f in Shard._meta.concrete_fields]
+    tier = (
+        "(j.tier <> %(volunteer)s OR t.replica > 0)"
+        if node.kind == NodeKind.PLATFORM  # volunteer-tier jobs use platform nodes to verify
+        else "j.tier <> %(platform)s"
+    )
+    where = f"""
+        t.status = %(pending)s AND r.status = %(open)s AND j.status = %(running)s
+        AND r.job_id = ANY(%(jobs)s::uuid[])
+        AND (t.reserved_for_id IS NULL OR t.reserved_for_id = %(node)s)
+        AND NOT EXISTS (SELECT 1 FROM {Task._meta.db_table} m WHERE m.round_id = t.round_id
+                        AND m.shard_id = t.shard_id AND m.node_id = %(node)s)
+        AND NOT (t.round_id = ANY(%(sat_out)s::bigint[]))
+        AND NOT (t.round_id = ANY(%(far)s::bigint[]) AND t.replica > 0)
+        AND {tier} AND {"t.replica > 0" if replicas else "t.replica = 0"}
+    """
+    held = (
+        f"AND t.shard_id IN (SELECT c.shard_id FROM {ShardCopy._meta.db_table} c "
+        "WHERE c.node_id = %(node)s)"
+    )
+    params = {
+        "pending": TaskStatus.PENDING, "open": RoundStatus.OPEN, "running": JobStatus.RUNNING,
+        "jobs": known.jobs, "node": node.pk, "sat_out": sorted(rules.sat_out),
+        "far": sorted(rules.far), "volunteer": Tier.VOLUNTEER, "platform": Tier.PLATFORM,
+    }  # fmt: skip
+    columns = ", ".join([f"t.{c}" for c in task_f] + [f"s.{c}" for c in shard_f])
+    found: dict[Any, tuple[tuple[Any, ...], Task]] = {}
+    with connection.cursor() as cursor:
+        for affine, extra in ((True, held), (False, "")):
+            cursor.execute(
+                f"""
+                SELECT {columns}
+                FROM {Task._meta.db_table} t
+                JOIN {Round._meta.db_table} r ON r.id = t.round_id
+                JOIN {Job._meta.db_table} j ON j.id = r.job_id
+                LEFT JOIN {Shard._meta.db_table} s ON s.id = t.shard_id
+                WHERE {where} {extra}
+                ORDER BY t.replica, t.round_id, t.shard_id
+                LIMIT {int(n)}
+                FOR UPDATE OF t SKIP LOCKED
+                """,
+                params,
+            )
+            for row in cursor.fetchall():
+                task = Task.from_db(connection.alias, None, row[: len(task_f)])
+                if task.pk in found:
+                    continue
+                shard = row[len(task_f) :]
+                task.shard = Shard.from_db(connection.alias, None, shard) if shard[0] else None
+                no_shard = task.shard_id is None  # federated: last, as NULLs sort in SQL
+                key = (task.replica, task.round_id, not affine, no_shard, task.shard_id or 0)
+                found[task.pk] = (key, task)
+    return _with_rounds([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
+
+
+def _with_rounds(tasks: list[Task]) -> list[Task]:
+    """Each round and its job read once (usually one of each), not once per candidate row:
+    a job's spec and a round's plan (an entry per node) are the rows' biggest columns."""
     rounds = Round.objects.select_related("job").in_bulk({task.round_id for task in tasks})
     for task in tasks:
         task.round = rounds[task.round_id]
