@@ -441,11 +441,12 @@ def _choose(
     chosen: list[tuple[Task, tuple[int, int, str, bool]]] = []
     units: set[tuple[Any, ...]] = set()
     sized: dict[tuple[Any, ...], tuple[int, int, str]] = {}
+    rounds = _open_rounds(pool)
     for replicas in (True, False) if node.kind == NodeKind.PLATFORM else (False, True):
         if len(chosen) >= count:  # the groups of `preference`
             break
         # a few spares: replicas of one unit are skipped
-        for task in _candidates_sql(pool, replicas, 2 * count + 2):
+        for task in _candidates_sql(pool, replicas, 2 * count + 2, rounds):
             if len(chosen) >= count:
                 break
             unit = (task.round_id, *task.unit)
@@ -566,39 +567,53 @@ def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> 
     return _with_rounds([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
 
 
-def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> list[Task]:
+def _open_rounds(known: Eligibility) -> dict[int, str]:
+    """round id -> its job's tier, for the open rounds of the running jobs `known` lets the
+    node work on: one small read, so the candidate reads need no joins."""
+    rows = Round.objects.filter(
+        status=RoundStatus.OPEN, job__status=JobStatus.RUNNING, job__in=known.jobs
+    ).values_list("pk", "job__tier")
+    return dict(rows)
+
+
+def _candidates_sql(
+    known: Eligibility, replicas: bool, n: int, rounds: dict[int, str] | None = None
+) -> list[Task]:
     """`_candidates` of `eligible_tasks(node).filter(preference group)` on PostgreSQL, row-
-    locked (SKIP LOCKED), as two hand-written statements: the same rule, clause for clause,
-    without compiling that queryset twice per claim (most of a claim's CPU went to Django
-    building and compiling these two reads). `replicas`: the group of replicas (else the
-    primaries). tests/marketplace/test_claim_sql.py holds it to the queryset's answers."""
+    locked (SKIP LOCKED), as two hand-written statements over the tasks alone: the same
+    rule, with its round-level clauses (round open, job running and `may_work_on`, tier,
+    the plans' sat-out and far rounds) applied to the open rounds (`_open_rounds`) in Python
+    first. Compiling that queryset twice per claim was most of a claim's CPU, and planning
+    its joins most of PostgreSQL's. `replicas`: the group of replicas (else the primaries).
+    tests/marketplace/test_claim_sql.py holds it to the queryset's answers."""
     node, rules = known.node, known.rules
+    platform = node.kind == NodeKind.PLATFORM
+    allowed = [
+        pk
+        for pk, tier in (_open_rounds(known) if rounds is None else rounds).items()
+        if pk not in rules.sat_out
+        and not (replicas and pk in rules.far)
+        # platform nodes verify volunteer-tier jobs (replicas only); volunteers never work
+        # on platform-tier jobs
+        and not (platform and not replicas and tier == Tier.VOLUNTEER)
+        and not (not platform and tier == Tier.PLATFORM)
+    ]
+    if not allowed:
+        return []
     task_f = [f.column for f in Task._meta.concrete_fields]
     shard_f = [f.column for f in Shard._meta.concrete_fields]
-    tier = (
-        "(j.tier <> %(volunteer)s OR t.replica > 0)"
-        if node.kind == NodeKind.PLATFORM  # volunteer-tier jobs use platform nodes to verify
-        else "j.tier <> %(platform)s"
-    )
     where = f"""
-        t.status = %(pending)s AND r.status = %(open)s AND j.status = %(running)s
-        AND r.job_id = ANY(%(jobs)s::uuid[])
+        t.status = %(pending)s AND t.round_id = ANY(%(rounds)s::bigint[])
         AND (t.reserved_for_id IS NULL OR t.reserved_for_id = %(node)s)
         AND NOT EXISTS (SELECT 1 FROM {Task._meta.db_table} m WHERE m.round_id = t.round_id
                         AND m.shard_id = t.shard_id AND m.node_id = %(node)s)
-        AND NOT (t.round_id = ANY(%(sat_out)s::bigint[]))
-        AND NOT (t.round_id = ANY(%(far)s::bigint[]) AND t.replica > 0)
-        AND {tier} AND {"t.replica > 0" if replicas else "t.replica = 0"}
+        AND {"t.replica > 0" if replicas else "t.replica = 0"}
     """
     held = (
         f"AND t.shard_id IN (SELECT c.shard_id FROM {ShardCopy._meta.db_table} c "
         "WHERE c.node_id = %(node)s)"
     )
-    params = {
-        "pending": TaskStatus.PENDING, "open": RoundStatus.OPEN, "running": JobStatus.RUNNING,
-        "jobs": known.jobs, "node": node.pk, "sat_out": sorted(rules.sat_out),
-        "far": sorted(rules.far), "volunteer": Tier.VOLUNTEER, "platform": Tier.PLATFORM,
-    }  # fmt: skip
+    params = {"pending": TaskStatus.PENDING, "rounds": sorted(allowed), "node": node.pk}
     columns = ", ".join([f"t.{c}" for c in task_f] + [f"s.{c}" for c in shard_f])
     found: dict[Any, tuple[tuple[Any, ...], Task]] = {}
     with connection.cursor() as cursor:
@@ -607,8 +622,6 @@ def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> list[Task]:
                 f"""
                 SELECT {columns}
                 FROM {Task._meta.db_table} t
-                JOIN {Round._meta.db_table} r ON r.id = t.round_id
-                JOIN {Job._meta.db_table} j ON j.id = r.job_id
                 LEFT JOIN {Shard._meta.db_table} s ON s.id = t.shard_id
                 WHERE {where} {extra}
                 ORDER BY t.replica, t.round_id, t.shard_id
