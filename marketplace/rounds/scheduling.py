@@ -567,17 +567,18 @@ def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> 
     return _with_rounds([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
 
 
-def _open_rounds(known: Eligibility) -> dict[int, str]:
-    """round id -> its job's tier, for the open rounds of the running jobs `known` lets the
-    node work on: one small read, so the candidate reads need no joins."""
-    rows = Round.objects.filter(
+def _open_rounds(known: Eligibility) -> dict[int, Round]:
+    """The open rounds of the running jobs `known` lets the node work on, with their jobs:
+    one small read, so the candidate reads need no joins and their tasks no second read of
+    their rounds (`_with_rounds`)."""
+    rounds = Round.objects.filter(
         status=RoundStatus.OPEN, job__status=JobStatus.RUNNING, job__in=known.jobs
-    ).values_list("pk", "job__tier")
-    return dict(rows)
+    ).select_related("job")
+    return {rnd.pk: rnd for rnd in rounds}
 
 
 def _candidates_sql(
-    known: Eligibility, replicas: bool, n: int, rounds: dict[int, str] | None = None
+    known: Eligibility, replicas: bool, n: int, rounds: dict[int, Round] | None = None
 ) -> list[Task]:
     """`_candidates` of `eligible_tasks(node).filter(preference group)` on PostgreSQL, row-
     locked (SKIP LOCKED), as two hand-written statements over the tasks alone: the same
@@ -588,9 +589,10 @@ def _candidates_sql(
     tests/marketplace/test_claim_sql.py holds it to the queryset's answers."""
     node, rules = known.node, known.rules
     platform = node.kind == NodeKind.PLATFORM
+    rounds = _open_rounds(known) if rounds is None else rounds
     allowed = [
         pk
-        for pk, tier in (_open_rounds(known) if rounds is None else rounds).items()
+        for pk, tier in ((pk, rnd.job.tier) for pk, rnd in rounds.items())
         if pk not in rules.sat_out
         and not (replicas and pk in rules.far)
         # platform nodes verify volunteer-tier jobs (replicas only); volunteers never work
@@ -639,7 +641,10 @@ def _candidates_sql(
                 no_shard = task.shard_id is None  # federated: last, as NULLs sort in SQL
                 key = (task.replica, task.round_id, not affine, no_shard, task.shard_id or 0)
                 found[task.pk] = (key, task)
-    return _with_rounds([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
+    tasks = [task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n]
+    for task in tasks:  # the rounds and jobs read once, shared
+        task.round = rounds[task.round_id]
+    return share_related(tasks)
 
 
 def _with_rounds(tasks: list[Task]) -> list[Task]:
