@@ -13,6 +13,7 @@ import hmac
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from marketplace.events.services import job_changed
-from marketplace.jobs.models import Job, JobStatus, Tier
+from marketplace.jobs.models import Job, JobStatus, Shard, Tier
 from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import on_probation, online_nodes, speed_of
@@ -96,22 +97,39 @@ def jobs_node_may_work_on(node: Node) -> list[Any]:
     return [pk for pk, *needs in rows if may_work_on(JobNeeds(*needs), offers)]
 
 
-def eligible_tasks(node: Node) -> QuerySet[Task]:
+@dataclass(frozen=True)
+class Eligibility:
+    """What decides which pending tasks a node may run (`eligible_tasks`), read once per
+    claim: the running jobs `may_work_on` lets it work on and what the rounds' plans keep
+    it from."""
+
+    node: Node
+    jobs: list[Any]
+    rules: PlanRules
+
+
+def eligibility(node: Node) -> Eligibility:
+    return Eligibility(node, jobs_node_may_work_on(node), _plan_rules(node))
+
+
+def eligible_tasks(node: Node, known: Eligibility | None = None) -> QuerySet[Task]:
     """Pending tasks this node may run: job running, tier, price and hardware
     (`may_work_on`), never a second replica of a unit it already holds, and nothing the
-    rounds' plans keep it from (`plan_rules`)."""
+    rounds' plans keep it from (`plan_rules`). The claim on PostgreSQL reads the same rule
+    as one SQL statement (`_candidates_sql`)."""
+    known = known or eligibility(node)
     mine = Task.objects.filter(round=OuterRef("round"), shard=OuterRef("shard"), node=node)
     qs = (
         Task.objects.filter(
             status=TaskStatus.PENDING,
             round__status=RoundStatus.OPEN,
             round__job__status=JobStatus.RUNNING,
-            round__job__in=jobs_node_may_work_on(node),
+            round__job__in=known.jobs,
         )
         .filter(Q(reserved_for__isnull=True) | Q(reserved_for=node))
         .exclude(Exists(mine))
     )
-    rules = _plan_rules(node)
+    rules = known.rules
     qs = qs.exclude(round__in=sorted(rules.sat_out)).exclude(
         round__in=sorted(rules.far), replica__gt=0
     )
@@ -368,20 +386,95 @@ def claim_batch(node: Node, count: int) -> list[Task]:
     or prefetches several (a server with many GPUs). Never two replicas of one unit."""
     if node.reliability < settings.GPUFLEX["MIN_RELIABILITY"] or count < 1:
         return []
-    skip_locked = connection.features.has_select_for_update_skip_locked
+    if connection.features.has_select_for_update_skip_locked:
+        return _claim_locked(node, count)
     for _ in range(8):  # only SQLite can lose the compare-and-set; retry a few times
         try:
             with transaction.atomic():
-                won, lost = _lease_best(node, count, skip_locked)
+                won, lost = _lease_best(node, count, skip_locked=False)
             if won or not lost:
                 obs.leased(len(won))  # counted once this claim's transaction has committed
-                # read after the commit, not under the job's escrow lock (`Funds`) that every
-                # claim on the job queues for: the leased rows are this node's now
                 by_id = Task.objects.select_related("round__job", "shard").in_bulk(won)
                 return share_related([by_id[pk] for pk in won])
         except IntegrityError:
             continue  # raced into a unit this node already holds; pick another
     return []
+
+
+class _Short(Exception):
+    """The optimistic claim found a job's free escrow short of its leases: roll it back."""
+
+
+def _claim_locked(node: Node, count: int) -> list[Task]:
+    """The PostgreSQL claim: the candidates are row-locked (SKIP LOCKED), so nothing can win
+    them from us. First optimistically: choose and lease as if every job could pay, and only
+    then lock the jobs' escrow (`Funds.load`), read it and write the reservations, so every
+    other claim on the job queues behind three statements and a commit, not behind the
+    whole claim. When some job's free escrow turns out short, that transaction is rolled
+    back and the claim is made again the careful way (`_lease_best`: each lease checked
+    against the escrow as it is chosen), which leases exactly what the optimistic one would
+    have whenever the escrow covers it all."""
+    for careful in (False, True, True):
+        try:
+            with transaction.atomic():
+                if careful:
+                    won, _ = _lease_best(node, count, skip_locked=True)
+                    tasks = won
+                else:
+                    tasks = _lease_optimistic(node, count)
+        except _Short:
+            continue
+        except IntegrityError:
+            continue  # raced into a unit this node already holds; pick another
+        obs.leased(len(tasks))  # counted once this claim's transaction has committed
+        return tasks
+    return []
+
+
+def _lease_optimistic(node: Node, count: int) -> list[Task]:
+    """Lease the best `count` candidates, then reserve their escrow; `_Short` if a job's
+    free escrow does not cover its share (the caller's transaction is then rolled back)."""
+    chosen = _choose(node, count, eligibility(node), None)
+    if not chosen:
+        return []
+    _lease_locked(node, chosen)
+    funds = Funds()
+    funds.load({task.round.job_id for task, _ in chosen})  # the jobs' escrow locks, waited
+    for task, _ in chosen:
+        if not funds.affords(task.round.job_id, node):
+            raise _Short
+        funds.reserve(task.pk, task.round.job_id, node)
+    funds.save()
+    return [task for task, _ in chosen]
+
+
+def _choose(
+    node: Node, count: int, pool: Eligibility, funds: Funds | None
+) -> list[tuple[Task, tuple[int, int, str, bool]]]:
+    """Up to `count` row-locked candidates of `pool` in preference and claim order, never two
+    of one unit, with their lease terms; with `funds`, only what the escrow affords (each
+    reserved as it is chosen)."""
+    chosen: list[tuple[Task, tuple[int, int, str, bool]]] = []
+    units: set[tuple[Any, ...]] = set()
+    sized: dict[tuple[Any, ...], tuple[int, int, str]] = {}
+    rounds = _open_rounds(pool)
+    for replicas in (True, False) if node.kind == NodeKind.PLATFORM else (False, True):
+        if len(chosen) >= count:  # the groups of `preference`
+            break
+        # a few spares: replicas of one unit are skipped
+        for task in _candidates_sql(pool, replicas, 2 * count + 2, rounds):
+            if len(chosen) >= count:
+                break
+            unit = (task.round_id, *task.unit)
+            if unit in units:
+                continue
+            if funds is not None:
+                if not funds.affords(task.round.job_id, node):
+                    continue
+                funds.reserve(task.pk, task.round.job_id, node)
+            chosen.append((task, _lease_terms(task, node, sized)))
+            units.add(unit)
+    return chosen
 
 
 def share_related(tasks: list[Task]) -> list[Task]:
@@ -398,40 +491,42 @@ def share_related(tasks: list[Task]) -> list[Task]:
 
 
 def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], bool]:
-    """(ids leased, whether a compare-and-set was lost) within the caller's transaction.
+    """(what was leased, whether a compare-and-set was lost) within the caller's
+    transaction, each lease checked against its job's escrow as it is chosen.
 
     With row locks (PostgreSQL) the candidates are this transaction's until it ends, so
-    their leases are written together in one UPDATE after the choice; without them (SQLite)
-    each lease is its own compare-and-set, which another claim may win."""
-    pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
+    their leases are written together in one UPDATE after the choice, and the leased Task
+    instances are returned; without them (SQLite) each lease is its own compare-and-set,
+    which another claim may win, and the ids won are returned."""
     funds = Funds()  # each lease reserves its most possible charge in its job's escrow
+    if skip_locked:
+        chosen = _choose(node, count, eligibility(node), funds)
+        if chosen:
+            _lease_locked(node, chosen)
+        funds.save()
+        return [task for task, _ in chosen], False
+    pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
     won: list[Any] = []
-    chosen: list[tuple[Task, tuple[int, int, str, bool]]] = []  # row-locked: leased below
     units: set[tuple[Any, ...]] = set()
     sized: dict[tuple[Any, ...], tuple[int, int, str]] = {}
     lost = False
     for group in preference(node):
-        if len(won) + len(chosen) >= count:
+        if len(won) >= count:
             break
         # a few spares: replicas of one unit are skipped, and SQLite may lose a lease
-        for task in _candidates(pool.filter(group), node, 2 * count + 2, skip_locked):
+        for task in _candidates(pool.filter(group), node, 2 * count + 2, False):
             unit = (task.round_id, *task.unit)
-            if len(won) + len(chosen) >= count:
+            if len(won) >= count:
                 break
             if unit in units or not funds.affords(task.round.job_id, node):
                 continue
-            if skip_locked:
-                chosen.append((task, _lease_terms(task, node, sized)))
-            elif _lease(task, node, sized):
+            if _lease(task, node, sized):
                 won.append(task.pk)
             else:
                 lost = True
                 continue
             funds.reserve(task.pk, task.round.job_id, node)
             units.add(unit)
-    if chosen:
-        _lease_locked(node, chosen)
-        won = [task.pk for task, _ in chosen]
     funds.save()
     return won, lost
 
@@ -448,6 +543,15 @@ def _lease_locked(node: Node, chosen: list[tuple[Task, tuple[int, int, str, bool
     if _bulk_lease_postgres(leases, now, expires) != len(leases):
         # cannot happen while the rows are locked; if it did, nothing of this claim stays
         raise IntegrityError("a locked candidate was no longer pending")
+    for (task, _), (_, _, steps, batch, codec, price, rows) in zip(chosen, leases, strict=True):
+        # what the UPDATE wrote, on the locked rows read in this transaction: the claim
+        # answers from these instances instead of reading the rows back
+        task.status, task.node, task.leased_at, task.lease_expires = (
+            TaskStatus.LEASED, node, now, expires,
+        )  # fmt: skip
+        task.attempts += 1
+        task.steps, task.batch_size, task.codec = steps, batch, codec
+        task.price_per_gpu_hour, task.declared_rows = price, rows
     for task, (steps, batch, codec, replicate) in chosen:
         if replicate:
             add_replica(task, steps, batch, codec)
@@ -470,13 +574,102 @@ def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> 
         lists = [q.select_for_update(skip_locked=True, of=("self",)) for q in lists]
     found: dict[Any, tuple[tuple[Any, ...], Task]] = {}
     for affine, qs in zip((True, False), lists, strict=True):
-        for task in qs.order_by(*CLAIM_ORDER).select_related("round__job", "shard")[:n]:
+        for task in qs.order_by(*CLAIM_ORDER).select_related("shard")[:n]:
             if task.pk not in found:
                 no_shard = task.shard_id is None  # federated: last, as NULLs sort in SQL
                 key = (task.replica, task.round_id, not affine, no_shard, task.shard_id or 0)
                 found[task.pk] = (key, task)
     # a held task the second list also returned keeps the first list's (affine) key
-    return share_related([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
+    return _with_rounds([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
+
+
+def _open_rounds(known: Eligibility) -> dict[int, Round]:
+    """The open rounds of the running jobs `known` lets the node work on, with their jobs:
+    one small read, so the candidate reads need no joins and their tasks no second read of
+    their rounds (`_with_rounds`)."""
+    rounds = Round.objects.filter(
+        status=RoundStatus.OPEN, job__status=JobStatus.RUNNING, job__in=known.jobs
+    ).select_related("job")
+    return {rnd.pk: rnd for rnd in rounds}
+
+
+def _candidates_sql(
+    known: Eligibility, replicas: bool, n: int, rounds: dict[int, Round] | None = None
+) -> list[Task]:
+    """`_candidates` of `eligible_tasks(node).filter(preference group)` on PostgreSQL, row-
+    locked (SKIP LOCKED), as two hand-written statements over the tasks alone: the same
+    rule, with its round-level clauses (round open, job running and `may_work_on`, tier,
+    the plans' sat-out and far rounds) applied to the open rounds (`_open_rounds`) in Python
+    first. Compiling that queryset twice per claim was most of a claim's CPU, and planning
+    its joins most of PostgreSQL's. `replicas`: the group of replicas (else the primaries).
+    tests/marketplace/test_claim_sql.py holds it to the queryset's answers."""
+    node, rules = known.node, known.rules
+    platform = node.kind == NodeKind.PLATFORM
+    rounds = _open_rounds(known) if rounds is None else rounds
+    allowed = [
+        pk
+        for pk, tier in ((pk, rnd.job.tier) for pk, rnd in rounds.items())
+        if pk not in rules.sat_out
+        and not (replicas and pk in rules.far)
+        # platform nodes verify volunteer-tier jobs (replicas only); volunteers never work
+        # on platform-tier jobs
+        and not (platform and not replicas and tier == Tier.VOLUNTEER)
+        and not (not platform and tier == Tier.PLATFORM)
+    ]
+    if not allowed:
+        return []
+    task_f = [f.column for f in Task._meta.concrete_fields]
+    shard_f = [f.column for f in Shard._meta.concrete_fields]
+    where = f"""
+        t.status = %(pending)s AND t.round_id = ANY(%(rounds)s::bigint[])
+        AND (t.reserved_for_id IS NULL OR t.reserved_for_id = %(node)s)
+        AND NOT EXISTS (SELECT 1 FROM {Task._meta.db_table} m WHERE m.round_id = t.round_id
+                        AND m.shard_id = t.shard_id AND m.node_id = %(node)s)
+        AND {"t.replica > 0" if replicas else "t.replica = 0"}
+    """
+    held = (
+        f"AND t.shard_id IN (SELECT c.shard_id FROM {ShardCopy._meta.db_table} c "
+        "WHERE c.node_id = %(node)s)"
+    )
+    params = {"pending": TaskStatus.PENDING, "rounds": sorted(allowed), "node": node.pk}
+    columns = ", ".join([f"t.{c}" for c in task_f] + [f"s.{c}" for c in shard_f])
+    found: dict[Any, tuple[tuple[Any, ...], Task]] = {}
+    with connection.cursor() as cursor:
+        for affine, extra in ((True, held), (False, "")):
+            cursor.execute(
+                f"""
+                SELECT {columns}
+                FROM {Task._meta.db_table} t
+                LEFT JOIN {Shard._meta.db_table} s ON s.id = t.shard_id
+                WHERE {where} {extra}
+                ORDER BY t.replica, t.round_id, t.shard_id
+                LIMIT {int(n)}
+                FOR UPDATE OF t SKIP LOCKED
+                """,
+                params,
+            )
+            for row in cursor.fetchall():
+                task = Task.from_db(connection.alias, None, row[: len(task_f)])
+                if task.pk in found:
+                    continue
+                shard = row[len(task_f) :]
+                task.shard = Shard.from_db(connection.alias, None, shard) if shard[0] else None
+                no_shard = task.shard_id is None  # federated: last, as NULLs sort in SQL
+                key = (task.replica, task.round_id, not affine, no_shard, task.shard_id or 0)
+                found[task.pk] = (key, task)
+    tasks = [task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n]
+    for task in tasks:  # the rounds and jobs read once, shared
+        task.round = rounds[task.round_id]
+    return share_related(tasks)
+
+
+def _with_rounds(tasks: list[Task]) -> list[Task]:
+    """Each round and its job read once (usually one of each), not once per candidate row:
+    a job's spec and a round's plan (an entry per node) are the rows' biggest columns."""
+    rounds = Round.objects.select_related("job").in_bulk({task.round_id for task in tasks})
+    for task in tasks:
+        task.round = rounds[task.round_id]
+    return tasks
 
 
 def claim_with_wait(node: Node, wait: float, count: int = 1) -> list[Task]:

@@ -1,14 +1,24 @@
 """The heartbeat's serializer keeps one set of fields per thread (issue 36: deep-copying
-them was most of its validation cost) and still checks every body as DRF's own copy does."""
+them was most of its validation cost) and still checks every body as DRF's own copy does;
+the claim's reply serializers too, writing what DRF's own copy writes."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
 from rest_framework import serializers
 
-from marketplace.api.serializers.agent import HeartbeatSerializer
+from marketplace.api.serializers.agent import (
+    ClaimReplySerializer,
+    HeartbeatSerializer,
+    ModelSourceSerializer,
+    TaskSerializer,
+)
+from marketplace.nodes.models import Node
+from marketplace.rounds.scheduling import claim_batch, task_payloads
+from tests.marketplace.helpers import SMALL_SPEC
 
 BODIES: list[Any] = [
     {"state": "idle"},
@@ -53,3 +63,34 @@ def test_threads_keep_fields_of_their_own() -> None:
     for n, got in enumerate(results):
         want = [_outcome(Copied, BODIES[(n + i) % len(BODIES)]) for i in range(40)]
         assert got == want
+
+
+class CopiedSource(ModelSourceSerializer):
+    fields = serializers.Serializer.fields
+
+
+class CopiedTask(TaskSerializer):
+    fields = serializers.Serializer.fields
+    model_source = CopiedSource()
+
+
+class CopiedClaim(ClaimReplySerializer):
+    fields = serializers.Serializer.fields
+    task = CopiedTask()
+    tasks = CopiedTask(many=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claims_reply_is_what_drfs_own_fields_write(make_agent, submit) -> None:
+    """The claim's reply (ClaimReplySerializer, its tasks and their model sources) keeps its
+    fields per thread too: the same JSON as DRF's deep-copied fields, claim after claim."""
+    agent = make_agent()
+    submit(SMALL_SPEC | {"sharding": {"method": "random", "num_shards": 20}})
+    node = Node.objects.get(pk=agent.node_id)
+    for count in (3, 1, 4):
+        tasks = claim_batch(node, count)
+        payloads = task_payloads(tasks)
+        reply = {"task": payloads[0], "tasks": payloads}
+        got = ClaimReplySerializer(reply).data
+        assert got == CopiedClaim(reply).data
+        assert [t["id"] for t in got["tasks"]] == [str(t.pk) for t in tasks]

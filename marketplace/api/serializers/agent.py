@@ -89,7 +89,7 @@ class ProbeQuerySerializer(serializers.Serializer):
     )  # fmt: skip
 
 
-class ModelSourceSerializer(serializers.Serializer):
+class ModelSourceSerializer(ReusedFields, serializers.Serializer):
     """docs/agent-api.md, "Model delivery": how the node gets the round's model."""
 
     kind = serializers.ChoiceField(choices=["full", "seed", "delta"])
@@ -113,7 +113,7 @@ class ZoneRouteSerializer(serializers.Serializer):
     token = serializers.CharField(help_text="the member token (X-GPUFlex-Zone-Token)")
 
 
-class TaskSerializer(serializers.Serializer):
+class TaskSerializer(ReusedFields, serializers.Serializer):
     """docs/agent-api.md, "A task"."""
 
     id = serializers.UUIDField()
@@ -155,7 +155,7 @@ class TaskSerializer(serializers.Serializer):
     )  # fmt: skip
 
 
-class ClaimReplySerializer(serializers.Serializer):
+class ClaimReplySerializer(ReusedFields, serializers.Serializer):
     task = TaskSerializer(help_text="the first (best) of `tasks`")
     tasks = TaskSerializer(many=True, help_text="every task this claim leased (see `max`)")
 

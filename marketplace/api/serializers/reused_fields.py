@@ -6,7 +6,8 @@ CPU spent validating the body (issue 36's profile). The copy exists so that bind
 to its serializer never touches the class's declared field. Here each thread keeps one such
 copy per serializer class and binds it to the next instance: the same fields, validators and
 messages, so every check stays; a thread validates one body at a time, so no two requests
-share a bound field at once.
+share a bound field at once. The claim's reply (its tasks and their model sources, nine
+nested serializers for a claim of eight) is written through them too.
 """
 
 from __future__ import annotations
