@@ -399,10 +399,15 @@ def dashboard_row(cl: dict[str, Any]) -> dict[str, Any]:
         "detail": {
             "unit": "ms, p99", "p50_ms": d.get("p50_ms"), "max_ms": d.get("max_ms"),
             "changes": d.get("changes"), "frames_seen": d.get("frames_seen"),
+            "after_commit_p50_ms": d.get("after_commit_p50_ms"),
+            "after_commit_p99_ms": d.get("after_commit_p99_ms"),
+            "commit_p50_ms": d.get("commit_p50_ms"),
             "note": f"pause/resume committed by the services, to the job's SSE frame at a "
             f"client of its stream: p50 {_fmt(d.get('p50_ms'))} ms, p99 "
             f"{_fmt(d.get('p99_ms'))} ms over {d.get('frames_seen')} of {d.get('changes')} "
-            "changes (the stream the job page reads; no browser rendering counted)",
+            f"changes from the service call's start (from its return, the commit done: p50 "
+            f"{_fmt(d.get('after_commit_p50_ms'))}, p99 {_fmt(d.get('after_commit_p99_ms'))}); "
+            "the API's job stream (the page's own stream renders more), no browser rendering",
         },
     })  # fmt: skip
 
