@@ -29,7 +29,7 @@ def _naive(reached: bool, wall_s: float, nbytes: float) -> dict:
 
 
 def test_every_key_the_issue_names_has_one_row() -> None:
-    rows = pb.rows(FED, _naive(True, 100.0, 1e6))
+    rows = pb.rows(FED, _naive(True, 100.0, 1e6))  # nothing carried: others unmeasured
     assert [r["key"] for r in rows] == [
         "naive", "scaling", "centralized", "failures", "settlement", "on_chain", "dashboard",
         "upload_to_training", "utilization", "bytes",
@@ -77,3 +77,75 @@ def test_results_md_says_where_each_tables_figures_come_from() -> None:
         assert lines[i + 2].startswith("Figures from: "), lines[i]
     text = "\n".join(lines)
     assert "lease_batch` (in-process; the server never calls it" in text
+
+
+# bench.promises_cluster's JSON: node counts as string keys, as json.loads gives them
+CLUSTER = {
+    "setup": {"step_s": 2.0, "global_batch": 100},
+    "scaling": {
+        "1": {"online": 1, "time_to_target_s": 100.0, "rounds": 6, "job_wall_s": 100.0,
+              "utilization": 0.9},
+        "10": {"online": 10, "time_to_target_s": 20.0, "rounds": 6, "job_wall_s": 20.0,
+               "utilization": 0.5},
+    },
+    "centralized": {"nodes": 10, "time_to_target_s": 15.0, "steps": 70},
+    "failures": {"nodes": 10, "time_to_target_s": 30.0, "rounds": 7,
+                 "killed": [{"round": 1, "agents": ["gpu-3", "gpu-7"]}]},
+    "upload_to_training": {"rows": 60_000, "bytes": 6_000_000, "first_lease_s": 7.5},
+    "dashboard": {"changes": 40, "frames_seen": 40, "p50_ms": 20.0, "p99_ms": 80.0},
+    "simulated": {"1": {"time_to_target_s": 90.0, "utilization": 0.95},
+                  "10": {"time_to_target_s": 10.0, "utilization": 0.8}},
+    "simulated_centralized_s": 9.0,
+    "simulated_failures": {"time_to_target_s": 11.0},
+}  # fmt: skip
+
+
+def test_the_cluster_rows_are_ratios_against_their_goals() -> None:
+    rows = {r["key"]: r for r in pb.rows(None, None, cluster=CLUSTER)}
+    assert rows["scaling"]["measured"] == 100.0 / (10 * 20.0)  # efficiency 0.5: missed
+    assert rows["scaling"]["met"] is False
+    assert rows["scaling"]["simulated"] == 90.0 / (10 * 10.0)
+    assert rows["centralized"]["measured"] == 15.0 / 20.0 and rows["centralized"]["met"] is False
+    assert rows["centralized"]["simulated"] == 9.0 / 10.0
+    assert rows["failures"]["measured"] == 1.5 and rows["failures"]["met"] is False
+    assert rows["failures"]["simulated"] == 11.0 / 10.0
+    assert rows["utilization"]["measured"] == 0.5 and rows["utilization"]["simulated"] == 0.8
+    assert rows["upload_to_training"]["measured"] == 7.5
+    assert rows["upload_to_training"]["met"] is False
+    assert rows["dashboard"]["measured"] == 80.0 and rows["dashboard"]["met"] is True
+    for key in ("scaling", "centralized", "failures", "utilization", "upload_to_training",
+                "dashboard"):  # fmt: skip
+        assert rows[key]["real_processes"] is True, key
+    # naive and bytes were not run: not measured, not invented
+    assert rows["naive"]["measured"] is None and rows["bytes"]["measured"] is None
+    table = "\n".join(pb.render(list(rows.values())))
+    assert "emulate a GPU's speed by waiting" in table
+
+
+def test_a_cluster_run_that_broke_measures_nothing_it_did_not_reach() -> None:
+    broken = {"setup": CLUSTER["setup"], "scaling": {"1": CLUSTER["scaling"]["1"]},
+              "error": "RuntimeError: the web server exited"}  # fmt: skip
+    rows = {r["key"]: r for r in pb.rows(None, None, cluster=broken)}
+    for key in ("scaling", "centralized", "failures", "upload_to_training", "dashboard"):
+        assert rows[key]["measured"] is None and rows[key]["met"] is None, key
+        assert not rows[key]["real_processes"]
+        assert rows[key]["detail"]["run_error"] == broken["error"]
+
+
+def test_rows_not_run_this_time_are_carried_and_say_so() -> None:
+    old = {r["key"]: r for r in pb.rows(FED, _naive(True, 100.0, 1e6))}
+    rows = {r["key"]: r for r in pb.rows(None, None, cluster=CLUSTER, carried=old)}
+    assert rows["naive"]["measured"] == 0.1 and rows["naive"]["carried"] is True
+    assert "carried" not in rows["scaling"]  # measured now
+    assert "*carried*" in "\n".join(pb.render(list(rows.values())))
+
+
+def test_the_parts_to_run_are_named_or_refused() -> None:
+    assert pb.parts(None) == pb.PARTS
+    assert pb.parts("cluster, chain") == ("cluster", "chain")
+    try:
+        pb.parts("cluster,naive")
+    except ValueError as exc:
+        assert "naive" in str(exc) and "live" in str(exc)
+    else:
+        raise AssertionError("an unknown part was accepted")

@@ -149,3 +149,22 @@ def test_cli_compare_prints_each_method_with_its_figures(tmp_path: Path, capsys)
             assert key in row, (method, key)
         assert row["reached_target"], method
     assert out["ratios"]["time_aware_over_fedavg"] is not None
+
+
+def test_a_simulated_round_closes_on_its_quorum_not_on_a_failed_nodes_detection() -> None:
+    """As the marketplace does (trainer.round_lifecycle): 4 of 5 updates in closes a round at
+    quorum 0.8; the fifth, later, is dropped as late; a failed node's detection is not
+    waited for. At quorum 1.0 the round waits for everything."""
+    from trainer.sim.federated import _close_on_quorum
+
+    updates, arrivals = ["a", "b", "c", "d"], [1.0, 4.0, 2.0, 3.0]
+    finish = [*arrivals, 55.0]  # the fifth node failed: detected at 55 s
+    kept, ends = _close_on_quorum(0.8, 5, updates, arrivals, finish)
+    assert kept == updates and max(ends) == 4.0
+    kept, ends = _close_on_quorum(0.6, 5, updates, arrivals, finish)  # 3 of 5
+    assert kept == ["a", "c", "d"] and max(ends) == 3.0
+    kept, ends = _close_on_quorum(1.0, 5, updates, arrivals, finish)
+    assert kept == updates and max(ends) == 55.0
+    # too few updates for the quorum: the round waits, as before
+    kept, ends = _close_on_quorum(0.8, 5, updates[:3], arrivals[:3], [*arrivals[:3], 55.0])
+    assert max(ends) == 55.0

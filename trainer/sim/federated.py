@@ -24,7 +24,7 @@ from trainer.local import derive_seed, planned_steps, train_local
 from trainer.lora import update_part
 from trainer.privacy import epsilon_after, round_plan, rounds_within
 from trainer.provenance import ProvenanceChain
-from trainer.round_lifecycle import FAILURE_DETECT_S
+from trainer.round_lifecycle import FAILURE_DETECT_S, quorum_units
 from trainer.rounds import DEFAULT_MIN_COSINE, checkpoint_after, close_round
 from trainer.schedule import plateau_reason, round_lr
 from trainer.secagg.simulate import secure_mean
@@ -146,6 +146,21 @@ def account_round(
         result.stop_reason = plateau_reason(values, early_stopping)
 
 
+def _close_on_quorum(
+    quorum: float, units: int, updates: list, arrivals: list[float], finish: list[float]
+) -> tuple[list, list[float]]:
+    """As the marketplace closes a round (trainer.round_lifecycle): once `quorum` of the
+    units' updates are in, not after every node, a failed one's detection included; updates
+    arriving later are late and dropped. Flat uploads only: `updates[i]` arrived at
+    `arrivals[i]`. Below the quorum the round waits for everything, as before."""
+    need = quorum_units(quorum, units)
+    if need >= units or len(arrivals) < need or need < 1:
+        return updates, finish
+    close_at = sorted(arrivals)[need - 1]
+    kept = [u for u, at in zip(updates, arrivals, strict=True) if at <= close_at]
+    return kept, [min(f, close_at) for f in finish]
+
+
 def _round(setup, strategy, global_state, work, r, result, chain, store, options):
     spec = setup.spec
     model_bytes = len(encode_state(global_state))
@@ -208,6 +223,9 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
     updates = sent.updates
     finish += sent.arrivals
     secagg = spec.privacy.secure_aggregation
+    if not options.zones and not secagg.enabled and spec.rounds.late_updates == "drop":
+        updates, finish = _close_on_quorum(spec.rounds.quorum, len(setup.profiles), updates,
+                                           sent.arrivals, finish)  # fmt: skip
     if secagg.enabled and updates:  # the server sees the masked sum's mean, nothing else
         label = bytes_hash("\n".join(sorted(lbl for _, lbl in updates)).encode())
         mean = secure_mean([u for u, _ in updates], secagg.clipping_range, secagg.threshold)
