@@ -82,6 +82,7 @@ def assert_never_requeued(job_id: str, monkeypatch) -> None:
         "resumed": 0,
         "pruned": 0,
         "uploads": 0,
+        "segment_checks": 0,
     }
     assert enqueued == [] and Job.objects.get(pk=job_id).status in ("failed", "cancelled")
 
