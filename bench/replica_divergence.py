@@ -123,10 +123,12 @@ def _with(spec: JobSpec, **local: Any) -> JobSpec:
 
 def train(
     model: torch.nn.Module, start: Mapping[str, Tensor], data: Dataset, spec: JobSpec,
-    seed: int, precision: str,
+    seed: int, precision: str, steps: int | None = None,
 ) -> dict[str, Tensor]:  # fmt: skip
-    """The product's own path: train_local with the spec's local.precision."""
-    result = train_local(model, start, data, _with(spec, precision=precision), seed=seed)
+    """The product's own path: train_local with the spec's local.precision (`steps`: the
+    task's planned steps when None)."""
+    local = _with(spec, precision=precision)
+    result = train_local(model, start, data, local, seed=seed, steps=steps)
     if result.precision != precision:
         raise RuntimeError(f"asked train_local for {precision}, it ran {result.precision}")
     return result.delta
@@ -249,10 +251,12 @@ def measure_case(case: Case, folder: Path, device: str | None = None) -> list[Ro
         seeds = [derive_seed(spec.seed, rnd, s) for s in range(SHARDS)]
         deltas = [train(model, state, shards[s], spec, seeds[s], "fp32") for s in range(SHARDS)]
         if rnd in case.rounds:
-            rows += _compare(case.name, rnd, spec, model, state, shards, seeds, deltas, previous)
+            found, honest = _compare(case.name, rnd, spec, model, state, shards, seeds, deltas,
+                                     previous)  # fmt: skip
+            rows += found
             if device is not None:
                 rows += _compare_device(case.name, rnd, spec, model, state, shards[0], seeds[0],
-                                        deltas[0], device)  # fmt: skip
+                                        honest, device)  # fmt: skip
         previous = deltas[0]
         mean = {k: sum(d[k] for d in deltas) / len(deltas) for k in state}
         state = {k: state[k] + mean[k] for k in state}
@@ -263,8 +267,9 @@ def _compare(
     case: str, rnd: int, spec: JobSpec, model: torch.nn.Module, state: dict[str, Tensor],
     shards: list[Dataset], seeds: list[int], deltas: list[dict[str, Tensor]],
     previous: dict[str, Tensor] | None,
-) -> list[Row]:  # fmt: skip
-    """Shard 0's task in every precision against itself and against each cheat."""
+) -> tuple[list[Row], dict[str, dict[str, Tensor]]]:  # fmt: skip
+    """Shard 0's task in every precision against itself and against each cheat; the rows,
+    and the honest replicas by precision, as they travelled."""
     steps = planned_steps(spec, shards[0].num_train)
     honest = {"fp32": travel(deltas[0], state)}
     honest["bf16"] = travel(train(model, state, shards[0], spec, seeds[0], "bf16"), state)
@@ -290,20 +295,19 @@ def _compare(
         upload = travel(fake, state)
         for ref in ("fp32", "bf16"):
             rows.append(row(f"{label} vs {ref}", ref, _other(ref), upload, True))
-    return rows
+    return rows, honest
 
 
 def _compare_device(
     case: str, rnd: int, spec: JobSpec, model: torch.nn.Module, state: dict[str, Tensor],
-    shard: Dataset, seed: int, cpu_fp32: dict[str, Tensor], device: str,
+    shard: Dataset, seed: int, cpu: Mapping[str, Mapping[str, Tensor]], device: str,
 ) -> list[Row]:  # fmt: skip
     """Shard 0's task trained on `device` in each precision (fp32 there is TF32 on CUDA),
-    against the CPU's fp32 and bf16 replicas of the same task: mixed hardware, honestly."""
+    against the CPU's fp32 and bf16 replicas of the same task (`cpu`, as they travelled):
+    mixed hardware, honestly."""
     steps = planned_steps(spec, shard.num_train)
     on = copy.deepcopy(model).to(device)
     start = {k: v.to(device) for k, v in state.items()}
-    cpu = {"fp32": travel(cpu_fp32, state)}
-    cpu["bf16"] = travel(train(model, state, shard, spec, seed, "bf16"), state)
     rows = []
     for precision in ("fp32", "bf16", "fp16"):
         with skipped_steps() as skips:

@@ -33,8 +33,8 @@ def _spec(arch: str, optimizer: str, precision: str):
     })  # fmt: skip
 
 
-def _chain(data, spec, shard, steps):
-    model = build_model(spec.model, data.input_shape, data.num_classes, seed=0)
+def _chain(data, spec, shard, steps, model_seed: int = 0):
+    model = build_model(spec.model, data.input_shape, data.num_classes, seed=model_seed)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     kept: list[PausedState] = []
     train_local(model, state, shard, spec, seed=5, steps=steps, checkpoints=boundaries(steps),

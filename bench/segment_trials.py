@@ -98,7 +98,7 @@ def binding_trials(shards: int = 4, seed: int = 0) -> Iterator[tuple[str, bool]]
             start, last = weights(chain[0]), weights(chain[-1])
             honest = {k: last[k] - start[k] for k in last if last[k].is_floating_point()}
             moved = {k: weights(other[-1])[k] - weights(other[0])[k] for k in honest}
-            earlier = _chain_from(data, spec, parts[s], seed=1 + s)
+            earlier = _chain(data, spec, parts[s], STEPS, model_seed=1 + s)
             stale = {k: weights(earlier[-1])[k] - weights(earlier[0])[k] for k in honest}
             fakes = {
                 "copy": moved,
@@ -111,15 +111,3 @@ def binding_trials(shards: int = 4, seed: int = 0) -> Iterator[tuple[str, bool]]
             yield "honest", check_binding(chain[0], chain[-1], start, honest) is not None
             for name, fake in fakes.items():
                 yield name, check_binding(chain[0], chain[-1], start, fake) is not None
-
-
-def _chain_from(data, spec, shard, seed: int) -> list[PausedState]:
-    """A chain trained from another initial model (the same shard): another round's work."""
-    from trainer.local import train_local
-
-    model = build_model(spec.model, data.input_shape, data.num_classes, seed=seed)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    kept: list[PausedState] = []
-    train_local(model, state, shard, spec, seed=5, steps=STEPS, checkpoints=boundaries(STEPS),
-                on_checkpoint=kept.append)  # fmt: skip
-    return kept

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from marketplace.demo.cluster import Cluster, NodePlan
-from tests.system.harness import wait_for
+from marketplace.demo.cluster import NodePlan
+from tests.system.harness import System, manage, wait_for
 
 PRICE = "2.00"
 _FIGURES = (
@@ -48,12 +48,6 @@ _FIGURES = (
 )
 
 
-def _manage(cluster: Cluster, *args: str) -> str:
-    from tests.system.harness import manage
-
-    return manage(cluster, *args)
-
-
 def run(nodes: int = 20, rounds: int = 5, cheaters: int = 1) -> dict[str, Any]:
     plans = tuple(
         NodePlan(f"n{i:02d}", kind="volunteer", price=PRICE,
@@ -61,56 +55,39 @@ def run(nodes: int = 20, rounds: int = 5, cheaters: int = 1) -> dict[str, Any]:
         for i in range(nodes)
     )  # fmt: skip
     env = {
-        "GPUFLEX_REFERENCE_FP32_TFLOPS": "0.0001",
         "GPUFLEX_TRUST_AFTER_VERIFIED": "0",  # steady state: every node trusted already
         "GPUFLEX_SEGMENT_CHECK_SHARE": os.environ.get("BENCH_CHECK_SHARE", "0.25"),
         "GPUFLEX_WARM_TASKS": "0",  # 20 warm workers would not fit beside each other here
     }
+    spec = {
+        "name": "verification-overhead", "seed": 0,
+        "dataset": {"kind": "digits", "test_fraction": 0.2},
+        "model": {"arch": "mlp", "hidden": [64]},
+        "optimizer": {"name": "sgd", "lr": 0.2},
+        "local": {"steps": 16, "batch_size": 32},
+        # every shard settles: each node, the cheater too, does its task each round
+        "rounds": {"max_rounds": rounds, "deadline_s": 300, "quorum": 1.0},
+        "sharding": {"method": "stratified", "num_shards": nodes},
+    }  # fmt: skip
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpuflex-verify-") as tmp:
-        cluster = Cluster(Path(tmp), extra_env=env, inherit_services=False)
+        system = System(Path(tmp), plans, **env)  # the fault tests' harness: real processes
         try:
-            _manage(cluster, "migrate", "--noinput", "-v", "0")
-            buyer = _manage(cluster, "create_account", "buyer").strip()
-            provider = _manage(cluster, "create_account", "prov", "--role", "provider").strip()
-            _manage(cluster, "grant_credit", "buyer", "500")
-            cluster.start_web()
-            cluster.start_worker()
-            for plan in plans:
-                cluster.configure_agent(plan, provider)
-                cluster.start_agent(plan)
-            from marketplace.client import TERMINAL, Client
-
-            spec = {
-                "name": "verification-overhead", "seed": 0,
-                "dataset": {"kind": "digits", "test_fraction": 0.2},
-                "model": {"arch": "mlp", "hidden": [64]},
-                "optimizer": {"name": "sgd", "lr": 0.2},
-                "local": {"steps": 16, "batch_size": 32},
-                # every shard settles: each node, the cheater too, does its task each round
-                "rounds": {"max_rounds": rounds, "deadline_s": 300, "quorum": 1.0},
-                "sharding": {"method": "stratified", "num_shards": nodes},
-            }  # fmt: skip
-            with Client(cluster.url, buyer, timeout=60) as client:
+            manage(system.cluster, "grant_credit", "buyer", "500")
+            system.start()
+            with system.client() as client:
                 job = client.submit(spec, budget="400", tier="volunteer",
                                     max_price_per_gpu_hour="50")  # fmt: skip
-
-                def finished() -> dict[str, Any] | None:
-                    try:  # a loaded web process may drop a poll: the next one asks again
-                        j = client.job(job["id"])
-                    except Exception:
-                        return None
-                    return j if j["status"] in TERMINAL else None
-
-                done = wait_for(finished, 60 * 30, "the job to finish", every=2.0)
+            done = system.wait_done(str(job["id"]), timeout=60 * 30)
 
             def settled() -> dict[str, Any] | None:
-                f = json.loads(_manage(cluster, "shell", "-c", _FIGURES).strip().splitlines()[-1])
+                out = manage(system.cluster, "shell", "-c", _FIGURES)
+                f = json.loads(out.strip().splitlines()[-1])
                 return f if f["pending_checks"] == 0 else None
 
             figures = wait_for(settled, 600, "the segment checks to settle", every=3.0)
         finally:
-            cluster.close()
+            system.close()
     useful = figures["primary_steps"]
     verification = figures["rerun_steps"] + figures["replica_steps"]
     return {

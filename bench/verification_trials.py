@@ -23,14 +23,14 @@ The cheats (bench/verification_bench.py names them as issue #35 does):
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from bench.replica_divergence import SHARDS, travel
+from bench.replica_divergence import SHARDS, train, train_fp64, travel
 from trainer.datasets import Dataset, load_digits_dataset
-from trainer.local import derive_seed, planned_steps, train_local
+from trainer.local import derive_seed, planned_steps
 from trainer.models import build_model
 from trainer.replicas import SAME_DEVICE_TOLERANCE, agreement
 from trainer.sharding import plan_shards
@@ -66,24 +66,6 @@ def _spec(model: str, seed: int) -> JobSpec:
                        "local": {"epochs": 1, "batch_size": 32}} | MODELS[model])  # fmt: skip
 
 
-def _train(
-    model: torch.nn.Module, start: Mapping[str, Tensor], data: Dataset, spec: JobSpec,
-    seed: int, precision: str, steps: int | None = None,
-) -> dict[str, Tensor]:  # fmt: skip
-    local = spec.replace(local=spec.local.model_dump() | {"precision": precision})
-    return train_local(model, start, data, local, seed=seed, steps=steps).delta
-
-
-def _fp64(spec: JobSpec, start: Mapping[str, Tensor], data: Dataset, seed: int,
-          shape: tuple[int, ...], classes: int) -> dict[str, Tensor]:  # fmt: skip
-    model = build_model(spec.model, shape, classes).double()
-    wide = {k: v.double() for k, v in start.items()}
-    x = data.x_train.double()
-    local = spec.replace(local=spec.local.model_dump() | {"precision": "fp32"})
-    delta = train_local(model, wide, replace(data, x_train=x), local, seed=seed).delta
-    return {k: v.float() for k, v in delta.items()}
-
-
 def _compare(a: Mapping[str, Tensor], b: Mapping[str, Tensor], claim_a: str, claim_b: str):
     loose = agreement(a, b, claim_a, claim_b)
     tight = agreement(a, b, claim_a, claim_b, same_class_tolerance=SAME_DEVICE_TOLERANCE)
@@ -103,7 +85,7 @@ def trials(model_name: str, seeds: range, rounds: int = 2) -> Iterator[Compariso
         gen = torch.Generator().manual_seed(seed)
         for rnd in range(rounds):
             task_seeds = [derive_seed(seed, rnd, s) for s in range(SHARDS)]
-            fp32 = [_train(model, state, shards[s], spec, task_seeds[s], "fp32")
+            fp32 = [train(model, state, shards[s], spec, task_seeds[s], "fp32")
                     for s in range(SHARDS)]  # fmt: skip
             for s in range(SHARDS):
                 yield from _shard_trials(model_name, seed, rnd, s, model, state, shards, spec,
@@ -121,11 +103,10 @@ def _shard_trials(
 ) -> Iterator[Comparison]:  # fmt: skip
     other = (s + 1) % SHARDS
     honest = {"fp32": fp32[s]}
-    honest["bf16"] = _train(model, state, shards[s], spec, task_seeds[s], "bf16")
-    honest["fp16"] = _train(model, state, shards[s], spec, task_seeds[s], "fp16")
+    honest["bf16"] = train(model, state, shards[s], spec, task_seeds[s], "bf16")
+    honest["fp16"] = train(model, state, shards[s], spec, task_seeds[s], "fp16")
     sent = {k: travel(v, state) for k, v in honest.items()}
-    wide = travel(_fp64(spec, state, shards[s], task_seeds[s], data.input_shape,
-                        data.num_classes), state)  # fmt: skip
+    wide = travel(train_fp64(spec, state, shards[s], task_seeds[s]), state)
 
     def row(what: str, a: str, b: str, upload: Mapping[str, Tensor], cheat: bool) -> Comparison:
         dist, loose, tight = _compare(sent[a], upload, a, b)
@@ -143,9 +124,9 @@ def _shard_trials(
         ("scaled", {k: 0.5 * v for k, v in honest["fp32"].items()}, "bf16"),
         ("scaled", {k: 2.0 * v for k, v in honest["fp32"].items()}, "bf16"),
         ("half_steps",
-         _train(model, state, shards[s], spec, task_seeds[s], "fp32", steps=max(1, steps // 2)),
+         train(model, state, shards[s], spec, task_seeds[s], "fp32", steps=max(1, steps // 2)),
          "bf16"),
-        ("wrong_shard", _train(model, state, shards[other], spec, task_seeds[s], "fp32"), "bf16"),
+        ("wrong_shard", train(model, state, shards[other], spec, task_seeds[s], "fp32"), "bf16"),
         ("precision_claim", honest["fp16"], "fp32"),  # the fp16 run, claimed as fp32
     ]  # fmt: skip
     if previous is not None:
