@@ -194,13 +194,13 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
     for task in tasks:
         by_unit.setdefault(task.unit, []).append(task)
     states = []
+    now = timezone.now()
     for unit, group in by_unit.items():
         results = [t.result for t in group if hasattr(t, "result")]
         accepted = [r for r in results if r.accepted]
         outstanding = any(t.status in (TaskStatus.PENDING, TaskStatus.LEASED) for t in group)
         verified = [r for r in accepted if r.verified]
         far = not results and any(two_round(rnd, t) for t in group)
-        now = timezone.now()
         in_flight = any(
             t.status == TaskStatus.LEASED and t.lease_expires is not None and t.lease_expires > now
             for t in group
