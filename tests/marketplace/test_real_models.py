@@ -16,7 +16,7 @@ from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
 from marketplace.rounds.models import Task, TaskResult, TaskStatus
 from marketplace.rounds.scheduling import lease_batch
-from tests.marketplace.helpers import SMALL_SPEC
+from tests.marketplace.helpers import SMALL_SPEC, assert_claim_and_planner_agree
 from tests.marketplace.test_job_flow import run_until_idle
 from trainer.lora import is_adapter_key
 from trainer.models import build_model
@@ -163,14 +163,7 @@ def test_the_claim_and_the_bulk_planner_keep_hardware_requirements(
     spec = SMALL_SPEC | {"requirements": requirements,
                          "sharding": {"method": "stratified", "num_shards": 8}}  # fmt: skip
     job = submit(spec, tier="platform")
-    claimed = {name for name, agent in nodes.items() if agent.claim() is not None}
-    assert claimed == allowed  # the live claim
-
-    Task.objects.filter(round__job=job["id"]).update(status=TaskStatus.PENDING, node=None)
-    rows = Node.objects.filter(pk__in=[a.node_id for a in nodes.values()])
-    assert lease_batch(list(rows)) == len(allowed)  # the bulk planner, by the same rule
-    leased = set(Task.objects.filter(status=TaskStatus.LEASED).values_list("node_id", flat=True))
-    assert leased == {nodes[name].node_id for name in allowed}
+    assert_claim_and_planner_agree(nodes, job, allowed)
 
 
 @pytest.mark.django_db

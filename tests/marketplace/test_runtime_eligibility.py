@@ -12,10 +12,8 @@ import pytest
 from marketplace.jobs.market import why_no_node
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
-from marketplace.rounds.models import Task, TaskStatus
 from marketplace.rounds.planning import torch_at_least
-from marketplace.rounds.scheduling import lease_batch
-from tests.marketplace.helpers import SMALL_SPEC
+from tests.marketplace.helpers import SMALL_SPEC, assert_claim_and_planner_agree
 
 GPU = {"gpu_vendor": "nvidia", "gpu_model": "RTX 4090", "memory_gb": 24, "accelerator": "cuda"}
 CPU_RUNTIME = {"plan": "cpu", "torch": "2.13.0+cpu", "cuda": "", "source": "pack"}
@@ -52,14 +50,7 @@ def test_the_claim_and_the_planner_refuse_what_the_runtime_cannot_run(
         "cuda_old": make_agent(kind="platform", hardware=GPU, runtime=CUDA_OLD),
     }
     job = submit(_spec(precision, min_torch), tier="platform")
-    claimed = {name for name, agent in nodes.items() if agent.claim() is not None}
-    assert claimed == allowed  # the live claim
-
-    Task.objects.filter(round__job=job["id"]).update(status=TaskStatus.PENDING, node=None)
-    rows = Node.objects.filter(pk__in=[a.node_id for a in nodes.values()])
-    assert lease_batch(list(rows)) == len(allowed)  # the bulk planner, by the same rule
-    leased = set(Task.objects.filter(status=TaskStatus.LEASED).values_list("node_id", flat=True))
-    assert leased == {nodes[name].node_id for name in allowed}
+    assert_claim_and_planner_agree(nodes, job, allowed)
 
 
 @pytest.mark.django_db
