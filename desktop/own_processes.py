@@ -13,6 +13,7 @@ game is still seen.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ import psutil
 _MODULE_PREFIXES = ("desktop.", "marketplace.", "trainer.", "bench.")
 _PROGRAM_PREFIX = "gpuflex"
 _MAX_DEPTH = 32  # ancestry walk bound: process trees are shallow, a loop must not hang us
+_LOG = logging.getLogger(__name__)
+# pids already explained in the log: a game holding the GPU for an hour is logged once
+_explained: set[int] = set()
+_EXPLAINED_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -75,18 +80,42 @@ def _lookup(pid: int) -> ProcessInfo | None:
         return None  # gone, or not ours to read (another user's process)
 
 
-def is_gpuflex_process(pid: int, lookup: Callable[[int], ProcessInfo | None] = _lookup) -> bool:
-    """True when `pid` or one of its ancestors is a GPUFlex program."""
+def ancestry(pid: int, lookup: Callable[[int], ProcessInfo | None] = _lookup) -> list[ProcessInfo]:
+    """`pid` and the processes it descends from, nearest first, as far as they can be read;
+    it stops at the first GPUFlex program."""
+    chain: list[ProcessInfo] = []
     seen: set[int] = set()
     while pid > 0 and pid not in seen and len(seen) < _MAX_DEPTH:
         seen.add(pid)
         info = lookup(pid)
         if info is None:
-            return False
+            break
+        chain.append(info)
         if is_gpuflex_cmdline(info.cmdline):
-            return True
+            break
         pid = info.ppid
-    return False
+    return chain
+
+
+def is_gpuflex_process(pid: int, lookup: Callable[[int], ProcessInfo | None] = _lookup) -> bool:
+    """True when `pid` or one of its ancestors is a GPUFlex program."""
+    chain = ancestry(pid, lookup)
+    return bool(chain) and is_gpuflex_cmdline(chain[-1].cmdline)
+
+
+def explain(pid: int, lookup: Callable[[int], ProcessInfo | None] = _lookup) -> str:
+    """Why `pid` counts as another program, for the agent's log: the ancestry walked, each
+    process as `pid:command line`, or that the pid cannot be read in this process's view
+    (NVML can report pids of another pid namespace, e.g. the host's from inside a container)."""
+    chain = ancestry(pid, lookup)
+    if not chain:
+        return f"pid {pid} cannot be read here (gone, another user's, or another pid namespace)"
+    steps = " <- ".join(f"{i.pid}:{' '.join(i.cmdline)[:120] or '?'}" for i in chain)
+    end = chain[-1]
+    why = "no GPUFlex program among its ancestors"
+    if end.ppid > 1 and lookup(end.ppid) is None:
+        why = f"its parent {end.ppid} cannot be read"
+    return f"{steps} ({why})"
 
 
 def foreign(
@@ -96,4 +125,13 @@ def foreign(
 ) -> list[tuple[int, int]]:
     """The (pid, MB) entries of `procs` that belong to programs other than GPUFlex."""
     mine = (own_pids or set()) | {os.getpid()}
-    return [(p, mb) for p, mb in procs if p not in mine and not is_gpuflex_process(p, lookup)]
+    others = [(p, mb) for p, mb in procs if p not in mine and not is_gpuflex_process(p, lookup)]
+    for pid, mb in others:
+        # once per pid: what the work policy pauses for must be explainable from the log
+        # (a GPU run once paused for "python3" and nothing said which process that was)
+        if pid not in _explained:
+            if len(_explained) >= _EXPLAINED_MAX:
+                _explained.clear()
+            _explained.add(pid)
+            _LOG.info("another program uses the GPU (%d MB): %s", mb, explain(pid, lookup))
+    return others

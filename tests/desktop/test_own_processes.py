@@ -130,3 +130,24 @@ def test_real_process_tree_on_a_scripted_gpu(tmp_path: Path) -> None:
                 kid.kill()
             p.kill()
             p.wait()
+
+
+def test_a_foreign_gpu_process_is_explained_once_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What the work policy pauses for can be traced from the agent's log: the pid's ancestry,
+    and where the walk stopped; each pid once, however often the GPU is sampled."""
+    table = {
+        7001: ProcessInfo(7001, 7000, ("python3", "-c", "import torch")),
+        7000: ProcessInfo(7000, 6999, ("bash", "run.sh")),
+        # 6999 cannot be read (another pid namespace, or gone)
+    }
+    with caplog.at_level("INFO", logger="desktop.own_processes"):
+        assert foreign([(7001, 512)], lookup=table.get) == [(7001, 512)]
+        assert foreign([(7001, 512)], lookup=table.get) == [(7001, 512)]
+        assert foreign([(424242, 64)], lookup=table.get) == [(424242, 64)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "7001:python3 -c import torch <- 7000:bash run.sh" in lines[0]
+    assert "its parent 6999 cannot be read" in lines[0]
+    assert "pid 424242 cannot be read here" in lines[1]
