@@ -336,6 +336,11 @@ def _cpu_per_request(
     out["401"] = _requests_cpu(
         url, server, [("GET", "/api/v1/nodes/", None)] * n, expect=(401,), threads=threads
     )
+    # the floor: gunicorn, Django's WSGI handler and the first middleware, nothing else
+    # (OperationsMiddleware answers it ahead of the rest)
+    out["healthz"] = _requests_cpu(
+        url, server, [("GET", "/healthz", None)] * n, expect=(200,), threads=threads
+    )
     if not claims:  # --heartbeat-only
         return _per_core(out)
     job = _seed_job("cpu-claims", 8 * n + 8 * len(keys))
@@ -631,6 +636,14 @@ def render_cpu(c: dict[str, Any], r: dict[str, Any]) -> list[str]:
         f"| server CPU per claim ({cl['tasks']} tasks) | {ms(cl)} | ≤ 5 ms "
         f"| {_met(cl['cpu_s_per_request'] <= CPU_GOALS['claim'])} |",
         f"| server CPU per 401 (no key: no database, no cache) | {ms(un)} | — | |",
+        *(
+            [
+                f"| server CPU per `/healthz` (gunicorn and Django's handler alone) "
+                f"| {ms(c['healthz'])} | — | |"
+            ]
+            if "healthz" in c
+            else []
+        ),
         f"| {sc['tasks']:,} tasks to {sc['nodes']:,} nodes through `POST agent/claim` "
         f"({sc['client_threads']} client threads) | {sc['wall_s']:.1f} s wall, "
         f"{sc['server_cpu_s']:.1f} s server CPU; {sc['leased_twice']} leased twice, database "

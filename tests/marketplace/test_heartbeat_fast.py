@@ -222,12 +222,16 @@ def test_a_plain_heartbeat_takes_one_round_trip_and_answers_as_drf(
         "execute_command",
         lambda s, *a, **k: commands.append(a[0]) or execute(s, *a, **k),
     )
+    route = {"route": "/" + URL.lstrip("/"), "method": "POST", "status": "200"}
     before = REGISTRY.get_sample_value("gpuflex_heartbeats_total", {"state": "working"}) or 0
+    requests = REGISTRY.get_sample_value("gpuflex_http_requests_total", route) or 0
     with django_assert_num_queries(0):
         lean = _post(agent, BEAT)
     assert lean.status_code == 200 and paths.lean == 1, lean.content
     assert commands == ["EVALSHA"]
+    # counted in /metrics as the DRF view's heartbeats were
     assert REGISTRY.get_sample_value("gpuflex_heartbeats_total", {"state": "working"}) == before + 1
+    assert REGISTRY.get_sample_value("gpuflex_http_requests_total", route) == requests + 1
     lean_beat = json.loads(with_redis.hget(beats, str(agent.node_id)))
     assert {**lean_beat, "t": 0} == {**drf_beat, "t": 0}
     assert lean["X-Request-ID"]
