@@ -6,7 +6,8 @@ many times, under cProfile or just timed with the process's CPU clock.
 
 Prints one JSON line: CPU ms per request and database queries per request for a heartbeat,
 the same heartbeat through the DRF view alone (`heartbeat_drf`: the lean path,
-api/heartbeat_fast.py, switched off), a claim of 8 tasks and a 401 (no key); with --profile,
+api/heartbeat_fast.py, switched off), a claim of 8 tasks, a 401 (no key) and /healthz (the
+floor: Django's handler and the first middleware only); with --profile,
 the cProfile of that kind (top functions by cumulative time) on stderr; --kinds runs only
 those kinds. The figures are this process's CPU time, which the
 machine's other load does not inflate (PostgreSQL's and Redis's own CPU is not in them).
@@ -63,7 +64,7 @@ def _call(app: Callable, method: str, path: str, key: str | None, body: bytes = 
     return int(status[0].split()[0])
 
 
-KINDS = ("heartbeat", "heartbeat_drf", "claim", "401")
+KINDS = ("heartbeat", "heartbeat_drf", "claim", "401", "healthz")
 
 
 def run(
@@ -113,8 +114,9 @@ def run(
             "claim": lambda i: _call(app, "POST", "/api/v1/agent/claim?max=8",
                                      keys[i % len(keys)]),
             "401": lambda i: _call(app, "GET", "/api/v1/nodes/", None),
+            "healthz": lambda i: _call(app, "GET", "/healthz", None),
         }  # fmt: skip
-        expect = {"heartbeat": 200, "heartbeat_drf": 200, "claim": 200, "401": 401}
+        expect = {"heartbeat": 200, "heartbeat_drf": 200, "claim": 200, "401": 401, "healthz": 200}
         # steady state: each node has called before, so its key is in the key cache (as
         # it is for all but one call in KEY_CACHE_S / heartbeat interval: 1 in 30 at the
         # defaults); a first lookup in the database is not what a heartbeat costs
