@@ -38,8 +38,12 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse
+from django.urls import resolve, reverse
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from rest_framework import serializers
 from rest_framework.utils.json import strict_constant
 
@@ -169,16 +173,76 @@ def answer(request: HttpRequest) -> HttpResponse | None:
     return response
 
 
-def with_fast_path(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """The DRF view `view`, answered by `answer` where it can. Keeps what Django and
-    drf-spectacular read of the view (csrf_exempt, cls, initkwargs: the schema is the DRF
-    view's)."""
+# What a lean heartbeat skips of the middleware after LeanHeartbeatMiddleware, each because it
+# does nothing for this request: no session is read, the view is CSRF-exempt (DRF's), the user
+# is never asked for, no message is stored, axes acts on logins only.
+_NOTHING_FOR_A_HEARTBEAT = frozenset(
+    {
+        "django.contrib.sessions.middleware.SessionMiddleware",
+        "django.middleware.csrf.CsrfViewMiddleware",
+        "django.contrib.auth.middleware.AuthenticationMiddleware",
+        "django.contrib.messages.middleware.MessageMiddleware",
+        "axes.middleware.AxesMiddleware",
+    }
+)
+# ...and what it runs, as the chain would: HTTPS redirect, allowed hosts, refused user agents
+# (process_request), the security and frame headers, Content-Length (process_response)
+_SITE_RULES = frozenset({
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+})  # fmt: skip
 
-    def heartbeat(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        fast = answer(request)
-        return fast if fast is not None else view(request, *args, **kwargs)
 
-    heartbeat.__dict__.update(view.__dict__)
-    heartbeat.__name__ = heartbeat.__qualname__ = getattr(view, "__name__", "heartbeat")
-    heartbeat.__doc__ = view.__doc__
-    return heartbeat
+class LeanHeartbeatMiddleware:
+    """Answers a plain heartbeat (`answer`) ahead of the middleware and URL resolution it does
+    not need: under gunicorn those layers were about a third of a heartbeat's CPU (docs/
+    scale.md, fourth pass). The site's rules still apply: the middleware after this one that
+    acts on such a request (_SITE_RULES) runs around the answer as the chain would run it;
+    any request they would stop or redirect, and everything `answer` leaves, goes down the
+    whole chain to the DRF view. A middleware after this one that is in neither list (an
+    operator's own) turns the lean path off, rather than being skipped."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+        after = settings.MIDDLEWARE[settings.MIDDLEWARE.index(_THIS) + 1 :]
+        unknown = [m for m in after if m not in _NOTHING_FOR_A_HEARTBEAT | _SITE_RULES]
+        self.enabled = not unknown
+        if unknown:
+            log.info("lean heartbeat off: the middleware %s may act on heartbeats", unknown)
+        # instances of the real classes, for their process_request/process_response only
+        rules = [import_string(m)(get_response) for m in after if m in _SITE_RULES]
+        self.on_request = [r.process_request for r in rules if hasattr(r, "process_request")]
+        # innermost first, as a response passes the chain
+        self.on_response = [r.process_response for r in reversed(rules)]
+        self.path: str | None = None
+        self.route = ""
+
+    def _heartbeat_path(self) -> str:
+        if self.path is None:  # the URLconf's, once: its path and the route metrics label
+            self.path = reverse(HEARTBEAT_URL)
+            self.route = "/" + resolve(self.path).route
+        return self.path
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not self.enabled or request.path_info != self._heartbeat_path():
+            return self.get_response(request)
+        try:
+            if any(check(request) is not None for check in self.on_request):
+                return self.get_response(request)  # a redirect: the chain gives it
+            fast = answer(request)
+        except (SuspiciousOperation, PermissionDenied):  # a refused host or user agent
+            return self.get_response(request)  # the chain's answer and its log line
+        except Exception:
+            log.exception("lean heartbeat failed; the full path answers")
+            fast = None
+        if fast is None:
+            return self.get_response(request)
+        request.metrics_route = self.route  # type: ignore[attr-defined]
+        for finish in self.on_response:
+            fast = finish(request, fast)
+        return fast
+
+
+_THIS = f"{LeanHeartbeatMiddleware.__module__}.{LeanHeartbeatMiddleware.__qualname__}"
+HEARTBEAT_URL = "agent-heartbeat"

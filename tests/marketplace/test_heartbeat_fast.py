@@ -337,3 +337,49 @@ def test_without_redis_the_drf_view_answers(settings, make_agent, paths) -> None
     assert _post(agent, BEAT).status_code == 200
     assert paths.lean == 0
     assert agent_node(agent).state == "working"
+
+
+def _fresh(agent):
+    """The agent's key on a new test client: its middleware chain is built from the settings
+    as they are now."""
+    from tests.marketplace.helpers import client_for
+
+    agent.client = client_for(agent.key)
+    return agent
+
+
+@pytestmark_db
+def test_the_site_rules_still_apply_to_a_lean_heartbeat(
+    with_redis, make_agent, paths, settings
+) -> None:
+    agent = make_agent()
+    assert _post(agent, BEAT).status_code == 200  # cached
+    # a host the site does not serve: the chain's 400, as before
+    lean_count = paths.lean
+    bad_host = _post(agent, BEAT, HTTP_HOST="evil.example")
+    assert bad_host.status_code == 400 and paths.lean == lean_count
+    # plain HTTP where the site redirects to HTTPS: the redirect, nothing recorded
+    settings.SECURE_SSL_REDIRECT = True
+    with_redis.delete(presence.beats_key())
+    redirected = _post(_fresh(agent), BEAT)
+    assert redirected.status_code == 301 and redirected["Location"].startswith("https://")
+    assert paths.lean == lean_count and not with_redis.hlen(presence.beats_key())
+    # over HTTPS: lean, with the security headers the chain would add (HSTS included)
+    settings.SECURE_HSTS_SECONDS = 3600
+    secure = _post(_fresh(agent), BEAT, secure=True)
+    assert secure.status_code == 200 and paths.lean == lean_count + 1
+    assert secure["Strict-Transport-Security"] == "max-age=3600"
+    assert secure["X-Frame-Options"] and secure["X-Content-Type-Options"] == "nosniff"
+    paths.drf_only()
+    _same(secure, _post(_fresh(agent), BEAT, secure=True))
+
+
+@pytestmark_db
+def test_a_middleware_it_does_not_know_turns_the_lean_path_off(
+    with_redis, make_agent, paths, settings
+) -> None:
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, "django.middleware.gzip.GZipMiddleware"]
+    agent = _fresh(make_agent())
+    assert _post(agent, BEAT).status_code == 200
+    assert _post(agent, BEAT).status_code == 200
+    assert paths.lean == 0

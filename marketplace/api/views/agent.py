@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -18,7 +17,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from marketplace.api.encoding import encoded_response
-from marketplace.api.heartbeat_fast import with_fast_path
 from marketplace.api.permissions import IsNode
 from marketplace.api.schema import errors
 from marketplace.api.serializers.agent import (
@@ -59,15 +57,9 @@ class AgentView(APIView):
 
 
 class HeartbeatView(AgentView):
-    """Served through api/heartbeat_fast.py's lean path where it can be (a plain heartbeat
-    with a cached node key: one Redis round trip, no DRF dispatch); everything else, and its
-    schema, is this view's."""
-
+    # every heartbeat but the plain ones, which api/heartbeat_fast.py answers ahead of the
+    # middleware in one Redis round trip: this view's answers are the reference for those
     throttle_classes = [HeartbeatThrottle]
-
-    @classmethod
-    def as_view(cls, **initkwargs: Any) -> Any:
-        return with_fast_path(super().as_view(**initkwargs))
 
     @extend_schema(request=HeartbeatSerializer, responses=HeartbeatReplySerializer)
     def post(self, request: Request) -> Response:
