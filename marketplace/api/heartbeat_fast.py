@@ -1,5 +1,6 @@
-"""The lean heartbeat: `POST agent/heartbeat` answered without DRF's dispatch, and in one
-Redis round trip, where it can be (issue 36, fourth pass; docs/scale.md).
+"""The lean heartbeat: `POST agent/heartbeat` answered ahead of most of Django's middleware
+and without DRF's dispatch, in one Redis round trip, where it can be (issue 36, fourth pass;
+docs/scale.md).
 
 A heartbeat through DRF made three Redis round trips (the key cache's MGET, the throttle's
 EVALSHA, presence's HSET) and went through DRF's content negotiation, parser, authentication,
@@ -13,8 +14,8 @@ accepts), one Lua script does all three steps in Redis by their own rules:
    `HeartbeatThrottle` (rate_counts' `take`, the same Lua);
 3. presence's HSET of the beat under the key's node (what `presence.record` writes).
 
-Everything else goes to the DRF view unchanged (`with_fast_path`), before anything was
-counted or written: a request without a node key in the cache (its first in
+Everything else goes down the whole middleware chain to the DRF view, unchanged, before
+anything was counted or written: a request without a node key in the cache (its first in
 GPUFLEX_KEY_CACHE_S, a revoked key, whose bypass mark sends it to the database: a 401), a body
 of any other shape (the serializer answers, with its 400 naming the field), a runtime, an
 Accept header asking for something but JSON, no Redis (the embedded SQLite setup), Redis
@@ -24,8 +25,11 @@ its Retry-After (the window is counted again there: a refused request costs what
 before). So every answer but the plain 200 comes from the code that gave it before, and the
 200 is byte for byte the DRF view's (tests/marketplace/test_heartbeat_fast.py).
 
-Django's middleware still runs around both (request id, metrics, logs, hosts, HTTPS): this
-skips DRF, not the site's rules. The script computes the throttle's key from the cached key's
+`LeanHeartbeatMiddleware` sits after the request id, metrics and operations middleware (so a
+lean heartbeat has its X-Request-ID, its log context and its `/metrics` counts) and runs the
+middleware after it that acts on such a request (HTTPS redirect, allowed hosts, security and
+frame headers) around the answer; it skips those that do nothing for it, and URL
+resolution. The script computes the throttle's key from the cached key's
 id inside Redis, a key it was not passed: fine on one Redis server (what shared_redis
 connects to), not on a Redis Cluster.
 """
