@@ -45,7 +45,7 @@ import redis
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse
-from django.urls import resolve, reverse
+from django.urls import NoReverseMatch, resolve, reverse
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from rest_framework import serializers
@@ -224,8 +224,13 @@ class LeanHeartbeatMiddleware:
 
     def _heartbeat_path(self) -> str:
         if self.path is None:  # the URLconf's, once: its path and the route metrics label
-            self.path = reverse(HEARTBEAT_URL)
-            self.route = "/" + resolve(self.path).route
+            try:
+                path = reverse(HEARTBEAT_URL)
+                self.route = "/" + resolve(path).route
+            except NoReverseMatch:  # a URLconf without the agent API: nothing to answer
+                self.enabled = False
+                path = ""
+            self.path = path
         return self.path
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
