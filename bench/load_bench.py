@@ -288,12 +288,14 @@ def cpu_per_request(
     requests: int = 2000,
     schedule_tasks: int = 10_000,
     threads: int = 4,
+    claims: bool = True,
 ) -> dict[str, Any]:
     """Server CPU per request, independent of the load generator (`_requests_cpu`), for a
     heartbeat, a claim of 8 tasks and a 401 that touches nothing; then `schedule_tasks`
     tasks to every node through the live claim endpoint (each node claims 8 at a time until
     it holds its share), timed from the first claim sent to the last answer, checked
-    against the database for leases handed out twice."""
+    against the database for leases handed out twice. Without `claims`, the heartbeat and
+    the 401 only."""
     from django.db import connection
 
     from marketplace.jobs.models import Job
@@ -302,7 +304,9 @@ def cpu_per_request(
     others = list(Job.objects.filter(status="running").values_list("pk", flat=True))
     Job.objects.filter(pk__in=others).update(status="paused")
     try:
-        return _cpu_per_request(url, server, keys, node_ids, requests, schedule_tasks, threads)
+        return _cpu_per_request(
+            url, server, keys, node_ids, requests, schedule_tasks, threads, claims
+        )
     finally:
         Job.objects.filter(pk__in=others).update(status="running")
         connection.close()
@@ -316,6 +320,7 @@ def _cpu_per_request(
     requests: int,
     schedule_tasks: int,
     threads: int,
+    claims: bool = True,
 ) -> dict[str, Any]:
     from django.db import connection
 
@@ -331,6 +336,13 @@ def _cpu_per_request(
     out["401"] = _requests_cpu(
         url, server, [("GET", "/api/v1/nodes/", None)] * n, expect=(401,), threads=threads
     )
+    # the floor: gunicorn, Django's WSGI handler and the first middleware, nothing else
+    # (OperationsMiddleware answers it ahead of the rest)
+    out["healthz"] = _requests_cpu(
+        url, server, [("GET", "/healthz", None)] * n, expect=(200,), threads=threads
+    )
+    if not claims:  # --heartbeat-only
+        return _per_core(out)
     job = _seed_job("cpu-claims", 8 * n + 8 * len(keys))
     connection.close()
     claims = [("POST", "/api/v1/agent/claim?max=8", keys[i % len(keys)]) for i in range(n // 4)]
@@ -368,6 +380,10 @@ def _cpu_per_request(
         "server_cpu_s": cpu,
     }  # fmt: skip
     connection.close()
+    return _per_core(out)
+
+
+def _per_core(out: dict[str, Any]) -> dict[str, Any]:
     out["load_average"] = os.getloadavg()[0]  # the machine's, as the section ends
     hb_s = out["heartbeat"]["cpu_s_per_request"]
     out["nodes_per_core_at_10s_heartbeats"] = 10 / hb_s if hb_s else None
@@ -429,8 +445,10 @@ def run(
     database_url: str = DEFAULT_DATABASE,
     redis_url: str = DEFAULT_REDIS,
     cpu_only: bool = False,
+    heartbeat_only: bool = False,
 ) -> dict[str, Any]:
-    """Every phase; with `cpu_only`, only the `cpu_per_request` section (no Locust)."""
+    """Every phase; with `cpu_only`, only the `cpu_per_request` section (no Locust); with
+    `heartbeat_only`, only that section's heartbeat and 401."""
     _reset_database(database_url)
     tag = secrets.token_hex(4)
     with tempfile.TemporaryDirectory(prefix="gpuflex-load-") as tmp:
@@ -459,7 +477,7 @@ def run(
         node_ids = list(Node.objects.order_by("pk").values_list("pk", flat=True))
         keys_file = work / "keys.json"
         keys_file.write_text(json.dumps(keys))
-        claims_job = _seed_job("load-claims", claim_tasks)
+        claims_job = None if heartbeat_only else _seed_job("load-claims", claim_tasks)
         connection.close()
 
         url, server = _serve(env, workers, threads)
@@ -475,8 +493,9 @@ def run(
             # first, on a quiet server: what each request costs it, whatever sends them
             print("load: server CPU per request, and the schedule", file=sys.stderr)
             out["cpu_per_request"] = cpu_per_request(url, server, keys, node_ids,
-                                                     schedule_tasks=schedule_tasks)  # fmt: skip
-            if cpu_only:
+                                                     schedule_tasks=schedule_tasks,
+                                                     claims=not heartbeat_only)  # fmt: skip
+            if cpu_only or heartbeat_only:
                 return out
             print(f"load: baseline, {agents} agents, {phase_s:.0f} s", file=sys.stderr)
             out["baseline"] = _locust(
@@ -617,6 +636,14 @@ def render_cpu(c: dict[str, Any], r: dict[str, Any]) -> list[str]:
         f"| server CPU per claim ({cl['tasks']} tasks) | {ms(cl)} | ≤ 5 ms "
         f"| {_met(cl['cpu_s_per_request'] <= CPU_GOALS['claim'])} |",
         f"| server CPU per 401 (no key: no database, no cache) | {ms(un)} | — | |",
+        *(
+            [
+                f"| server CPU per `/healthz` (gunicorn and Django's handler alone) "
+                f"| {ms(c['healthz'])} | — | |"
+            ]
+            if "healthz" in c
+            else []
+        ),
         f"| {sc['tasks']:,} tasks to {sc['nodes']:,} nodes through `POST agent/claim` "
         f"({sc['client_threads']} client threads) | {sc['wall_s']:.1f} s wall, "
         f"{sc['server_cpu_s']:.1f} s server CPU; {sc['leased_twice']} leased twice, database "
@@ -688,11 +715,16 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="only the cpu_per_request section (no Locust phases)",
     )
+    parser.add_argument(
+        "--heartbeat-only",
+        action="store_true",
+        help="only the cpu_per_request section's heartbeat and 401 (no claims, no schedule)",
+    )
     args = parser.parse_args(argv)
     database = os.environ.get("BENCH_LOAD_DATABASE_URL", DEFAULT_DATABASE)
     result = run(agents=args.agents, phase_s=args.phase_s, workers=args.workers,
                  threads=args.threads, database_url=database,
-                 cpu_only=args.cpu_only)  # fmt: skip
+                 cpu_only=args.cpu_only, heartbeat_only=args.heartbeat_only)  # fmt: skip
     print(json.dumps(result))
 
 

@@ -2,11 +2,14 @@
 calls them (Django's WSGI handler, the full middleware stack) against PostgreSQL and Redis,
 many times, under cProfile or just timed with the process's CPU clock.
 
-    python -m bench.request_profile [--requests 2000] [--profile heartbeat|claim|401]
+    python -m bench.request_profile [--requests 2000] [--profile KIND] [--kinds K,K,...]
 
 Prints one JSON line: CPU ms per request and database queries per request for a heartbeat,
-a claim of 8 tasks and a 401 (no key); with --profile, the cProfile of that kind (top
-functions by cumulative time) on stderr. The figures are this process's CPU time, which the
+the same heartbeat through the DRF view alone (`heartbeat_drf`: the lean path,
+api/heartbeat_fast.py, switched off), a claim of 8 tasks, a 401 (no key) and /healthz (the
+floor: Django's handler and the first middleware only); with --profile,
+the cProfile of that kind (top functions by cumulative time) on stderr; --kinds runs only
+those kinds. The figures are this process's CPU time, which the
 machine's other load does not inflate (PostgreSQL's and Redis's own CPU is not in them).
 """
 
@@ -61,7 +64,12 @@ def _call(app: Callable, method: str, path: str, key: str | None, body: bytes = 
     return int(status[0].split()[0])
 
 
-def run(requests: int = 2000, profile: str | None = None, top: int = 45) -> dict[str, Any]:
+KINDS = ("heartbeat", "heartbeat_drf", "claim", "401", "healthz")
+
+
+def run(
+    requests: int = 2000, profile: str | None = None, top: int = 45, kinds: Any = KINDS
+) -> dict[str, Any]:
     database_url = os.environ.get("BENCH_PROFILE_DATABASE_URL", DEFAULT_DATABASE)
     _reset_database(database_url)
     with tempfile.TemporaryDirectory(prefix="gpuflex-reqprof-") as tmp:
@@ -88,21 +96,36 @@ def run(requests: int = 2000, profile: str | None = None, top: int = 45) -> dict
         keys = _seed_nodes(node_count)
         _seed_job("reqprof", node_count * claims_per_node * 8 * 2)
         app = get_wsgi_application()
-        kinds: dict[str, Callable[[int], int]] = {
+        from marketplace.api import heartbeat_fast
+
+        lean = heartbeat_fast.answer
+
+        def drf_heartbeat(i: int) -> int:
+            heartbeat_fast.answer = lambda request: None  # the DRF view answers
+            try:
+                return _call(app, "POST", "/api/v1/agent/heartbeat", keys[i % len(keys)], BEAT)
+            finally:
+                heartbeat_fast.answer = lean
+
+        calls: dict[str, Callable[[int], int]] = {
             "heartbeat": lambda i: _call(app, "POST", "/api/v1/agent/heartbeat",
                                          keys[i % len(keys)], BEAT),
+            "heartbeat_drf": drf_heartbeat,
             "claim": lambda i: _call(app, "POST", "/api/v1/agent/claim?max=8",
                                      keys[i % len(keys)]),
             "401": lambda i: _call(app, "GET", "/api/v1/nodes/", None),
+            "healthz": lambda i: _call(app, "GET", "/healthz", None),
         }  # fmt: skip
-        expect = {"heartbeat": 200, "claim": 200, "401": 401}
+        expect = {"heartbeat": 200, "heartbeat_drf": 200, "claim": 200, "401": 401, "healthz": 200}
         # steady state: each node has called before, so its key is in the key cache (as
         # it is for all but one call in KEY_CACHE_S / heartbeat interval: 1 in 30 at the
         # defaults); a first lookup in the database is not what a heartbeat costs
         for i in range(len(keys)):
-            assert kinds["heartbeat"](i) == 200
+            assert calls["heartbeat"](i) == 200
         out: dict[str, Any] = {"requests": requests}
-        for name, call in kinds.items():
+        for name, call in calls.items():
+            if name not in kinds:
+                continue
             n = requests if name != "claim" else min(requests, node_count * claims_per_node)
             for i in range(min(50, n)):  # warm: first-request imports, the key cache
                 assert call(i) == expect[name], f"{name} answered {call(i)}"
@@ -145,10 +168,16 @@ def run(requests: int = 2000, profile: str | None = None, top: int = 45) -> dict
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="bench.request_profile")
     parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--profile", choices=["heartbeat", "claim", "401"])
+    parser.add_argument("--profile", choices=KINDS)
     parser.add_argument("--top", type=int, default=45)
+    parser.add_argument(
+        "--kinds", default=",".join(KINDS), help="comma-separated, of " + ", ".join(KINDS)
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.requests, args.profile, args.top)))
+    kinds = [k for k in args.kinds.split(",") if k]
+    if unknown := set(kinds) - set(KINDS):
+        parser.error(f"--kinds: no such kind {sorted(unknown)}; the kinds are {', '.join(KINDS)}")
+    print(json.dumps(run(args.requests, args.profile, args.top, kinds)))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,17 @@ def _bypass(digest: str) -> str:
     return shared_redis.key("key-bypass", digest)
 
 
+def redis_client() -> redis.Redis | None:
+    """The cache's Redis (None: no cache, every lookup asks the database)."""
+    return _redis()
+
+
+def redis_keys(digest: str) -> tuple[str, str]:
+    """A key's entry and its bypass mark, for a script that looks the key up inside Redis
+    with `lookup`'s rule (api/heartbeat_fast.py): a mark means ask the database."""
+    return _entry(digest), _bypass(digest)
+
+
 def lookup(digest: str) -> tuple[ApiKey | None, bool]:
     """(the cached live key, built without the database, or None) and whether the caller may
     cache what the database says (False while a bypass mark stands, or without Redis)."""

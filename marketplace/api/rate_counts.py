@@ -61,18 +61,35 @@ def over(count: int, previous: int, into: float, limit: int) -> bool:
     return count + previous * (1 - into) > limit
 
 
-# KEYS: the current window's count, the previous one's; ARGV: ttl (s), limit, into. The
+# The sliding window's take as a Lua function, for this module's script and for any other
+# script that counts a request as one of its steps (api/heartbeat_fast.py): arguments are
+# the current window's count's key, the previous one's, ttl (s), limit, into. The
 # arithmetic is over()'s, in doubles as in Python.
-_TAKE = """
-local count = redis.call('INCRBY', KEYS[1], 1)
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-local previous = tonumber(redis.call('GET', KEYS[2]) or '0')
-if count + previous * (1 - tonumber(ARGV[3])) > tonumber(ARGV[2]) then
-  count = redis.call('INCRBY', KEYS[1], -1)
-  return {0, count, previous}
+TAKE_FUNCTION = """
+local function take(current, previous_key, ttl, limit, into)
+  local count = redis.call('INCRBY', current, 1)
+  redis.call('EXPIRE', current, ttl)
+  local previous = tonumber(redis.call('GET', previous_key) or '0')
+  if count + previous * (1 - tonumber(into)) > tonumber(limit) then
+    count = redis.call('INCRBY', current, -1)
+    return {0, count, previous}
+  end
+  return {1, count, previous}
 end
-return {1, count, previous}
 """
+
+# KEYS: the current window's count, the previous one's; ARGV: ttl (s), limit, into
+_TAKE = TAKE_FUNCTION + "return take(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])\n"
+
+
+def redis_key(key: str) -> str:
+    """Where a count is kept in Redis."""
+    return shared_redis.key("rate", key)
+
+
+def ttl_arg(ttl_s: float) -> int:
+    """A count's expiry as the script takes it: whole seconds, at least `ttl_s`."""
+    return max(1, int(ttl_s) + 1)
 
 
 class RedisCounts:
@@ -80,7 +97,7 @@ class RedisCounts:
         self.client = client
 
     def _key(self, key: str) -> str:
-        return shared_redis.key("rate", key)
+        return redis_key(key)
 
     def add(self, key: str, delta: int, ttl_s: float, also: str | None = None) -> tuple[int, int]:
         pipe = self.client.pipeline(transaction=False)
@@ -100,7 +117,7 @@ class RedisCounts:
         keys = [self._key(key), self._key(also)]
         # EVALSHA; redis-py loads the script and retries once when Redis does not know it
         allowed, count, previous = _script(self.client)(
-            keys=keys, args=[max(1, int(ttl_s) + 1), limit, repr(into)]
+            keys=keys, args=[ttl_arg(ttl_s), limit, repr(into)]
         )
         return bool(allowed), int(count), int(previous)
 
@@ -173,15 +190,20 @@ def store() -> Counts:
     return _sqlite(str(Path(settings.DATA_DIR) / "rate-counts.sqlite3"))
 
 
-_scripts: dict[int, redis.commands.core.Script] = {}
+_scripts: dict[tuple[int, str], redis.commands.core.Script] = {}
+
+
+def script(client: redis.Redis, source: str) -> redis.commands.core.Script:
+    """A Lua script registered with `client` once (its SHA computed once, not per call);
+    called, it is one EVALSHA (redis-py loads it and retries once where Redis lacks it)."""
+    found = _scripts.get((id(client), source))
+    if found is None:
+        found = _scripts[(id(client), source)] = client.register_script(source)
+    return found
 
 
 def _script(client: redis.Redis) -> redis.commands.core.Script:
-    """The take script registered with `client` once (its SHA computed once, not per call)."""
-    script = _scripts.get(id(client))
-    if script is None:
-        script = _scripts[id(client)] = client.register_script(_TAKE)
-    return script
+    return script(client, _TAKE)
 
 
 @functools.lru_cache(maxsize=8)

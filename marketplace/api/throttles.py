@@ -34,12 +34,17 @@ _STORE_ERRORS = (redis.RedisError, sqlite3.Error)
 class WindowThrottle(SimpleRateThrottle):
     """DRF's rate parsing and cache keys, counted in rate_counts' atomic counters."""
 
+    def window(self) -> tuple[int, float]:
+        """The current window's index and how far into it it is (0 to 1)."""
+        position = self.timer() / self.duration
+        index = math.floor(position)
+        return index, position - index
+
     def _windows(self, base: str) -> tuple[str, str, float]:
         """The current and previous windows' keys and how far into the current one it is
         (0 to 1)."""
-        position = self.timer() / self.duration
-        index = math.floor(position)
-        return f"{base}:{index}", f"{base}:{index - 1}", position - index
+        index, into = self.window()
+        return f"{base}:{index}", f"{base}:{index - 1}", into
 
     def _seconds_until_one_more(self, count: int, previous: int, into: float) -> float:
         """How long until one more request fits: within this window once enough of the
@@ -97,8 +102,14 @@ class KeyRateThrottle(WindowThrottle):
 
     def get_cache_key(self, request: Request, view: Any) -> str | None:
         key = request.auth
-        ident = f"k{key.pk}" if key is not None else self.get_ident(request)
-        return self.cache_format % {"scope": self.scope, "ident": ident}
+        if key is not None:
+            return self.key_base() + str(key.pk)
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
+
+    def key_base(self) -> str:
+        """An API key's counts are under this and the key's id (the lean heartbeat's script
+        in heartbeat_fast.py counts under the same)."""
+        return self.cache_format % {"scope": self.scope, "ident": "k"}
 
     def get_ident(self, request: Request) -> str:
         return client_ip(request)

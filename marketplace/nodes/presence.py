@@ -63,6 +63,17 @@ def _keys() -> tuple[str, str]:
     return shared_redis.key("presence", "beats"), shared_redis.key("presence", "seen")
 
 
+def redis_client() -> redis.Redis | None:
+    """Where heartbeats are held (None: written straight to the database)."""
+    return _redis()
+
+
+def beats_key() -> str:
+    """The hash of heartbeats: a node's id → its latest beat, as `encode` writes it (the lean
+    heartbeat's script, api/heartbeat_fast.py, writes there too)."""
+    return _keys()[0]
+
+
 def record(mark: Beat | Seen) -> None:
     """Note a heartbeat or a sign of life: in Redis if configured, else (or if Redis cannot
     be reached) straight to the database."""
@@ -71,7 +82,7 @@ def record(mark: Beat | Seen) -> None:
         beats, seen = _keys()
         try:
             if isinstance(mark, Beat):
-                r.hset(beats, str(mark.node_id), _encode(mark))
+                r.hset(beats, str(mark.node_id), encode(mark))
             else:
                 r.hset(seen, str(mark.node_id), repr(mark.at.timestamp()))
             return
@@ -173,7 +184,8 @@ def _prep(name: str, value: object) -> object:
     return Node._meta.get_field(name).get_db_prep_save(value, connection)
 
 
-def _encode(beat: Beat) -> str:
+def encode(beat: Beat) -> str:
+    """A beat as the hash holds it (its node id is the hash's field, not in here)."""
     return json.dumps(
         {"t": beat.at.timestamp(), "s": beat.state, "r": beat.reason, "m": beat.metrics,
          "n": beat.network, "k": list(beat.tasks)},

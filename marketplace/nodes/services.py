@@ -120,18 +120,46 @@ def record_heartbeat(
     """Note a heartbeat and keep the leases of the tasks it names (`task_id` and
     `task_ids`). No database at all with Redis presence (nodes/presence.py: one HSET, the
     tick writes a batch); one UPDATE, and one for leases near expiry, without it."""
-    reason = reason if state in (NodeState.PAUSED, NodeState.WAITING) else ""
     now = timezone.now()
+    if runtime is not None:  # rare (the runtime changed): one UPDATE, not on every beat
+        Node.objects.filter(pk=node_id).update(runtime=runtime)
+    presence.record(
+        heartbeat_beat(
+            node_id, now, state=state, metrics=metrics, network=network, task_id=task_id,
+            progress=progress, reason=reason, task_ids=task_ids,
+        )
+    )  # fmt: skip
+    obs.heartbeat(state)
+    return heartbeat_reply(now)
+
+
+def heartbeat_beat(
+    node_id: int,
+    at: datetime,
+    *,
+    state: str,
+    metrics: dict[str, Any],
+    network: dict[str, Any],
+    task_id: str | None = None,
+    progress: float | None = None,
+    reason: str = "",
+    task_ids: Sequence[str] = (),
+) -> presence.Beat:
+    """What a heartbeat records (record_heartbeat's, and the lean path's in
+    api/heartbeat_fast.py): a reason only while paused or waiting, the task and its progress
+    among the figures, every task the node holds."""
+    reason = reason if state in (NodeState.PAUSED, NodeState.WAITING) else ""
     live = dict(metrics)
     if task_id is not None:
         live["task_id"] = task_id
     if progress is not None:
         live["progress"] = progress
     held = tuple(str(t) for t in (task_id, *task_ids) if t)
-    if runtime is not None:  # rare (the runtime changed): one UPDATE, not on every beat
-        Node.objects.filter(pk=node_id).update(runtime=runtime)
-    presence.record(presence.Beat(node_id, now, state, reason, live, network, held))
-    obs.heartbeat(state)
+    return presence.Beat(node_id, at, state, reason, live, network, held)
+
+
+def heartbeat_reply(now: datetime) -> dict[str, Any]:
+    """What a heartbeat is answered: the server's time and the intervals the node keeps."""
     conf = settings.GPUFLEX
     return {
         "server_time": now,

@@ -29,7 +29,11 @@ class StrictFloatField(serializers.FloatField):
     def to_internal_value(self, data: Any) -> float:
         if isinstance(data, bool) or not isinstance(data, int | float):
             self.fail("invalid")
-        if not math.isfinite(data):
+        try:
+            finite = math.isfinite(data)
+        except OverflowError:  # an integer past float's range (JSON allows 10**400): a 500
+            finite = False
+        if not finite:
             self.fail("invalid")
         return super().to_internal_value(data)
 

@@ -57,6 +57,8 @@ class AgentView(APIView):
 
 
 class HeartbeatView(AgentView):
+    # every heartbeat but the plain ones, which api/heartbeat_fast.py answers ahead of the
+    # middleware in one Redis round trip: this view's answers are the reference for those
     throttle_classes = [HeartbeatThrottle]
 
     @extend_schema(request=HeartbeatSerializer, responses=HeartbeatReplySerializer)
