@@ -13,7 +13,7 @@ import hmac
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -89,27 +89,38 @@ def online_candidates(job: Job) -> QuerySet[Node]:
     return nodes_that_may_work_on(job).filter(pk__in=online_nodes().values("pk"))
 
 
-def jobs_node_may_work_on(node: Node) -> list[Any]:
-    """Ids of the running jobs whose price and requirements let `node` work (`may_work_on`):
-    one small read of the running jobs, the rule applied in Python."""
-    offers = node_view(node)
-    rows = Job.objects.filter(status=JobStatus.RUNNING).values_list("pk", *NEEDS_FIELDS)
-    return [pk for pk, *needs in rows if may_work_on(JobNeeds(*needs), offers)]
-
-
 @dataclass(frozen=True)
 class Eligibility:
     """What decides which pending tasks a node may run (`eligible_tasks`), read once per
-    claim: the running jobs `may_work_on` lets it work on and what the rounds' plans keep
-    it from."""
+    claim: the running jobs `may_work_on` lets it work on, their open rounds (with their
+    jobs: the candidate reads need no joins, their tasks no second read of their rounds) and
+    what the rounds' plans keep it from."""
 
     node: Node
     jobs: list[Any]
     rules: PlanRules
+    rounds: dict[int, Round] = field(default_factory=dict)
 
 
 def eligibility(node: Node) -> Eligibility:
-    return Eligibility(node, jobs_node_may_work_on(node), _plan_rules(node))
+    """One read: the open rounds of the running jobs with their jobs. `may_work_on` picks the
+    node's rounds in Python and the plans' rule (`_rules_for`) reads the same rows, so the
+    running jobs, the plans and the open rounds are not three queries per claim."""
+    offers = node_view(node)
+    opened = Round.objects.filter(status=RoundStatus.OPEN, job__status=JobStatus.RUNNING)
+    works: dict[Any, bool] = {}
+    rounds: dict[int, Round] = {}
+    plans = []
+    for rnd in opened.select_related("job"):
+        job = rnd.job
+        if job.pk not in works:
+            works[job.pk] = may_work_on(job_needs(job), offers)
+        if works[job.pk]:
+            rounds[rnd.pk] = rnd
+        if rnd.plan:
+            plans.append((rnd.pk, rnd.job_id, rnd.number, rnd.plan))
+    jobs = sorted(pk for pk, ok in works.items() if ok)
+    return Eligibility(node, jobs, _rules_for(node, plans) or PlanRules(), rounds)
 
 
 def eligible_tasks(node: Node, known: Eligibility | None = None) -> QuerySet[Task]:
@@ -139,33 +150,38 @@ def eligible_tasks(node: Node, known: Eligibility | None = None) -> QuerySet[Tas
     return qs.exclude(round__job__tier=Tier.PLATFORM)
 
 
-def _plan_rules(node: Node) -> PlanRules:
-    return plan_rules([node]).get(node.pk, PlanRules())
-
-
 def plan_rules(nodes: Sequence[Node]) -> dict[int, PlanRules]:
     """node id -> what the open rounds' plans keep it from: the one rule for the live claim
-    (`eligible_tasks`) and the bulk planner (`lease_batch`). A node sits out the rounds its
-    plan excludes it from (trainer.adapt: poor health) and those a far node's two-round work
-    already spans (`_far_busy`), and takes no replica in a round it syncs every other round.
-    Read in Python: one small query over the open rounds' plans, and one more per node that
-    some plan has syncing every other round."""
+    (`eligible_tasks`, through `eligibility`) and the bulk planner (`lease_batch`). Read in
+    Python: one small query over the open rounds' plans, and one more per node that some
+    plan has syncing every other round."""
     plans = Round.objects.filter(status=RoundStatus.OPEN, job__status=JobStatus.RUNNING)
     rows = list(plans.exclude(plan={}).values_list("pk", "job_id", "number", "plan"))
     out: dict[int, PlanRules] = {}
     for node in nodes:
-        key = plan_key(node.pk)
-        rounds: set[int] = set()
-        far: dict[tuple[Any, int], int] = {}  # (job id, round number) -> round id
-        for pk, job_id, number, plan in rows:
-            if plan.get(key, {}).get("participate") is False:
-                rounds.add(pk)
-            elif is_far(plan, node.pk):
-                far[(job_id, number)] = pk
-        rounds.update(_far_busy(node, far))
-        if rounds or far:
-            out[node.pk] = PlanRules(frozenset(rounds), frozenset(far.values()))
+        rules = _rules_for(node, rows)
+        if rules is not None:
+            out[node.pk] = rules
     return out
+
+
+def _rules_for(node: Node, rows: Sequence[tuple[int, Any, int, dict]]) -> PlanRules | None:
+    """What the plans `rows` (round id, job id, number, plan) keep `node` from, None for
+    nothing. A node sits out the rounds its plan excludes it from (trainer.adapt: poor
+    health) and those a far node's two-round work already spans (`_far_busy`), and takes no
+    replica in a round it syncs every other round."""
+    key = plan_key(node.pk)
+    rounds: set[int] = set()
+    far: dict[tuple[Any, int], int] = {}  # (job id, round number) -> round id
+    for pk, job_id, number, plan in rows:
+        if plan.get(key, {}).get("participate") is False:
+            rounds.add(pk)
+        elif is_far(plan, node.pk):
+            far[(job_id, number)] = pk
+    rounds.update(_far_busy(node, far))
+    if rounds or far:
+        return PlanRules(frozenset(rounds), frozenset(far.values()))
+    return None
 
 
 def _far_busy(node: Node, far: dict[tuple[Any, int], int]) -> list[int]:
@@ -457,12 +473,11 @@ def _choose(
     chosen: list[tuple[Task, tuple[int, int, str, bool]]] = []
     units: set[tuple[Any, ...]] = set()
     sized: dict[tuple[Any, ...], tuple[int, int, str]] = {}
-    rounds = _open_rounds(pool)
     for replicas in (True, False) if node.kind == NodeKind.PLATFORM else (False, True):
         if len(chosen) >= count:  # the groups of `preference`
             break
         # a few spares: replicas of one unit are skipped
-        for task in _candidates_sql(pool, replicas, 2 * count + 2, rounds):
+        for task in _candidates_sql(pool, replicas, 2 * count + 2):
             if len(chosen) >= count:
                 break
             unit = (task.round_id, *task.unit)
@@ -583,29 +598,18 @@ def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> 
     return _with_rounds([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
 
 
-def _open_rounds(known: Eligibility) -> dict[int, Round]:
-    """The open rounds of the running jobs `known` lets the node work on, with their jobs:
-    one small read, so the candidate reads need no joins and their tasks no second read of
-    their rounds (`_with_rounds`)."""
-    rounds = Round.objects.filter(
-        status=RoundStatus.OPEN, job__status=JobStatus.RUNNING, job__in=known.jobs
-    ).select_related("job")
-    return {rnd.pk: rnd for rnd in rounds}
-
-
-def _candidates_sql(
-    known: Eligibility, replicas: bool, n: int, rounds: dict[int, Round] | None = None
-) -> list[Task]:
+def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> list[Task]:
     """`_candidates` of `eligible_tasks(node).filter(preference group)` on PostgreSQL, row-
-    locked (SKIP LOCKED), as two hand-written statements over the tasks alone: the same
-    rule, with its round-level clauses (round open, job running and `may_work_on`, tier,
-    the plans' sat-out and far rounds) applied to the open rounds (`_open_rounds`) in Python
-    first. Compiling that queryset twice per claim was most of a claim's CPU, and planning
-    its joins most of PostgreSQL's. `replicas`: the group of replicas (else the primaries).
+    locked (SKIP LOCKED), as two hand-written reads over the tasks alone, sent as one
+    statement: the same rule, with its round-level clauses (round open, job running and
+    `may_work_on`, tier, the plans' sat-out and far rounds) applied to the open rounds
+    (`Eligibility.rounds`) in Python first. Compiling that queryset twice per claim was most
+    of a claim's CPU, and planning its joins most of PostgreSQL's. `replicas`: the group of
+    replicas (else the primaries). Model instances are built for the `n` rows kept only.
     tests/marketplace/test_claim_sql.py holds it to the queryset's answers."""
     node, rules = known.node, known.rules
     platform = node.kind == NodeKind.PLATFORM
-    rounds = _open_rounds(known) if rounds is None else rounds
+    rounds = known.rounds
     allowed = [
         pk
         for pk, tier in ((pk, rnd.job.tier) for pk, rnd in rounds.items())
@@ -633,33 +637,47 @@ def _candidates_sql(
     )
     params = {"pending": TaskStatus.PENDING, "rounds": sorted(allowed), "node": node.pk}
     columns = ", ".join([f"t.{c}" for c in task_f] + [f"s.{c}" for c in shard_f])
-    found: dict[Any, tuple[tuple[Any, ...], Task]] = {}
+
+    def select(extra: str) -> str:
+        return f"""
+            SELECT {columns}
+            FROM {Task._meta.db_table} t
+            LEFT JOIN {Shard._meta.db_table} s ON s.id = t.shard_id
+            WHERE {where} {extra}
+            ORDER BY t.replica, t.round_id, t.shard_id
+            LIMIT {int(n)}
+            FOR UPDATE OF t SKIP LOCKED
+        """
+
+    # both reads in one statement (one round trip): each CTE locks and stops after `n` rows
+    # off the index as its own statement did; a row both return is locked twice by this
+    # transaction, which SKIP LOCKED does not skip
     with connection.cursor() as cursor:
-        for affine, extra in ((True, held), (False, "")):
-            cursor.execute(
-                f"""
-                SELECT {columns}
-                FROM {Task._meta.db_table} t
-                LEFT JOIN {Shard._meta.db_table} s ON s.id = t.shard_id
-                WHERE {where} {extra}
-                ORDER BY t.replica, t.round_id, t.shard_id
-                LIMIT {int(n)}
-                FOR UPDATE OF t SKIP LOCKED
-                """,
-                params,
-            )
-            for row in cursor.fetchall():
-                task = Task.from_db(connection.alias, None, row[: len(task_f)])
-                if task.pk in found:
-                    continue
-                shard = row[len(task_f) :]
-                task.shard = Shard.from_db(connection.alias, None, shard) if shard[0] else None
-                no_shard = task.shard_id is None  # federated: last, as NULLs sort in SQL
-                key = (task.replica, task.round_id, not affine, no_shard, task.shard_id or 0)
-                found[task.pk] = (key, task)
-    tasks = [task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n]
-    for task in tasks:  # the rounds and jobs read once, shared
-        task.round = rounds[task.round_id]
+        cursor.execute(
+            f"""
+            WITH affine AS MATERIALIZED ({select(held)}),
+                 anyone AS MATERIALIZED ({select("")})
+            SELECT true, * FROM affine UNION ALL SELECT false, * FROM anyone
+            """,
+            params,
+        )
+        rows = cursor.fetchall()
+    pk, replica, round_id, shard_id = (
+        1 + task_f.index(c) for c in ("id", "replica", "round_id", "shard_id")
+    )
+    found: dict[Any, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+    for row in sorted(rows, key=lambda r: not r[0]):  # a held task keeps its affine key
+        if row[pk] not in found:
+            no_shard = row[shard_id] is None  # federated: last, as NULLs sort in SQL
+            key = (row[replica], row[round_id], not row[0], no_shard, row[shard_id] or 0)
+            found[row[pk]] = (key, row)
+    tasks = []
+    for _, row in sorted(found.values(), key=lambda kr: kr[0])[:n]:
+        task = Task.from_db(connection.alias, None, row[1 : 1 + len(task_f)])
+        shard = row[1 + len(task_f) :]
+        task.shard = Shard.from_db(connection.alias, None, shard) if shard[0] else None
+        task.round = rounds[task.round_id]  # the rounds and jobs read once, shared
+        tasks.append(task)
     return share_related(tasks)
 
 
