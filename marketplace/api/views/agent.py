@@ -28,6 +28,7 @@ from marketplace.api.serializers.agent import (
     HeartbeatSerializer,
     MeSerializer,
     ProbeQuerySerializer,
+    claim_reply,
 )
 from marketplace.api.serializers.nodes import LocalDatasetsSerializer
 from marketplace.api.throttles import HeartbeatThrottle, ProbeThrottle
@@ -88,7 +89,7 @@ class ClaimView(AgentView):
             return Response(status=status.HTTP_204_NO_CONTENT)
         close_after_far_leases(tasks)
         payloads = [with_zone(p, t) for p, t in zip(task_payloads(tasks), tasks, strict=True)]
-        return Response(ClaimReplySerializer({"task": payloads[0], "tasks": payloads}).data)
+        return Response(claim_reply({"task": payloads[0], "tasks": payloads}))
 
 
 def with_zone(payload: dict, task: object) -> dict:
