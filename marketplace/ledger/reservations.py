@@ -146,7 +146,7 @@ class Funds:
         self.made.append((task_id, job_id, node.pk, bound.gross, bound.metered_s, bound.speed))
 
     def save(self) -> None:
-        """Write the reservations made: one UPDATE and one INSERT for the whole claim. A task
+        """Write the reservations made: one statement for the whole claim. A task
         being leased holds no lease, so an open reservation it still has is stale (a lease
         put back by code that did not release it): it is released, never doubled."""
         if self.made:
@@ -177,23 +177,28 @@ def _insert(rows: list[tuple[Any, ...]]) -> None:
     ids = [r[0] for r in rows]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(
-                f"UPDATE {table} SET state = %s, closed_at = %s "
-                "WHERE state = %s AND task_id = ANY(%s::uuid[])",
-                [ReservationState.RELEASED, now, ReservationState.OPEN, ids],
-            )
+            # one statement, one round trip under the job's escrow lock: the stale open
+            # reservations are released first (the INSERT's rows wait on the count of
+            # `released`, which runs the UPDATE to its end), so the new ones never meet
+            # them in reservation_one_open
             task, job, node, amount, seconds, speed = (list(c) for c in zip(*rows, strict=True))
             cursor.execute(
                 f"""
+                WITH released AS (
+                    UPDATE {table} SET state = %s, closed_at = %s
+                    WHERE state = %s AND task_id = ANY(%s::uuid[]) RETURNING 1
+                )
                 INSERT INTO {table} (task_id, job_id, node_id, amount, seconds, speed, state,
                                      created_at)
                 SELECT v.task, v.job, v.node, v.amount, v.seconds, v.speed, %s, %s
                 FROM unnest(%s::uuid[], %s::uuid[], %s::bigint[], %s::numeric[],
                             %s::float8[], %s::float8[])
                     AS v(task, job, node, amount, seconds, speed)
+                WHERE (SELECT count(*) FROM released) >= 0
                 """,
-                [ReservationState.OPEN, now, task, job, node, amount, seconds, speed],
-            )
+                [ReservationState.RELEASED, now, ReservationState.OPEN, ids,
+                 ReservationState.OPEN, now, task, job, node, amount, seconds, speed],
+            )  # fmt: skip
             return
     Reservation.objects.filter(task_id__in=ids, state=ReservationState.OPEN).update(
         state=ReservationState.RELEASED, closed_at=now

@@ -364,24 +364,45 @@ def _lease_terms(
     return steps, batch, codec, replicate
 
 
-def add_replica(
-    task: Task, steps: int | None, batch_size: int | None, codec: str = "none"
-) -> Task | None:
+def add_replica(task: Task, steps: int | None, batch_size: int | None, codec: str = "none") -> None:
     """One more copy of the task's unit (same seed, work and codec) for another node to
     verify."""
-    siblings = Task.objects.filter(round=task.round_id, shard=task.shard_id)
-    replica = max(siblings.values_list("replica", flat=True)) + 1
-    created = Task.objects.create(
-        round_id=task.round_id,
-        shard_id=task.shard_id,
-        replica=replica,
-        seed=task.seed,
-        steps=steps,
-        batch_size=batch_size,
-        codec=codec,
+    add_replicas([(task, steps, batch_size, codec)])
+
+
+def add_replicas(made: Sequence[tuple[Task, int | None, int | None, str]]) -> None:
+    """`add_replica` for several units at once (a claim's replicas), in one INSERT: each new
+    row's replica number is one more than its unit's highest, read in the same statement.
+    A unit appears at most once (a claim never leases two replicas of one unit); a unit that
+    gained a replica meanwhile fails the unique (round, shard, replica) constraint, which
+    the claim takes as any other race (IntegrityError: it is made again)."""
+    if not made:
+        return
+    fields = Task._meta.concrete_fields
+    table = Task._meta.db_table
+    number = (
+        f"(SELECT COALESCE(MAX(m.replica), -1) + 1 FROM {table} m "
+        "WHERE m.round_id = %s AND m.shard_id = %s)"
     )
+    rows, params = [], []
+    for task, steps, batch_size, codec in made:
+        new = Task(
+            round_id=task.round_id, shard_id=task.shard_id, seed=task.seed, steps=steps,
+            batch_size=batch_size, codec=codec,
+        )  # fmt: skip
+        values = []
+        for f in fields:
+            if f.attname == "replica":
+                values.append(number)
+                params += [task.round_id, task.shard_id]
+            else:
+                values.append("%s")
+                params.append(f.get_db_prep_save(f.pre_save(new, add=True), connection))
+        rows.append(f"({', '.join(values)})")
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join(rows)}", params)
     transaction.on_commit(bump_work_generation)
-    return created
 
 
 # the most tasks one claim leases (`POST agent/claim?max=N`)
@@ -567,9 +588,7 @@ def _lease_locked(node: Node, chosen: list[tuple[Task, tuple[int, int, str, bool
         task.attempts += 1
         task.steps, task.batch_size, task.codec = steps, batch, codec
         task.price_per_gpu_hour, task.declared_rows = price, rows
-    for task, (steps, batch, codec, replicate) in chosen:
-        if replicate:
-            add_replica(task, steps, batch, codec)
+    add_replicas([(task, *terms[:3]) for task, terms in chosen if terms[3]])
     job_changed(*{task.round.job_id for task, _ in chosen})
 
 

@@ -128,3 +128,18 @@ def test_bulk_leasing_reserves_only_what_the_free_escrow_covers(make_agent, subm
     )
     assert lease_batch(nodes) == 0  # 6 free: nothing more
     assert free_escrow([job.pk])[job.pk] == Decimal("6")
+
+
+def test_a_stale_open_reservation_is_released_never_doubled(make_agent, submit) -> None:
+    """A lease put back to pending by code that did not release its reservation: the next
+    lease of the task releases the stale one in the same statement that writes its own."""
+    agent = make_agent(kind="platform", price=PRICE)
+    job = _job(submit, "100")
+    task = agent.claim()
+    Task.objects.filter(pk=task["id"]).update(status="pending", node=None)  # not released
+    assert _open(job) == [LEASE]
+    again = agent.claim()
+    assert again is not None and again["id"] == task["id"]
+    rows = Reservation.objects.filter(task_id=task["id"])
+    assert sorted(r.state for r in rows) == [ReservationState.OPEN, ReservationState.RELEASED]
+    assert _open(job) == [LEASE]
