@@ -12,7 +12,7 @@ import hashlib
 import hmac
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from marketplace.ledger.reservations import Funds
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import on_probation, online_nodes, speed_of
 from marketplace.observability import metrics as obs
+from marketplace.rounds.claim_read import node_and_open_rounds
 from marketplace.rounds.delivery import model_source, record_model
 from marketplace.rounds.models import Round, RoundStatus, ShardCopy, Task, TaskStatus
 from marketplace.rounds.planning import (
@@ -102,17 +103,23 @@ class Eligibility:
     rounds: dict[int, Round] = field(default_factory=dict)
 
 
-def eligibility(node: Node) -> Eligibility:
-    """One read: the open rounds of the running jobs with their jobs. `may_work_on` picks the
-    node's rounds in Python and the plans' rule (`_rules_for`) reads the same rows, so the
-    running jobs, the plans and the open rounds are not three queries per claim."""
+def eligibility(node: Node, opened: Iterable[Round] | None = None) -> Eligibility:
+    """One read: the open rounds of the running jobs with their jobs (`opened`, when the
+    caller read them with the node: claim_read.node_and_open_rounds). `may_work_on` picks
+    the node's rounds in Python and the plans' rule (`_rules_for`) reads the same rows, so
+    the running jobs, the plans and the open rounds are not three queries per claim."""
     offers = node_view(node)
-    opened = Round.objects.filter(status=RoundStatus.OPEN, job__status=JobStatus.RUNNING)
+    if opened is None:
+        opened = Round.objects.filter(
+            status=RoundStatus.OPEN, job__status=JobStatus.RUNNING
+        ).select_related("job")
     works: dict[Any, bool] = {}
     rounds: dict[int, Round] = {}
     plans = []
-    for rnd in opened.select_related("job"):
-        job = rnd.job
+    jobs_seen: dict[Any, Job] = {}
+    for rnd in opened:
+        # one Job per job (select_related gives each round its own): its spec parsed once
+        job = rnd.job = jobs_seen.setdefault(rnd.job_id, rnd.job)
         if job.pk not in works:
             works[job.pk] = may_work_on(job_needs(job), offers)
         if works[job.pk]:
@@ -417,14 +424,24 @@ def claim_next(node: Node) -> Task | None:
     return tasks[0] if tasks else None
 
 
-def claim_batch(node: Node, count: int) -> list[Task]:
-    """Lease up to `count` eligible tasks to `node` in one transaction, best first: one
-    round trip, one read of the open rounds' plans and one locked scan for a node that runs
-    or prefetches several (a server with many GPUs). Never two replicas of one unit."""
+def claim_batch(node: Node | int, count: int) -> list[Task]:
+    """Lease up to `count` eligible tasks to `node` (a node or its id) in one transaction,
+    best first: one round trip, one read of the open rounds' plans and one locked scan for a
+    node that runs or prefetches several (a server with many GPUs). Never two replicas of
+    one unit. Given an id on PostgreSQL, the node's row comes with the open rounds, in one
+    statement (`claim_read`)."""
+    locked = connection.features.has_select_for_update_skip_locked
+    known = None
+    if isinstance(node, int):
+        if locked:
+            node, opened = node_and_open_rounds(node)
+            known = eligibility(node, opened)
+        else:
+            node = Node.objects.get(pk=node)
     if node.reliability < settings.GPUFLEX["MIN_RELIABILITY"] or count < 1:
         return []
-    if connection.features.has_select_for_update_skip_locked:
-        return _claim_locked(node, count)
+    if locked:
+        return _claim_locked(node, count, known)
     for _ in range(8):  # only SQLite can lose the compare-and-set; retry a few times
         try:
             with transaction.atomic():
@@ -442,7 +459,7 @@ class _Short(Exception):
     """The optimistic claim found a job's free escrow short of its leases: roll it back."""
 
 
-def _claim_locked(node: Node, count: int) -> list[Task]:
+def _claim_locked(node: Node, count: int, known: Eligibility | None = None) -> list[Task]:
     """The PostgreSQL claim: the candidates are row-locked (SKIP LOCKED), so nothing can win
     them from us. First optimistically: choose and lease as if every job could pay, and only
     then lock the jobs' escrow (`Funds.load`), read it and write the reservations, so every
@@ -450,7 +467,8 @@ def _claim_locked(node: Node, count: int) -> list[Task]:
     whole claim. When some job's free escrow turns out short, that transaction is rolled
     back and the claim is made again the careful way (`_lease_best`: each lease checked
     against the escrow as it is chosen), which leases exactly what the optimistic one would
-    have whenever the escrow covers it all."""
+    have whenever the escrow covers it all. `known`: the node's eligibility as read with its
+    row, for the first try (a try made again reads it again)."""
     for careful in (False, True, True):
         try:
             with transaction.atomic():
@@ -458,7 +476,7 @@ def _claim_locked(node: Node, count: int) -> list[Task]:
                     won, _ = _lease_best(node, count, skip_locked=True)
                     tasks = won
                 else:
-                    tasks = _lease_optimistic(node, count)
+                    tasks = _lease_optimistic(node, count, known)
         except _Short:
             continue
         except IntegrityError:
@@ -468,10 +486,10 @@ def _claim_locked(node: Node, count: int) -> list[Task]:
     return []
 
 
-def _lease_optimistic(node: Node, count: int) -> list[Task]:
+def _lease_optimistic(node: Node, count: int, known: Eligibility | None = None) -> list[Task]:
     """Lease the best `count` candidates, then reserve their escrow; `_Short` if a job's
     free escrow does not cover its share (the caller's transaction is then rolled back)."""
-    chosen = _choose(node, count, eligibility(node), None)
+    chosen = _choose(node, count, known or eligibility(node), None)
     if not chosen:
         return []
     _lease_locked(node, chosen)
@@ -617,14 +635,14 @@ def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> 
     return _with_rounds([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
 
 
-def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> list[Task]:
+def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> Sequence[Task]:
     """`_candidates` of `eligible_tasks(node).filter(preference group)` on PostgreSQL, row-
     locked (SKIP LOCKED), as two hand-written reads over the tasks alone, sent as one
     statement: the same rule, with its round-level clauses (round open, job running and
     `may_work_on`, tier, the plans' sat-out and far rounds) applied to the open rounds
     (`Eligibility.rounds`) in Python first. Compiling that queryset twice per claim was most
     of a claim's CPU, and planning its joins most of PostgreSQL's. `replicas`: the group of
-    replicas (else the primaries). Model instances are built for the `n` rows kept only.
+    replicas (else the primaries). Instances are built for the rows kept, as they are read.
     tests/marketplace/test_claim_sql.py holds it to the queryset's answers."""
     node, rules = known.node, known.rules
     platform = node.kind == NodeKind.PLATFORM
@@ -690,14 +708,37 @@ def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> list[Task]:
             no_shard = row[shard_id] is None  # federated: last, as NULLs sort in SQL
             key = (row[replica], row[round_id], not row[0], no_shard, row[shard_id] or 0)
             found[row[pk]] = (key, row)
-    tasks = []
-    for _, row in sorted(found.values(), key=lambda kr: kr[0])[:n]:
+    kept = [row for _, row in sorted(found.values(), key=lambda kr: kr[0])[:n]]
+
+    def build(row: tuple[Any, ...]) -> Task:
         task = Task.from_db(connection.alias, None, row[1 : 1 + len(task_f)])
         shard = row[1 + len(task_f) :]
         task.shard = Shard.from_db(connection.alias, None, shard) if shard[0] else None
         task.round = rounds[task.round_id]  # the rounds and jobs read once, shared
-        tasks.append(task)
-    return share_related(tasks)
+        return task
+
+    return _Built(kept, build)
+
+
+class _Built(Sequence[Task]):
+    """Candidate rows made into Task instances only when read: a claim takes its first few
+    and rarely reaches the spares, and a Task and its Shard cost more to build than to
+    read."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], build: Any) -> None:
+        self._rows, self._build = rows, build
+        self._built: dict[int, Task] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self._rows))[i]  # negative indexes, and IndexError past the end
+        if i not in self._built:
+            self._built[i] = self._build(self._rows[i])
+        return self._built[i]
 
 
 def _with_rounds(tasks: list[Task]) -> list[Task]:
@@ -709,7 +750,7 @@ def _with_rounds(tasks: list[Task]) -> list[Task]:
     return tasks
 
 
-def claim_with_wait(node: Node, wait: float, count: int = 1) -> list[Task]:
+def claim_with_wait(node: Node | int, wait: float, count: int = 1) -> list[Task]:
     """Long poll: try, then sleep with backoff until new work is signalled or `wait` ends.
 
     Between tries the database is only asked again when the work-generation counter moved

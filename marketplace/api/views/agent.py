@@ -82,9 +82,9 @@ class ClaimView(AgentView):
         query = ClaimQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         touch(request.auth.node_id)
-        node = self.node(request)
         wait = min(query.validated_data["wait"], settings.GPUFLEX["MAX_CLAIM_WAIT_S"])
-        tasks = claim_with_wait(node, wait, query.validated_data["max"])
+        # the node's id: its row is read with the open rounds, in the claim's first statement
+        tasks = claim_with_wait(request.auth.node_id, wait, query.validated_data["max"])
         if not tasks:
             return Response(status=status.HTTP_204_NO_CONTENT)
         close_after_far_leases(tasks)
