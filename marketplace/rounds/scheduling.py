@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from marketplace.events.services import job_changed
 from marketplace.jobs.models import Job, JobStatus, Shard, Tier
-from marketplace.ledger.reservations import Funds
+from marketplace.ledger.reservations import Funds, reserve_all
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import on_probation, online_nodes, speed_of
 from marketplace.observability import metrics as obs
@@ -493,13 +493,9 @@ def _lease_optimistic(node: Node, count: int, known: Eligibility | None = None) 
     if not chosen:
         return []
     _lease_locked(node, chosen)
-    funds = Funds()
-    funds.load({task.round.job_id for task, _ in chosen})  # the jobs' escrow locks, waited
-    for task, _ in chosen:
-        if not funds.affords(task.round.job_id, node):
-            raise _Short
-        funds.reserve(task.pk, task.round.job_id, node)
-    funds.save()
+    # the jobs' escrow locks, waited, the check and the reservations in one round trip
+    if not reserve_all([(task.pk, task.round.job_id) for task, _ in chosen], node):
+        raise _Short
     return [task for task, _ in chosen]
 
 
