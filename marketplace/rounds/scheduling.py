@@ -512,9 +512,11 @@ def _choose(
         if len(chosen) >= count:  # the groups of `preference`
             break
         # a few spares: replicas of one unit are skipped
-        for task in _candidates_sql(pool, replicas, 2 * count + 2):
+        candidates = _candidates_sql(pool, replicas, 2 * count + 2)
+        for i in range(len(candidates)):
             if len(chosen) >= count:
                 break
+            task = candidates[i]  # built as read: none past the last one taken
             unit = (task.round_id, *task.unit)
             if unit in units:
                 continue
