@@ -16,7 +16,7 @@ taken), so reservers never deadlock. SQLite serialises writers and takes no lock
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -72,27 +72,47 @@ def free_escrow(job_ids: Iterable[object]) -> dict[object, Decimal]:
 
 
 def _free_escrow_postgres(ids: list[object]) -> dict[object, Decimal]:
-    """`free_escrow` as one statement (NUMERIC sums are exact here): the claim reads it
-    under the job's escrow lock, where every round trip is one every other claim on the job
-    waits for."""
-    entries, accounts, reservations = (
-        m._meta.db_table for m in (Entry, Entry.account.field.related_model, Reservation)
-    )
+    """`free_escrow` as one statement (NUMERIC sums are exact here), through the database's
+    own `gpuflex_free_escrow` (migration ledger 0007), which `gpuflex_reserve` reads too."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"""
-            SELECT j.id,
-                   COALESCE((SELECT SUM(e.amount) FROM {entries} e
-                             JOIN {accounts} a ON a.id = e.account_id
-                             WHERE a.job_id = j.id), 0)
-                 - COALESCE((SELECT SUM(r.amount) FROM {reservations} r
-                             WHERE r.job_id = j.id AND r.state = %s), 0)
-            FROM unnest(%s::uuid[]) AS j(id)
-            """,
-            [ReservationState.OPEN, ids],
+            "SELECT j.id, gpuflex_free_escrow(j.id) FROM unnest(%s::uuid[]) AS j(id)", [ids]
         )
         free = {str(j): amount for j, amount in cursor.fetchall()}
     return {j: q(free[str(j)]) for j in ids}
+
+
+def reserve_all(leases: Sequence[tuple[object, object]], node: Node) -> bool:
+    """Reserve one lease by `node` for each (task id, job id) of a claim, all or none, within
+    the caller's transaction: True when every job's free escrow covered its share (the
+    reservations are written), False when one did not (nothing written; the caller rolls
+    back). The jobs are locked waiting, in key order, as `Funds.load` locks them.
+
+    On PostgreSQL it is one call (`gpuflex_reserve`, migration ledger 0007): the locks, the
+    check and the writes, so a claim holds the jobs' locks for that call and its commit
+    only, where every other claim on the job waits."""
+    if not leases:
+        return True
+    if connection.vendor != "postgresql":
+        funds = Funds()
+        funds.load({job for _, job in leases})
+        for task, job in leases:
+            if not funds.affords(job, node):
+                return False
+            funds.reserve(task, job, node)
+        funds.save()
+        return True
+    bound = lease_bound(node)
+    keys = sorted({_lock_key(job) for _, job in leases})
+    n = len(leases)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT gpuflex_reserve(%s, %s::int[], %s::uuid[], %s::uuid[], %s::bigint[], "
+            "%s::numeric[], %s::float8[], %s::float8[], %s)",
+            [_LOCK_CLASS, keys, [t for t, _ in leases], [j for _, j in leases], [node.pk] * n,
+             [bound.gross] * n, [bound.metered_s] * n, [bound.speed] * n, timezone.now()],
+        )  # fmt: skip
+        return bool(cursor.fetchone()[0])
 
 
 @dataclass
@@ -146,7 +166,7 @@ class Funds:
         self.made.append((task_id, job_id, node.pk, bound.gross, bound.metered_s, bound.speed))
 
     def save(self) -> None:
-        """Write the reservations made: one UPDATE and one INSERT for the whole claim. A task
+        """Write the reservations made: one statement for the whole claim. A task
         being leased holds no lease, so an open reservation it still has is stale (a lease
         put back by code that did not release it): it is released, never doubled."""
         if self.made:
@@ -177,23 +197,28 @@ def _insert(rows: list[tuple[Any, ...]]) -> None:
     ids = [r[0] for r in rows]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(
-                f"UPDATE {table} SET state = %s, closed_at = %s "
-                "WHERE state = %s AND task_id = ANY(%s::uuid[])",
-                [ReservationState.RELEASED, now, ReservationState.OPEN, ids],
-            )
+            # one statement, one round trip under the job's escrow lock: the stale open
+            # reservations are released first (the INSERT's rows wait on the count of
+            # `released`, which runs the UPDATE to its end), so the new ones never meet
+            # them in reservation_one_open
             task, job, node, amount, seconds, speed = (list(c) for c in zip(*rows, strict=True))
             cursor.execute(
                 f"""
+                WITH released AS (
+                    UPDATE {table} SET state = %s, closed_at = %s
+                    WHERE state = %s AND task_id = ANY(%s::uuid[]) RETURNING 1
+                )
                 INSERT INTO {table} (task_id, job_id, node_id, amount, seconds, speed, state,
                                      created_at)
                 SELECT v.task, v.job, v.node, v.amount, v.seconds, v.speed, %s, %s
                 FROM unnest(%s::uuid[], %s::uuid[], %s::bigint[], %s::numeric[],
                             %s::float8[], %s::float8[])
                     AS v(task, job, node, amount, seconds, speed)
+                WHERE (SELECT count(*) FROM released) >= 0
                 """,
-                [ReservationState.OPEN, now, task, job, node, amount, seconds, speed],
-            )
+                [ReservationState.RELEASED, now, ReservationState.OPEN, ids,
+                 ReservationState.OPEN, now, task, job, node, amount, seconds, speed],
+            )  # fmt: skip
             return
     Reservation.objects.filter(task_id__in=ids, state=ReservationState.OPEN).update(
         state=ReservationState.RELEASED, closed_at=now

@@ -12,8 +12,8 @@ import hashlib
 import hmac
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +24,11 @@ from django.utils import timezone
 
 from marketplace.events.services import job_changed
 from marketplace.jobs.models import Job, JobStatus, Shard, Tier
-from marketplace.ledger.reservations import Funds
+from marketplace.ledger.reservations import Funds, reserve_all
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import on_probation, online_nodes, speed_of
 from marketplace.observability import metrics as obs
+from marketplace.rounds.claim_read import node_and_open_rounds
 from marketplace.rounds.delivery import model_source, record_model
 from marketplace.rounds.models import Round, RoundStatus, ShardCopy, Task, TaskStatus
 from marketplace.rounds.planning import (
@@ -89,27 +90,44 @@ def online_candidates(job: Job) -> QuerySet[Node]:
     return nodes_that_may_work_on(job).filter(pk__in=online_nodes().values("pk"))
 
 
-def jobs_node_may_work_on(node: Node) -> list[Any]:
-    """Ids of the running jobs whose price and requirements let `node` work (`may_work_on`):
-    one small read of the running jobs, the rule applied in Python."""
-    offers = node_view(node)
-    rows = Job.objects.filter(status=JobStatus.RUNNING).values_list("pk", *NEEDS_FIELDS)
-    return [pk for pk, *needs in rows if may_work_on(JobNeeds(*needs), offers)]
-
-
 @dataclass(frozen=True)
 class Eligibility:
     """What decides which pending tasks a node may run (`eligible_tasks`), read once per
-    claim: the running jobs `may_work_on` lets it work on and what the rounds' plans keep
-    it from."""
+    claim: the running jobs `may_work_on` lets it work on, their open rounds (with their
+    jobs: the candidate reads need no joins, their tasks no second read of their rounds) and
+    what the rounds' plans keep it from."""
 
     node: Node
     jobs: list[Any]
     rules: PlanRules
+    rounds: dict[int, Round] = field(default_factory=dict)
 
 
-def eligibility(node: Node) -> Eligibility:
-    return Eligibility(node, jobs_node_may_work_on(node), _plan_rules(node))
+def eligibility(node: Node, opened: Iterable[Round] | None = None) -> Eligibility:
+    """One read: the open rounds of the running jobs with their jobs (`opened`, when the
+    caller read them with the node: claim_read.node_and_open_rounds). `may_work_on` picks
+    the node's rounds in Python and the plans' rule (`_rules_for`) reads the same rows, so
+    the running jobs, the plans and the open rounds are not three queries per claim."""
+    offers = node_view(node)
+    if opened is None:
+        opened = Round.objects.filter(
+            status=RoundStatus.OPEN, job__status=JobStatus.RUNNING
+        ).select_related("job")
+    works: dict[Any, bool] = {}
+    rounds: dict[int, Round] = {}
+    plans = []
+    jobs_seen: dict[Any, Job] = {}
+    for rnd in opened:
+        # one Job per job (select_related gives each round its own): its spec parsed once
+        job = rnd.job = jobs_seen.setdefault(rnd.job_id, rnd.job)
+        if job.pk not in works:
+            works[job.pk] = may_work_on(job_needs(job), offers)
+        if works[job.pk]:
+            rounds[rnd.pk] = rnd
+        if rnd.plan:
+            plans.append((rnd.pk, rnd.job_id, rnd.number, rnd.plan))
+    jobs = sorted(pk for pk, ok in works.items() if ok)
+    return Eligibility(node, jobs, _rules_for(node, plans) or PlanRules(), rounds)
 
 
 def eligible_tasks(node: Node, known: Eligibility | None = None) -> QuerySet[Task]:
@@ -139,33 +157,38 @@ def eligible_tasks(node: Node, known: Eligibility | None = None) -> QuerySet[Tas
     return qs.exclude(round__job__tier=Tier.PLATFORM)
 
 
-def _plan_rules(node: Node) -> PlanRules:
-    return plan_rules([node]).get(node.pk, PlanRules())
-
-
 def plan_rules(nodes: Sequence[Node]) -> dict[int, PlanRules]:
     """node id -> what the open rounds' plans keep it from: the one rule for the live claim
-    (`eligible_tasks`) and the bulk planner (`lease_batch`). A node sits out the rounds its
-    plan excludes it from (trainer.adapt: poor health) and those a far node's two-round work
-    already spans (`_far_busy`), and takes no replica in a round it syncs every other round.
-    Read in Python: one small query over the open rounds' plans, and one more per node that
-    some plan has syncing every other round."""
+    (`eligible_tasks`, through `eligibility`) and the bulk planner (`lease_batch`). Read in
+    Python: one small query over the open rounds' plans, and one more per node that some
+    plan has syncing every other round."""
     plans = Round.objects.filter(status=RoundStatus.OPEN, job__status=JobStatus.RUNNING)
     rows = list(plans.exclude(plan={}).values_list("pk", "job_id", "number", "plan"))
     out: dict[int, PlanRules] = {}
     for node in nodes:
-        key = plan_key(node.pk)
-        rounds: set[int] = set()
-        far: dict[tuple[Any, int], int] = {}  # (job id, round number) -> round id
-        for pk, job_id, number, plan in rows:
-            if plan.get(key, {}).get("participate") is False:
-                rounds.add(pk)
-            elif is_far(plan, node.pk):
-                far[(job_id, number)] = pk
-        rounds.update(_far_busy(node, far))
-        if rounds or far:
-            out[node.pk] = PlanRules(frozenset(rounds), frozenset(far.values()))
+        rules = _rules_for(node, rows)
+        if rules is not None:
+            out[node.pk] = rules
     return out
+
+
+def _rules_for(node: Node, rows: Sequence[tuple[int, Any, int, dict]]) -> PlanRules | None:
+    """What the plans `rows` (round id, job id, number, plan) keep `node` from, None for
+    nothing. A node sits out the rounds its plan excludes it from (trainer.adapt: poor
+    health) and those a far node's two-round work already spans (`_far_busy`), and takes no
+    replica in a round it syncs every other round."""
+    key = plan_key(node.pk)
+    rounds: set[int] = set()
+    far: dict[tuple[Any, int], int] = {}  # (job id, round number) -> round id
+    for pk, job_id, number, plan in rows:
+        if plan.get(key, {}).get("participate") is False:
+            rounds.add(pk)
+        elif is_far(plan, node.pk):
+            far[(job_id, number)] = pk
+    rounds.update(_far_busy(node, far))
+    if rounds or far:
+        return PlanRules(frozenset(rounds), frozenset(far.values()))
+    return None
 
 
 def _far_busy(node: Node, far: dict[tuple[Any, int], int]) -> list[int]:
@@ -348,24 +371,45 @@ def _lease_terms(
     return steps, batch, codec, replicate
 
 
-def add_replica(
-    task: Task, steps: int | None, batch_size: int | None, codec: str = "none"
-) -> Task | None:
+def add_replica(task: Task, steps: int | None, batch_size: int | None, codec: str = "none") -> None:
     """One more copy of the task's unit (same seed, work and codec) for another node to
     verify."""
-    siblings = Task.objects.filter(round=task.round_id, shard=task.shard_id)
-    replica = max(siblings.values_list("replica", flat=True)) + 1
-    created = Task.objects.create(
-        round_id=task.round_id,
-        shard_id=task.shard_id,
-        replica=replica,
-        seed=task.seed,
-        steps=steps,
-        batch_size=batch_size,
-        codec=codec,
+    add_replicas([(task, steps, batch_size, codec)])
+
+
+def add_replicas(made: Sequence[tuple[Task, int | None, int | None, str]]) -> None:
+    """`add_replica` for several units at once (a claim's replicas), in one INSERT: each new
+    row's replica number is one more than its unit's highest, read in the same statement.
+    A unit appears at most once (a claim never leases two replicas of one unit); a unit that
+    gained a replica meanwhile fails the unique (round, shard, replica) constraint, which
+    the claim takes as any other race (IntegrityError: it is made again)."""
+    if not made:
+        return
+    fields = Task._meta.concrete_fields
+    table = Task._meta.db_table
+    number = (
+        f"(SELECT COALESCE(MAX(m.replica), -1) + 1 FROM {table} m "
+        "WHERE m.round_id = %s AND m.shard_id = %s)"
     )
+    rows, params = [], []
+    for task, steps, batch_size, codec in made:
+        new = Task(
+            round_id=task.round_id, shard_id=task.shard_id, seed=task.seed, steps=steps,
+            batch_size=batch_size, codec=codec,
+        )  # fmt: skip
+        values = []
+        for f in fields:
+            if f.attname == "replica":
+                values.append(number)
+                params += [task.round_id, task.shard_id]
+            else:
+                values.append("%s")
+                params.append(f.get_db_prep_save(f.pre_save(new, add=True), connection))
+        rows.append(f"({', '.join(values)})")
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES {', '.join(rows)}", params)
     transaction.on_commit(bump_work_generation)
-    return created
 
 
 # the most tasks one claim leases (`POST agent/claim?max=N`)
@@ -380,14 +424,24 @@ def claim_next(node: Node) -> Task | None:
     return tasks[0] if tasks else None
 
 
-def claim_batch(node: Node, count: int) -> list[Task]:
-    """Lease up to `count` eligible tasks to `node` in one transaction, best first: one
-    round trip, one read of the open rounds' plans and one locked scan for a node that runs
-    or prefetches several (a server with many GPUs). Never two replicas of one unit."""
+def claim_batch(node: Node | int, count: int) -> list[Task]:
+    """Lease up to `count` eligible tasks to `node` (a node or its id) in one transaction,
+    best first: one round trip, one read of the open rounds' plans and one locked scan for a
+    node that runs or prefetches several (a server with many GPUs). Never two replicas of
+    one unit. Given an id on PostgreSQL, the node's row comes with the open rounds, in one
+    statement (`claim_read`)."""
+    locked = connection.features.has_select_for_update_skip_locked
+    known = None
+    if isinstance(node, int):
+        if locked:
+            node, opened = node_and_open_rounds(node)
+            known = eligibility(node, opened)
+        else:
+            node = Node.objects.get(pk=node)
     if node.reliability < settings.GPUFLEX["MIN_RELIABILITY"] or count < 1:
         return []
-    if connection.features.has_select_for_update_skip_locked:
-        return _claim_locked(node, count)
+    if locked:
+        return _claim_locked(node, count, known)
     for _ in range(8):  # only SQLite can lose the compare-and-set; retry a few times
         try:
             with transaction.atomic():
@@ -405,7 +459,7 @@ class _Short(Exception):
     """The optimistic claim found a job's free escrow short of its leases: roll it back."""
 
 
-def _claim_locked(node: Node, count: int) -> list[Task]:
+def _claim_locked(node: Node, count: int, known: Eligibility | None = None) -> list[Task]:
     """The PostgreSQL claim: the candidates are row-locked (SKIP LOCKED), so nothing can win
     them from us. First optimistically: choose and lease as if every job could pay, and only
     then lock the jobs' escrow (`Funds.load`), read it and write the reservations, so every
@@ -413,7 +467,8 @@ def _claim_locked(node: Node, count: int) -> list[Task]:
     whole claim. When some job's free escrow turns out short, that transaction is rolled
     back and the claim is made again the careful way (`_lease_best`: each lease checked
     against the escrow as it is chosen), which leases exactly what the optimistic one would
-    have whenever the escrow covers it all."""
+    have whenever the escrow covers it all. `known`: the node's eligibility as read with its
+    row, for the first try (a try made again reads it again)."""
     for careful in (False, True, True):
         try:
             with transaction.atomic():
@@ -421,7 +476,7 @@ def _claim_locked(node: Node, count: int) -> list[Task]:
                     won, _ = _lease_best(node, count, skip_locked=True)
                     tasks = won
                 else:
-                    tasks = _lease_optimistic(node, count)
+                    tasks = _lease_optimistic(node, count, known)
         except _Short:
             continue
         except IntegrityError:
@@ -431,20 +486,16 @@ def _claim_locked(node: Node, count: int) -> list[Task]:
     return []
 
 
-def _lease_optimistic(node: Node, count: int) -> list[Task]:
+def _lease_optimistic(node: Node, count: int, known: Eligibility | None = None) -> list[Task]:
     """Lease the best `count` candidates, then reserve their escrow; `_Short` if a job's
     free escrow does not cover its share (the caller's transaction is then rolled back)."""
-    chosen = _choose(node, count, eligibility(node), None)
+    chosen = _choose(node, count, known or eligibility(node), None)
     if not chosen:
         return []
     _lease_locked(node, chosen)
-    funds = Funds()
-    funds.load({task.round.job_id for task, _ in chosen})  # the jobs' escrow locks, waited
-    for task, _ in chosen:
-        if not funds.affords(task.round.job_id, node):
-            raise _Short
-        funds.reserve(task.pk, task.round.job_id, node)
-    funds.save()
+    # the jobs' escrow locks, waited, the check and the reservations in one round trip
+    if not reserve_all([(task.pk, task.round.job_id) for task, _ in chosen], node):
+        raise _Short
     return [task for task, _ in chosen]
 
 
@@ -457,14 +508,15 @@ def _choose(
     chosen: list[tuple[Task, tuple[int, int, str, bool]]] = []
     units: set[tuple[Any, ...]] = set()
     sized: dict[tuple[Any, ...], tuple[int, int, str]] = {}
-    rounds = _open_rounds(pool)
     for replicas in (True, False) if node.kind == NodeKind.PLATFORM else (False, True):
         if len(chosen) >= count:  # the groups of `preference`
             break
         # a few spares: replicas of one unit are skipped
-        for task in _candidates_sql(pool, replicas, 2 * count + 2, rounds):
+        candidates = _candidates_sql(pool, replicas, 2 * count + 2)
+        for i in range(len(candidates)):
             if len(chosen) >= count:
                 break
+            task = candidates[i]  # built as read: none past the last one taken
             unit = (task.round_id, *task.unit)
             if unit in units:
                 continue
@@ -552,9 +604,7 @@ def _lease_locked(node: Node, chosen: list[tuple[Task, tuple[int, int, str, bool
         task.attempts += 1
         task.steps, task.batch_size, task.codec = steps, batch, codec
         task.price_per_gpu_hour, task.declared_rows = price, rows
-    for task, (steps, batch, codec, replicate) in chosen:
-        if replicate:
-            add_replica(task, steps, batch, codec)
+    add_replicas([(task, *terms[:3]) for task, terms in chosen if terms[3]])
     job_changed(*{task.round.job_id for task, _ in chosen})
 
 
@@ -583,29 +633,18 @@ def _candidates(pool: QuerySet[Task], node: Node, n: int, skip_locked: bool) -> 
     return _with_rounds([task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n])
 
 
-def _open_rounds(known: Eligibility) -> dict[int, Round]:
-    """The open rounds of the running jobs `known` lets the node work on, with their jobs:
-    one small read, so the candidate reads need no joins and their tasks no second read of
-    their rounds (`_with_rounds`)."""
-    rounds = Round.objects.filter(
-        status=RoundStatus.OPEN, job__status=JobStatus.RUNNING, job__in=known.jobs
-    ).select_related("job")
-    return {rnd.pk: rnd for rnd in rounds}
-
-
-def _candidates_sql(
-    known: Eligibility, replicas: bool, n: int, rounds: dict[int, Round] | None = None
-) -> list[Task]:
+def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> Sequence[Task]:
     """`_candidates` of `eligible_tasks(node).filter(preference group)` on PostgreSQL, row-
-    locked (SKIP LOCKED), as two hand-written statements over the tasks alone: the same
-    rule, with its round-level clauses (round open, job running and `may_work_on`, tier,
-    the plans' sat-out and far rounds) applied to the open rounds (`_open_rounds`) in Python
-    first. Compiling that queryset twice per claim was most of a claim's CPU, and planning
-    its joins most of PostgreSQL's. `replicas`: the group of replicas (else the primaries).
+    locked (SKIP LOCKED), as two hand-written reads over the tasks alone, sent as one
+    statement: the same rule, with its round-level clauses (round open, job running and
+    `may_work_on`, tier, the plans' sat-out and far rounds) applied to the open rounds
+    (`Eligibility.rounds`) in Python first. Compiling that queryset twice per claim was most
+    of a claim's CPU, and planning its joins most of PostgreSQL's. `replicas`: the group of
+    replicas (else the primaries). Instances are built for the rows kept, as they are read.
     tests/marketplace/test_claim_sql.py holds it to the queryset's answers."""
     node, rules = known.node, known.rules
     platform = node.kind == NodeKind.PLATFORM
-    rounds = _open_rounds(known) if rounds is None else rounds
+    rounds = known.rounds
     allowed = [
         pk
         for pk, tier in ((pk, rnd.job.tier) for pk, rnd in rounds.items())
@@ -633,34 +672,71 @@ def _candidates_sql(
     )
     params = {"pending": TaskStatus.PENDING, "rounds": sorted(allowed), "node": node.pk}
     columns = ", ".join([f"t.{c}" for c in task_f] + [f"s.{c}" for c in shard_f])
-    found: dict[Any, tuple[tuple[Any, ...], Task]] = {}
+
+    def select(extra: str) -> str:
+        return f"""
+            SELECT {columns}
+            FROM {Task._meta.db_table} t
+            LEFT JOIN {Shard._meta.db_table} s ON s.id = t.shard_id
+            WHERE {where} {extra}
+            ORDER BY t.replica, t.round_id, t.shard_id
+            LIMIT {int(n)}
+            FOR UPDATE OF t SKIP LOCKED
+        """
+
+    # both reads in one statement (one round trip): each CTE locks and stops after `n` rows
+    # off the index as its own statement did; a row both return is locked twice by this
+    # transaction, which SKIP LOCKED does not skip
     with connection.cursor() as cursor:
-        for affine, extra in ((True, held), (False, "")):
-            cursor.execute(
-                f"""
-                SELECT {columns}
-                FROM {Task._meta.db_table} t
-                LEFT JOIN {Shard._meta.db_table} s ON s.id = t.shard_id
-                WHERE {where} {extra}
-                ORDER BY t.replica, t.round_id, t.shard_id
-                LIMIT {int(n)}
-                FOR UPDATE OF t SKIP LOCKED
-                """,
-                params,
-            )
-            for row in cursor.fetchall():
-                task = Task.from_db(connection.alias, None, row[: len(task_f)])
-                if task.pk in found:
-                    continue
-                shard = row[len(task_f) :]
-                task.shard = Shard.from_db(connection.alias, None, shard) if shard[0] else None
-                no_shard = task.shard_id is None  # federated: last, as NULLs sort in SQL
-                key = (task.replica, task.round_id, not affine, no_shard, task.shard_id or 0)
-                found[task.pk] = (key, task)
-    tasks = [task for _, task in sorted(found.values(), key=lambda kt: kt[0])][:n]
-    for task in tasks:  # the rounds and jobs read once, shared
-        task.round = rounds[task.round_id]
-    return share_related(tasks)
+        cursor.execute(
+            f"""
+            WITH affine AS MATERIALIZED ({select(held)}),
+                 anyone AS MATERIALIZED ({select("")})
+            SELECT true, * FROM affine UNION ALL SELECT false, * FROM anyone
+            """,
+            params,
+        )
+        rows = cursor.fetchall()
+    pk, replica, round_id, shard_id = (
+        1 + task_f.index(c) for c in ("id", "replica", "round_id", "shard_id")
+    )
+    found: dict[Any, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+    for row in sorted(rows, key=lambda r: not r[0]):  # a held task keeps its affine key
+        if row[pk] not in found:
+            no_shard = row[shard_id] is None  # federated: last, as NULLs sort in SQL
+            key = (row[replica], row[round_id], not row[0], no_shard, row[shard_id] or 0)
+            found[row[pk]] = (key, row)
+    kept = [row for _, row in sorted(found.values(), key=lambda kr: kr[0])[:n]]
+
+    def build(row: tuple[Any, ...]) -> Task:
+        task = Task.from_db(connection.alias, None, row[1 : 1 + len(task_f)])
+        shard = row[1 + len(task_f) :]
+        task.shard = Shard.from_db(connection.alias, None, shard) if shard[0] else None
+        task.round = rounds[task.round_id]  # the rounds and jobs read once, shared
+        return task
+
+    return _Built(kept, build)
+
+
+class _Built(Sequence[Task]):
+    """Candidate rows made into Task instances only when read: a claim takes its first few
+    and rarely reaches the spares, and a Task and its Shard cost more to build than to
+    read."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], build: Any) -> None:
+        self._rows, self._build = rows, build
+        self._built: dict[int, Task] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self._rows))[i]  # negative indexes, and IndexError past the end
+        if i not in self._built:
+            self._built[i] = self._build(self._rows[i])
+        return self._built[i]
 
 
 def _with_rounds(tasks: list[Task]) -> list[Task]:
@@ -672,7 +748,7 @@ def _with_rounds(tasks: list[Task]) -> list[Task]:
     return tasks
 
 
-def claim_with_wait(node: Node, wait: float, count: int = 1) -> list[Task]:
+def claim_with_wait(node: Node | int, wait: float, count: int = 1) -> list[Task]:
     """Long poll: try, then sleep with backoff until new work is signalled or `wait` ends.
 
     Between tries the database is only asked again when the work-generation counter moved

@@ -2,7 +2,8 @@
 (scheduling._candidates_sql); it must answer exactly what the one queryset rule
 (`eligible_tasks` filtered by preference group, read by `_candidates`) answers: the same
 tasks, in the same order, for volunteers and platform nodes, tiers, units a node already
-holds, shards it caches and rounds its plan keeps it from."""
+holds, shards it caches and rounds its plan keeps it from; and the node's row and open
+rounds read in one statement (claim_read) are the ORM's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.db.models import Q
 
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
+from marketplace.rounds.claim_read import node_and_open_rounds
 from marketplace.rounds.models import Round, ShardCopy, Task
 from marketplace.rounds.scheduling import (
     _candidates,
@@ -35,6 +37,9 @@ def _both(node_id: int, n: int = 30) -> list[tuple[list[str], list[str]]]:
         group = Q(replica__gt=0) if replicas else Q(replica=0)
         orm = _candidates(eligible_tasks(node).filter(group), node, n, skip_locked=False)
         raw = _candidates_sql(eligibility(node), replicas, n)
+        # the live claim's way: the node's row and the open rounds in one statement
+        read = _candidates_sql(eligibility(*node_and_open_rounds(node_id)), replicas, n)
+        assert [t.pk for t in read] == [t.pk for t in raw]
         out.append(([str(t.pk) for t in orm], [str(t.pk) for t in raw]))
         assert all(t.round.job_id and t.shard_id == (t.shard.pk if t.shard else None)
                    for t in raw)  # fmt: skip
@@ -61,3 +66,24 @@ def test_the_claims_sql_answers_what_the_queryset_rule_answers(make_agent, submi
             assert raw == orm
             checked += len(raw)
     assert checked > 30  # the rules left work to compare, in every group that has some
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL claim's read")
+def test_the_claims_first_read_is_the_orms(make_agent, submit) -> None:
+    agent = make_agent()
+    node, rounds = node_and_open_rounds(agent.node_id)
+    assert rounds == []  # no open round: the node's row all the same
+    submit(SPEC, tier="hybrid")
+    submit(SPEC, tier="volunteer")
+    node, rounds = node_and_open_rounds(agent.node_id)
+    orm = Node.objects.get(pk=agent.node_id)
+    fields = [f.attname for f in Node._meta.concrete_fields]
+    assert [getattr(node, f) for f in fields] == [getattr(orm, f) for f in fields]
+    want = {r.pk: r for r in Round.objects.filter(status="open").select_related("job")}
+    assert sorted(r.pk for r in rounds) == sorted(want) and len(rounds) == 2
+    for rnd in rounds:
+        for model, got, exp in ((Round, rnd, want[rnd.pk]), (Job, rnd.job, want[rnd.pk].job)):
+            for f in model._meta.concrete_fields:
+                assert getattr(got, f.attname) == getattr(exp, f.attname), f.name
+    with pytest.raises(Node.DoesNotExist):
+        node_and_open_rounds(10**9)

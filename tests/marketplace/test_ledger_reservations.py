@@ -7,6 +7,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from marketplace.jobs.models import Job
@@ -14,7 +15,7 @@ from marketplace.ledger import accounts
 from marketplace.ledger.models import Reservation, ReservationState
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
-from marketplace.ledger.reservations import free_escrow
+from marketplace.ledger.reservations import free_escrow, reserve_all
 from marketplace.nodes.models import Node
 from marketplace.rounds.maintenance import reclaim_leases, tick
 from marketplace.rounds.models import Task
@@ -128,3 +129,33 @@ def test_bulk_leasing_reserves_only_what_the_free_escrow_covers(make_agent, subm
     )
     assert lease_batch(nodes) == 0  # 6 free: nothing more
     assert free_escrow([job.pk])[job.pk] == Decimal("6")
+
+
+def test_a_stale_open_reservation_is_released_never_doubled(make_agent, submit) -> None:
+    """A lease put back to pending by code that did not release its reservation: the next
+    lease of the task releases the stale one in the same statement that writes its own."""
+    agent = make_agent(kind="platform", price=PRICE)
+    job = _job(submit, "100")
+    task = agent.claim()
+    Task.objects.filter(pk=task["id"]).update(status="pending", node=None)  # not released
+    assert _open(job) == [LEASE]
+    again = agent.claim()
+    assert again is not None and again["id"] == task["id"]
+    rows = Reservation.objects.filter(task_id=task["id"])
+    assert sorted(r.state for r in rows) == [ReservationState.OPEN, ReservationState.RELEASED]
+    assert _open(job) == [LEASE]
+
+
+def test_a_claims_reservations_are_all_or_none(make_agent, submit) -> None:
+    """reserve_all (PostgreSQL: one gpuflex_reserve call) writes every lease's reservation
+    when the job's free escrow covers them all, and none when it covers only some."""
+    agent = make_agent(kind="platform", price=PRICE)
+    job = _job(submit, "30", spec=SMALL_SPEC)  # one lease of 22 fits, two do not
+    node = Node.objects.get(pk=agent.node_id)
+    a, b = Task.objects.filter(round__job=job)[:2]
+    with transaction.atomic():
+        assert not reserve_all([(a.pk, job.pk), (b.pk, job.pk)], node)
+    assert _open(job) == []
+    with transaction.atomic():
+        assert reserve_all([(a.pk, job.pk)], node)
+    assert _open(job) == [LEASE] and free_escrow([job.pk])[job.pk] == Decimal("8")

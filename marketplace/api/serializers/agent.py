@@ -11,6 +11,7 @@ from marketplace.api.serializers.node_data import (
     StrictFloatField,
     number,
 )
+from marketplace.api.serializers.plain import PlainWriter
 from marketplace.api.serializers.reused_fields import ReusedFields
 from marketplace.nodes import bounds as b
 from marketplace.rounds.scheduling import MAX_CLAIM_BATCH, MAX_HEARTBEAT_TASKS
@@ -158,6 +159,10 @@ class TaskSerializer(ReusedFields, serializers.Serializer):
 class ClaimReplySerializer(ReusedFields, serializers.Serializer):
     task = TaskSerializer(help_text="the first (best) of `tasks`")
     tasks = TaskSerializer(many=True, help_text="every task this claim leased (see `max`)")
+
+
+# the claim's reply as ClaimReplySerializer writes it, without DRF's per-field machinery
+claim_reply = PlainWriter(ClaimReplySerializer)
 
 
 class HandOffSerializer(serializers.Serializer):

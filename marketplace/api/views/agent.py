@@ -28,6 +28,7 @@ from marketplace.api.serializers.agent import (
     HeartbeatSerializer,
     MeSerializer,
     ProbeQuerySerializer,
+    claim_reply,
 )
 from marketplace.api.serializers.nodes import LocalDatasetsSerializer
 from marketplace.api.throttles import HeartbeatThrottle, ProbeThrottle
@@ -83,14 +84,14 @@ class ClaimView(AgentView):
         query = ClaimQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         touch(request.auth.node_id)
-        node = self.node(request)
         wait = min(query.validated_data["wait"], settings.GPUFLEX["MAX_CLAIM_WAIT_S"])
-        tasks = claim_with_wait(node, wait, query.validated_data["max"])
+        # the node's id: its row is read with the open rounds, in the claim's first statement
+        tasks = claim_with_wait(request.auth.node_id, wait, query.validated_data["max"])
         if not tasks:
             return Response(status=status.HTTP_204_NO_CONTENT)
         close_after_far_leases(tasks)
         payloads = [with_zone(p, t) for p, t in zip(task_payloads(tasks), tasks, strict=True)]
-        return Response(ClaimReplySerializer({"task": payloads[0], "tasks": payloads}).data)
+        return Response(claim_reply({"task": payloads[0], "tasks": payloads}))
 
 
 def with_zone(payload: dict, task: object) -> dict:
