@@ -55,8 +55,9 @@ CLUSTER_TIMEOUT_S = 1800.0
 PARTS = ("live", "chain", "cluster")
 RESULTS_JSON = Path(__file__).resolve().parent / "results" / "results.json"
 EMULATED = (
-    "agents emulate a GPU by waiting (`--compute-scale`, calibrated so a step takes "
-    "{step_s} s × batch / {batch}); lan links"
+    "agents emulate a GPU of a fixed speed by waiting (a bench hook, `GPUFLEX_EMULATED_SAMPLE_S`"
+    "={sample_s}: a task's compute takes {sample_s} s per training sample, a step {step_s} s × "
+    "batch / {batch}, whatever the host's load); lan links"
 )
 SIM_FACTOR = 1.5  # the simulator within 1.5x of the measurement
 
@@ -264,7 +265,32 @@ def _by_nodes(table: dict[Any, Any] | None) -> dict[int, Any]:
 
 def _emulated(cl: dict[str, Any]) -> str:
     setup = cl.get("setup", {})
-    return EMULATED.format(step_s=setup.get("step_s"), batch=setup.get("global_batch"))
+    step_s, batch = setup.get("step_s"), setup.get("global_batch")
+    sample_s = setup.get("sample_s") or (step_s / batch if step_s and batch else None)
+    return EMULATED.format(step_s=step_s, batch=batch, sample_s=f"{sample_s:g}")
+
+
+def _fixed_s(run: dict[str, Any] | None) -> float | None:
+    """A round's fixed cost, as measured on the run: a task's, then the round's own."""
+    costs = (run or {}).get("fixed_costs")
+    return costs["task_s"] + costs["round_s"] if costs else None
+
+
+def _bound_note(cl: dict[str, Any], nodes: int, goal: float) -> str:
+    """Why a round at `nodes` agents cannot be more efficient than its compute's share of it,
+    and what fixed cost would meet `goal`."""
+    run = _by_nodes(cl.get("scaling")).get(nodes) or {}
+    fixed, compute = _fixed_s(run), run.get("task_compute_nominal_s")
+    if fixed is None or not compute:
+        return ""
+    most = compute / (compute + fixed)
+    allowed = compute * (1 - goal) / goal
+    return (f"why: each round at {nodes} agents pays {fixed:.1f} s of fixed costs (measured: a "
+            f"task's claim wait, download, upload, sandbox and agent overhead, then queue wait, "
+            f"aggregation, evaluation and the next opening) beside {compute:g} s of compute, so "
+            f"at most {most:.2f} of a round computes; to meet it, fixed costs ≤ {allowed:.2f} s "
+            f"a round, or ≥ {fixed * goal / (1 - goal):.0f} s of compute a round (more local "
+            "steps or a slower GPU)")  # fmt: skip
 
 
 def _efficiency(times: dict[int, float | None], nodes: int) -> float | None:
@@ -310,9 +336,15 @@ def scaling_row(cl: dict[str, Any]) -> dict[str, Any]:
             "task_compute_nominal_s": {n: r.get("task_compute_nominal_s")
                                        for n, r in runs.items()},
             "efficiency_at_nominal_compute": _efficiency(_nominal_times(runs), big),
+            "fixed_costs": {n: r.get("fixed_costs") for n, r in runs.items()},
             "note": f"{_emulated(cl)}; efficiency per N: "
             + ", ".join(f"{n}: {e:.2f}" for n in sorted(times)
-                        if (e := _efficiency(times, n)) is not None),
+                        if (e := _efficiency(times, n)) is not None)
+            + "; fixed costs a round (measured, given to the simulator): "
+            + ", ".join(f"{n}: {f:.1f} s" for n in sorted(runs)
+                        if (f := _fixed_s(runs[n])) is not None)
+            + (f"; {why}" if measured is not None and measured < GOAL_EFFICIENCY
+               and (why := _bound_note(cl, big, GOAL_EFFICIENCY)) else ""),
         },
     })  # fmt: skip
 
@@ -331,7 +363,10 @@ def centralized_row(cl: dict[str, Any]) -> dict[str, Any]:
             "centralized_s": central.get("time_to_target_s"), "agents_s": fed,
             "centralized_steps": central.get("steps"),
             "note": f"one process, synchronous steps on the whole global batch, each held to "
-            f"1/{big} of one emulated GPU's step (evaluation not counted); {_emulated(cl)}",
+            f"1/{big} of one emulated GPU's step (evaluation not counted, no fixed costs); "
+            f"{_emulated(cl)}"
+            + (f"; {why}" if measured is not None and measured < GOAL_CENTRAL
+               and (why := _bound_note(cl, big, GOAL_CENTRAL)) else ""),
         },
     })  # fmt: skip
 
@@ -351,9 +386,12 @@ def failures_row(cl: dict[str, Any]) -> dict[str, Any]:
             "with_failures_s": fail.get("time_to_target_s"), "without_s": none,
             "rounds": fail.get("rounds"), "killed": fail.get("killed"),
             "error": fail.get("error"),
+            "fixed_costs": fail.get("fixed_costs"),
+            "simulated_failures": (cl.get("simulated_failures") or {}).get("failures"),
             "note": f"SIGKILL to {round(0.2 * big)} of {big} agents holding a task at each "
-            f"round's opening, restarted at once; the simulator drops each node from a round "
-            f"with chance 0.2 (its disconnect model); "
+            f"round's opening, restarted at once (the agent's journal resumes its task); the "
+            f"simulator kills exactly as many a round, back after the agents' measured start "
+            f"time, with the no-failure run's measured fixed costs (trainer.sim.failures); "
             f"{_emulated(cl)}",
         },
     })  # fmt: skip
@@ -370,7 +408,9 @@ def utilization_row(cl: dict[str, Any]) -> dict[str, Any]:
             "unit": f"compute seconds / (nodes × wall), {big} agents",
             "per_nodes": {n: r.get("utilization") for n, r in runs.items()},
             "note": f"the byte transformer on stdlib sources (the stdlib-lm example's model "
-            f"and corpus kind); {_emulated(cl)}, not wan (see detail of scaling)",
+            f"and corpus kind); {_emulated(cl)}, not wan (see detail of scaling)"
+            + (f"; {why}" if measured is not None and measured < GOAL_UTILIZATION
+               and (why := _bound_note(cl, big, GOAL_UTILIZATION)) else ""),
         },
     })  # fmt: skip
 
@@ -498,8 +538,11 @@ def render(promises: list[dict[str, Any]]) -> list[str]:
         "on simulated wan links, the demo's network-aware digits job and the same job as "
         "`rounds.mode: naive`, to 0.95 accuracy. scaling, centralized, failures, utilization: "
         "a compute-bound byte transformer (bench/promises_cluster.py) through 1, 2, 5 and 10 "
-        "agents that **emulate a GPU's speed by waiting** (`--compute-scale`, 2 cores here), on "
-        "simulated lan links. settlement and on_chain: `gpuflex demo --chain` on Hardhat. The "
+        "agents that **emulate a GPU of a fixed speed by waiting** (2 cores here: a task's "
+        "compute takes a time fixed by its samples, `GPUFLEX_EMULATED_SAMPLE_S`, a bench hook), "
+        "on simulated lan links; the simulator is given each run's fixed costs as measured "
+        "from the server's timestamps, and the failure run's exact kills. settlement and "
+        "on_chain: `gpuflex demo --chain` on Hardhat. The "
         "simulator's prediction of the same runs beside them. `<`/`>`: a bound (the naive run "
         "was stopped before the target). Rows not measured say so: nothing is filled in from "
         "the simulator; rows marked *carried* come from an earlier run of the bench.",
