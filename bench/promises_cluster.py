@@ -497,14 +497,21 @@ def run() -> dict[str, Any]:
                 out["scaling"][n] = {"online": online, "agents_start_s": start_s,
                                      **session.train(n)}  # fmt: skip
                 print(f"promises: {n} agents {out['scaling'][n]}", file=sys.stderr, flush=True)
+            out["loadavg"] = {"scaling": os.getloadavg()}
+            # the failure run's baseline: the same agents, warm, none killed (the scaling run
+            # at `big` paid its freshly started agents' warm-up in its first round)
+            out["warm_baseline"] = {"nodes": big, **session.train(big)}
+            print(f"promises: warm baseline {out['warm_baseline']}", file=sys.stderr, flush=True)
             killer = Killer(session.cluster, session.plans)
             out["failures"] = {"nodes": big, **session.train(big, on_round=killer),
                                "killed": killer.killed}  # fmt: skip
+            out["loadavg"]["failures"] = os.getloadavg()
             print(f"promises: failures {out['failures']}", file=sys.stderr, flush=True)
             up = upload_to_training(session, write_rows(tmp / "rows.csv"))
             out["upload_to_training"] = up
             print(f"promises: upload {up}", file=sys.stderr, flush=True)
             out["dashboard"] = dashboard(session, up["job_id"])
+            out["loadavg"]["dashboard"] = os.getloadavg()
             print(f"promises: dashboard {out['dashboard']}", file=sys.stderr, flush=True)
         except Exception as exc:  # what ran is kept; the error is reported beside it
             out["error"] = f"{type(exc).__name__}: {exc}"[:800]
@@ -517,8 +524,8 @@ def run() -> dict[str, Any]:
 def simulate(corpus: Path, out: dict[str, Any]) -> dict[str, Any]:
     """The simulator's predictions of the runs in `out`: each given the fixed costs measured
     on its real run; the failure run given the no-failure run's costs (a prediction, not a
-    fit) and exactly the kills the bench made, restarted agents back after the time agents
-    took to come online."""
+    fit; its warm baseline's where it ran) and exactly the kills the bench made, restarted
+    agents back after the time agents took to come online."""
     from trainer.round_lifecycle import TICK_S
     from trainer.sim.failures import Failures
 
@@ -529,11 +536,12 @@ def simulate(corpus: Path, out: dict[str, Any]) -> dict[str, Any]:
     restart = (runs.get(2) or runs.get(big) or {}).get("agents_start_s")
     failures = Failures(per_round=max(1, round(KILL_FRACTION * big)), back_after_s=restart,
                         detect_s=NODE_TIMEOUT_S + TICK_S)  # fmt: skip
+    base = out.get("warm_baseline") or runs.get(big) or {}
     return {"simulated": sims,
             "simulated_centralized_s": simulated_centralized(corpus, big),
+            "simulated_warm_baseline": simulated_time(corpus, big, base.get("fixed_costs")),
             "simulated_failures": {
-                **simulated_time(corpus, big, (runs.get(big) or {}).get("fixed_costs"),
-                                 failures),
+                **simulated_time(corpus, big, base.get("fixed_costs"), failures),
                 "failures": dataclasses.asdict(failures)}}  # fmt: skip
 
 

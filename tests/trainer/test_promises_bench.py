@@ -156,3 +156,15 @@ def test_the_parts_to_run_are_named_or_refused() -> None:
         assert "naive" in str(exc) and "live" in str(exc)
     else:
         raise AssertionError("an unknown part was accepted")
+
+
+def test_failures_are_timed_against_the_same_agents_warm_where_that_baseline_ran() -> None:
+    """The scaling run at 10 pays its freshly started agents' warm-up; a warm baseline (the
+    same agents, none killed) is the failure run's like for like, in the measurement and in
+    the simulator's prediction."""
+    warm = CLUSTER | {"warm_baseline": {"nodes": 10, "time_to_target_s": 24.0},
+                      "simulated_warm_baseline": {"time_to_target_s": 10.0}}  # fmt: skip
+    row = {r["key"]: r for r in pb.rows(None, None, cluster=warm)}["failures"]
+    assert row["measured"] == 30.0 / 24.0 and row["met"] is True
+    assert row["simulated"] == 11.0 / 10.0
+    assert "against the same agents warm" in row["detail"]["note"]
