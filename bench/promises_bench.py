@@ -54,6 +54,7 @@ CLUSTER_TIMEOUT_S = 1800.0
 # comma-separated: the naive run alone takes up to NAIVE_TIMEOUT_S, the chain demo minutes)
 PARTS = ("live", "chain", "cluster")
 RESULTS_JSON = Path(__file__).resolve().parent / "results" / "results.json"
+CLUSTER_JSON = RESULTS_JSON.with_name("promises_cluster.json")  # the last cluster run, raw
 EMULATED = (
     "agents emulate a GPU of a fixed speed by waiting (a bench hook, `GPUFLEX_EMULATED_SAMPLE_S`"
     "={sample_s}: a task's compute takes {sample_s} s per training sample, a step {step_s} s × "
@@ -253,9 +254,12 @@ def _cluster(timeout_s: float = CLUSTER_TIMEOUT_S) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         return {"error": "timed out"}
     try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        out = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         return {"error": (done.stderr or done.stdout)[-1500:]}
+    # the run's own figures, so its rows can be rendered again without running it again
+    CLUSTER_JSON.write_text(json.dumps(out, indent=1), encoding="utf-8")
+    return out
 
 
 def _by_nodes(table: dict[Any, Any] | None) -> dict[int, Any]:
@@ -401,8 +405,10 @@ def failures_row(cl: dict[str, Any]) -> dict[str, Any]:
             f"SIGKILL to {round(0.2 * big)} of {big} agents holding a task at each "
             f"round's opening, restarted at once (the agent's journal resumes its task); the "
             f"simulator kills exactly as many a round, back after the agents' measured start "
-            f"time, with the no-failure run's measured fixed costs (trainer.sim.failures); "
-            f"{_emulated(cl)}",
+            f"time, with the baseline's measured fixed costs (trainer.sim.failures); "
+            f"{_emulated(cl)}"
+            + (f"; {why}" if measured is not None and measured > GOAL_FAILURE_RATIO
+               and (why := _failure_note(fail, warm or _by_nodes(cl.get("scaling")).get(big), cl)) else ""),
         },
     })  # fmt: skip
 
@@ -425,6 +431,35 @@ def utilization_row(cl: dict[str, Any]) -> dict[str, Any]:
     })  # fmt: skip
 
 
+def _failure_note(fail: dict[str, Any], base: dict[str, Any] | None,
+                  cl: dict[str, Any]) -> str:  # fmt: skip
+    """Why the failure run took longer: where its rounds' time went against the baseline's."""
+    got, had = _fixed_s(fail), _fixed_s(base)
+    if got is None or had is None:
+        return ""
+    load = (cl.get("loadavg") or {}).get("failures")
+    return (f"why: the rounds close on the quorum without the killed agents (the simulator's "
+            f"prediction, ~1.0), but the survivors' fixed costs rose from {had:.1f} s a round to "
+            f"{got:.1f} s: each round two agents and their warm task workers start again on the "
+            "same 2 cores as the eight at work"
+            + (f" (load average {load[0]:.1f})" if load else "")
+            + ", a cost of putting ten agents on one host that separate machines would not "
+            "share; to meet it, the killed agents on other hosts, or cores enough that a "
+            "restart does not slow the others")  # fmt: skip
+
+
+def _upload_note(up: dict[str, Any], measured: float | None, load: Any) -> str:
+    """Why a missed upload-to-training took as long: its submit call against the rest."""
+    if measured is None or measured < GOAL_UPLOAD_S or up.get("submit_s") is None:
+        return ""
+    return (f"; why: the submit call itself (the upload, the server's dataset checks and "
+            f"sharding) took {up['submit_s']:.1f} s, the rest is the job's first round opening "
+            "and an agent's claim"
+            + (f", on a host at load average {load[0]:.1f} on 2 cores" if load else "")
+            + "; to meet it, less of the submission's processing before the first lease or a "
+            "host not loaded past its cores")  # fmt: skip
+
+
 def upload_row(cl: dict[str, Any]) -> dict[str, Any]:
     up = cl.get("upload_to_training") or {}
     measured = up.get("first_lease_s")
@@ -435,7 +470,8 @@ def upload_row(cl: dict[str, Any]) -> dict[str, Any]:
             "unit": "seconds", "rows": up.get("rows"), "bytes": up.get("bytes"),
             "submit_request_s": up.get("submit_s"),
             "note": f"a {up.get('rows')}-row CSV ({up.get('bytes')} bytes) submitted with its "
-            "job: the submit call's start to the first Task.leased_at",
+            "job: the submit call's start to the first Task.leased_at"
+            + _upload_note(up, measured, (cl.get("loadavg") or {}).get("dashboard")),
         },
     })  # fmt: skip
 
