@@ -386,6 +386,7 @@ def failures_row(cl: dict[str, Any]) -> dict[str, Any]:
     warm = cl.get("warm_baseline")
     none = (warm or _by_nodes(cl.get("scaling")).get(big) or {}).get("time_to_target_s")
     measured = _ratio(fail.get("time_to_target_s"), none)
+    scaled = _by_nodes(cl.get("scaling"))
     sim_base = cl.get("simulated_warm_baseline") if warm else None
     sim_none = (sim_base or _by_nodes(cl.get("simulated")).get(big) or {}).get("time_to_target_s")
     against = "the same agents warm, none killed" if warm else f"the scaling run at {big}"
@@ -408,7 +409,7 @@ def failures_row(cl: dict[str, Any]) -> dict[str, Any]:
             f"time, with the baseline's measured fixed costs (trainer.sim.failures); "
             f"{_emulated(cl)}"
             + (f"; {why}" if measured is not None and measured > GOAL_FAILURE_RATIO
-               and (why := _failure_note(fail, warm or _by_nodes(cl.get("scaling")).get(big), cl)) else ""),
+               and (why := _failure_note(fail, warm or scaled.get(big), cl)) else ""),
         },
     })  # fmt: skip
 
@@ -437,6 +438,11 @@ def _failure_note(fail: dict[str, Any], base: dict[str, Any] | None,
     got, had = _fixed_s(fail), _fixed_s(base)
     if got is None or had is None:
         return ""
+    if got <= had:
+        return (
+            f"why: not in the fixed costs (a round's: {got:.1f} s, the baseline's "
+            f"{had:.1f} s); see the runs' rounds and their killed agents in the detail"
+        )
     load = (cl.get("loadavg") or {}).get("failures")
     return (f"why: the rounds close on the quorum without the killed agents (the simulator's "
             f"prediction, ~1.0), but the survivors' fixed costs rose from {had:.1f} s a round to "
