@@ -54,9 +54,11 @@ CLUSTER_TIMEOUT_S = 1800.0
 # comma-separated: the naive run alone takes up to NAIVE_TIMEOUT_S, the chain demo minutes)
 PARTS = ("live", "chain", "cluster")
 RESULTS_JSON = Path(__file__).resolve().parent / "results" / "results.json"
+CLUSTER_JSON = RESULTS_JSON.with_name("promises_cluster.json")  # the last cluster run, raw
 EMULATED = (
-    "agents emulate a GPU by waiting (`--compute-scale`, calibrated so a step takes "
-    "{step_s} s × batch / {batch}); lan links"
+    "agents emulate a GPU of a fixed speed by waiting (a bench hook, `GPUFLEX_EMULATED_SAMPLE_S`"
+    "={sample_s}: a task's compute takes {sample_s} s per training sample, a step {step_s} s × "
+    "batch / {batch}, whatever the host's load); lan links"
 )
 SIM_FACTOR = 1.5  # the simulator within 1.5x of the measurement
 
@@ -252,9 +254,12 @@ def _cluster(timeout_s: float = CLUSTER_TIMEOUT_S) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         return {"error": "timed out"}
     try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        out = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         return {"error": (done.stderr or done.stdout)[-1500:]}
+    # the run's own figures, so its rows can be rendered again without running it again
+    CLUSTER_JSON.write_text(json.dumps(out, indent=1), encoding="utf-8")
+    return out
 
 
 def _by_nodes(table: dict[Any, Any] | None) -> dict[int, Any]:
@@ -264,7 +269,32 @@ def _by_nodes(table: dict[Any, Any] | None) -> dict[int, Any]:
 
 def _emulated(cl: dict[str, Any]) -> str:
     setup = cl.get("setup", {})
-    return EMULATED.format(step_s=setup.get("step_s"), batch=setup.get("global_batch"))
+    step_s, batch = setup.get("step_s"), setup.get("global_batch")
+    sample_s = setup.get("sample_s") or (step_s / batch if step_s and batch else None)
+    return EMULATED.format(step_s=step_s, batch=batch, sample_s=f"{sample_s:g}")
+
+
+def _fixed_s(run: dict[str, Any] | None) -> float | None:
+    """A round's fixed cost, as measured on the run: a task's, then the round's own."""
+    costs = (run or {}).get("fixed_costs")
+    return costs["task_s"] + costs["round_s"] if costs else None
+
+
+def _bound_note(cl: dict[str, Any], nodes: int, goal: float) -> str:
+    """Why a round at `nodes` agents cannot be more efficient than its compute's share of it,
+    and what fixed cost would meet `goal`."""
+    run = _by_nodes(cl.get("scaling")).get(nodes) or {}
+    fixed, compute = _fixed_s(run), run.get("task_compute_nominal_s")
+    if fixed is None or not compute:
+        return ""
+    most = compute / (compute + fixed)
+    allowed = compute * (1 - goal) / goal
+    return (f"why: each round at {nodes} agents pays {fixed:.1f} s of fixed costs (measured: a "
+            f"task's claim wait, download, upload, sandbox and agent overhead, then queue wait, "
+            f"aggregation, evaluation and the next opening) beside {compute:g} s of compute, so "
+            f"at most {most:.2f} of a round computes; to meet it, fixed costs ≤ {allowed:.2f} s "
+            f"a round, or ≥ {fixed * goal / (1 - goal):.0f} s of compute a round (more local "
+            "steps or a slower GPU)")  # fmt: skip
 
 
 def _efficiency(times: dict[int, float | None], nodes: int) -> float | None:
@@ -310,9 +340,19 @@ def scaling_row(cl: dict[str, Any]) -> dict[str, Any]:
             "task_compute_nominal_s": {n: r.get("task_compute_nominal_s")
                                        for n, r in runs.items()},
             "efficiency_at_nominal_compute": _efficiency(_nominal_times(runs), big),
+            "fixed_costs": {n: r.get("fixed_costs") for n, r in runs.items()},
             "note": f"{_emulated(cl)}; efficiency per N: "
             + ", ".join(f"{n}: {e:.2f}" for n in sorted(times)
-                        if (e := _efficiency(times, n)) is not None),
+                        if (e := _efficiency(times, n)) is not None)
+            + "; fixed costs a round (measured, given to the simulator): "
+            + ", ".join(f"{n}: {f:.1f} s" for n in sorted(runs)
+                        if (f := _fixed_s(runs[n])) is not None)
+            + "; rounds to target measured / simulated (what the simulator predicts beside "
+            "the costs it is given): "
+            + ", ".join(f"{n}: {runs[n].get('rounds')} / {(sims.get(n) or {}).get('rounds')}"
+                        for n in sorted(runs))
+            + (f"; {why}" if measured is not None and measured < GOAL_EFFICIENCY
+               and (why := _bound_note(cl, big, GOAL_EFFICIENCY)) else ""),
         },
     })  # fmt: skip
 
@@ -331,7 +371,10 @@ def centralized_row(cl: dict[str, Any]) -> dict[str, Any]:
             "centralized_s": central.get("time_to_target_s"), "agents_s": fed,
             "centralized_steps": central.get("steps"),
             "note": f"one process, synchronous steps on the whole global batch, each held to "
-            f"1/{big} of one emulated GPU's step (evaluation not counted); {_emulated(cl)}",
+            f"1/{big} of one emulated GPU's step (evaluation not counted, no fixed costs); "
+            f"{_emulated(cl)}"
+            + (f"; {why}" if measured is not None and measured < GOAL_CENTRAL
+               and (why := _bound_note(cl, big, GOAL_CENTRAL)) else ""),
         },
     })  # fmt: skip
 
@@ -339,9 +382,14 @@ def centralized_row(cl: dict[str, Any]) -> dict[str, Any]:
 def failures_row(cl: dict[str, Any]) -> dict[str, Any]:
     fail = cl.get("failures") or {}
     big = fail.get("nodes", 10)
-    none = (_by_nodes(cl.get("scaling")).get(big) or {}).get("time_to_target_s")
+    # against the same agents warm where the bench ran that baseline, else the scaling run's
+    warm = cl.get("warm_baseline")
+    none = (warm or _by_nodes(cl.get("scaling")).get(big) or {}).get("time_to_target_s")
     measured = _ratio(fail.get("time_to_target_s"), none)
-    sim_none = (_by_nodes(cl.get("simulated")).get(big) or {}).get("time_to_target_s")
+    scaled = _by_nodes(cl.get("scaling"))
+    sim_base = cl.get("simulated_warm_baseline") if warm else None
+    sim_none = (sim_base or _by_nodes(cl.get("simulated")).get(big) or {}).get("time_to_target_s")
+    against = "the same agents warm, none killed" if warm else f"the scaling run at {big}"
     return _real(measured, {
         "met": None if measured is None else measured <= GOAL_FAILURE_RATIO,
         "simulated": _ratio((cl.get("simulated_failures") or {}).get("time_to_target_s"),
@@ -351,10 +399,17 @@ def failures_row(cl: dict[str, Any]) -> dict[str, Any]:
             "with_failures_s": fail.get("time_to_target_s"), "without_s": none,
             "rounds": fail.get("rounds"), "killed": fail.get("killed"),
             "error": fail.get("error"),
-            "note": f"SIGKILL to {round(0.2 * big)} of {big} agents holding a task at each "
-            f"round's opening, restarted at once; the simulator drops each node from a round "
-            f"with chance 0.2 (its disconnect model); "
-            f"{_emulated(cl)}",
+            "fixed_costs": fail.get("fixed_costs"),
+            "baseline_fixed_costs": (warm or {}).get("fixed_costs"),
+            "simulated_failures": (cl.get("simulated_failures") or {}).get("failures"),
+            "note": f"against {against}; "
+            f"SIGKILL to {round(0.2 * big)} of {big} agents holding a task at each "
+            f"round's opening, restarted at once (the agent's journal resumes its task); the "
+            f"simulator kills exactly as many a round, back after the agents' measured start "
+            f"time, with the baseline's measured fixed costs (trainer.sim.failures); "
+            f"{_emulated(cl)}"
+            + (f"; {why}" if measured is not None and measured > GOAL_FAILURE_RATIO
+               and (why := _failure_note(fail, warm or scaled.get(big), cl)) else ""),
         },
     })  # fmt: skip
 
@@ -370,9 +425,45 @@ def utilization_row(cl: dict[str, Any]) -> dict[str, Any]:
             "unit": f"compute seconds / (nodes × wall), {big} agents",
             "per_nodes": {n: r.get("utilization") for n, r in runs.items()},
             "note": f"the byte transformer on stdlib sources (the stdlib-lm example's model "
-            f"and corpus kind); {_emulated(cl)}, not wan (see detail of scaling)",
+            f"and corpus kind); {_emulated(cl)}, not wan (see detail of scaling)"
+            + (f"; {why}" if measured is not None and measured < GOAL_UTILIZATION
+               and (why := _bound_note(cl, big, GOAL_UTILIZATION)) else ""),
         },
     })  # fmt: skip
+
+
+def _failure_note(fail: dict[str, Any], base: dict[str, Any] | None,
+                  cl: dict[str, Any]) -> str:  # fmt: skip
+    """Why the failure run took longer: where its rounds' time went against the baseline's."""
+    got, had = _fixed_s(fail), _fixed_s(base)
+    if got is None or had is None:
+        return ""
+    if got <= had:
+        return (
+            f"why: not in the fixed costs (a round's: {got:.1f} s, the baseline's "
+            f"{had:.1f} s); see the runs' rounds and their killed agents in the detail"
+        )
+    load = (cl.get("loadavg") or {}).get("failures")
+    return (f"why: the rounds close on the quorum without the killed agents (the simulator's "
+            f"prediction, ~1.0), but the survivors' fixed costs rose from {had:.1f} s a round to "
+            f"{got:.1f} s: each round two agents and their warm task workers start again on the "
+            "same 2 cores as the eight at work"
+            + (f" (load average {load[0]:.1f})" if load else "")
+            + ", a cost of putting ten agents on one host that separate machines would not "
+            "share; to meet it, the killed agents on other hosts, or cores enough that a "
+            "restart does not slow the others")  # fmt: skip
+
+
+def _upload_note(up: dict[str, Any], measured: float | None, load: Any) -> str:
+    """Why a missed upload-to-training took as long: its submit call against the rest."""
+    if measured is None or measured < GOAL_UPLOAD_S or up.get("submit_s") is None:
+        return ""
+    return (f"; why: the submit call itself (the upload, the server's dataset checks and "
+            f"sharding) took {up['submit_s']:.1f} s, the rest is the job's first round opening "
+            "and an agent's claim"
+            + (f", on a host at load average {load[0]:.1f} on 2 cores" if load else "")
+            + "; to meet it, less of the submission's processing before the first lease or a "
+            "host not loaded past its cores")  # fmt: skip
 
 
 def upload_row(cl: dict[str, Any]) -> dict[str, Any]:
@@ -385,7 +476,8 @@ def upload_row(cl: dict[str, Any]) -> dict[str, Any]:
             "unit": "seconds", "rows": up.get("rows"), "bytes": up.get("bytes"),
             "submit_request_s": up.get("submit_s"),
             "note": f"a {up.get('rows')}-row CSV ({up.get('bytes')} bytes) submitted with its "
-            "job: the submit call's start to the first Task.leased_at",
+            "job: the submit call's start to the first Task.leased_at"
+            + _upload_note(up, measured, (cl.get("loadavg") or {}).get("dashboard")),
         },
     })  # fmt: skip
 
@@ -407,7 +499,13 @@ def dashboard_row(cl: dict[str, Any]) -> dict[str, Any]:
             f"{_fmt(d.get('p99_ms'))} ms over {d.get('frames_seen')} of {d.get('changes')} "
             f"changes from the service call's start (from its return, the commit done: p50 "
             f"{_fmt(d.get('after_commit_p50_ms'))}, p99 {_fmt(d.get('after_commit_p99_ms'))}); "
-            "the API's job stream (the page's own stream renders more), no browser rendering",
+            "the API's job stream (the page's own stream renders more), no browser rendering"
+            + (f"; why: the tail, on a host at load average {load[0]:.1f} on its 2 cores (other "
+               "work beside the bench); to meet it, the p99 on a host not loaded past its "
+               "cores, else find where the tail's frames wait (the after-commit p99 says "
+               "after the commit)"
+               if measured is not None and measured >= GOAL_DASHBOARD_MS
+               and (load := (cl.get("loadavg") or {}).get("dashboard")) else ""),
         },
     })  # fmt: skip
 
@@ -498,8 +596,11 @@ def render(promises: list[dict[str, Any]]) -> list[str]:
         "on simulated wan links, the demo's network-aware digits job and the same job as "
         "`rounds.mode: naive`, to 0.95 accuracy. scaling, centralized, failures, utilization: "
         "a compute-bound byte transformer (bench/promises_cluster.py) through 1, 2, 5 and 10 "
-        "agents that **emulate a GPU's speed by waiting** (`--compute-scale`, 2 cores here), on "
-        "simulated lan links. settlement and on_chain: `gpuflex demo --chain` on Hardhat. The "
+        "agents that **emulate a GPU of a fixed speed by waiting** (2 cores here: a task's "
+        "compute takes a time fixed by its samples, `GPUFLEX_EMULATED_SAMPLE_S`, a bench hook), "
+        "on simulated lan links; the simulator is given each run's fixed costs as measured "
+        "from the server's timestamps, and the failure run's exact kills. settlement and "
+        "on_chain: `gpuflex demo --chain` on Hardhat. The "
         "simulator's prediction of the same runs beside them. `<`/`>`: a bound (the naive run "
         "was stopped before the target). Rows not measured say so: nothing is filled in from "
         "the simulator; rows marked *carried* come from an earlier run of the bench.",

@@ -9,11 +9,19 @@ The job: scaling_bench's byte transformer on five standard-library modules, plai
 evenly over the N agents, LOCAL_STEPS steps a round, a round closing on 80 % of its updates,
 to a validation loss of TARGET_LOSS.
 
-Emulated GPUs: two cores cannot give ten agents real compute, so each agent emulates a GPU by
-waiting (`gpuflex-node run --compute-scale`, as the demo's slower nodes do): after a task it
-waits until the task took `compute_scale` times its real compute. The scale is calibrated here
-per batch size so that a step costs FLOPs-proportional time: STEP_S for the global batch's
-step, STEP_S x b / GLOBAL_BATCH for a node's b sequences (scaling_bench's time model).
+Emulated GPUs: two cores cannot give ten agents real compute, so each agent emulates a GPU of
+a fixed speed by waiting (desktop.emulated_gpu: GPUFLEX_EMULATED_SAMPLE_S in the agents'
+environment, a bench hook, no contributor option): a task's compute takes SAMPLE_S per
+training sample, the agent waiting out what its real compute did not take. A step then costs
+FLOPs-proportional time whatever the host's load: STEP_S for the global batch's step, STEP_S x
+b / GLOBAL_BATCH for a node's b sequences (scaling_bench's time model). `--compute-scale`,
+which multiplies the real compute, made ten agents on two cores measure the host's contention.
+
+The simulator's prediction of each run is given that run's fixed costs, measured from the
+server's own timestamps (trainer.sim.measured: what a task spends besides computing, what a
+round spends between its closing update and the next opening), and the failure run's
+prediction kills exactly as many nodes a round as the bench does, restarted and resuming
+their tasks (trainer.sim.failures).
 
 Rows: scaling (1, 2, 5, 10 agents), failures (10 agents, KILL_FRACTION of them killed with
 SIGKILL at every round's opening once they hold its tasks, restarted at once), utilization
@@ -25,6 +33,7 @@ its Server-Sent Events frame arriving at a client of the job's stream, p50 / p99
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -37,10 +46,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from desktop.emulated_gpu import SAMPLE_S_ENV
+
 GLOBAL_BATCH = 100
 LOCAL_STEPS = 10
 TARGET_LOSS = 2.7
 STEP_S = 2.0  # the global batch's step on one emulated GPU
+SAMPLE_S = STEP_S / GLOBAL_BATCH  # the emulated GPU's seconds per training sample
 NODE_COUNTS = (1, 2, 5, 10)
 KILL_FRACTION = 0.2
 QUORUM = 0.8
@@ -106,34 +118,65 @@ def real_step_s(corpus: Path, batch: int) -> float:
     return best
 
 
-def compute_scale(corpus: Path, nodes: int) -> tuple[float, float]:
-    """The agents' `--compute-scale` that makes a step on the node's batch take its
-    FLOPs-proportional share of STEP_S; and the real step time it was calibrated on."""
+def headroom(corpus: Path, nodes: int) -> dict[str, float]:
+    """A step's emulated time on the node's batch against this machine's real one (idle, one
+    thread): the emulation holds only while the real compute stays under the emulated, so
+    the factor between them is how much host contention it absorbs."""
     real = real_step_s(corpus, node_batch(nodes))
-    emulated = STEP_S * node_batch(nodes) / GLOBAL_BATCH
-    return max(emulated / real, 1.0), real
+    emulated = SAMPLE_S * node_batch(nodes)
+    return {"emulated_step_s": emulated, "real_step_s": real, "headroom": emulated / real}
 
 
 # ------------------------------------------------------------------ the simulator's side
 
 
-def simulated_time(corpus: Path, nodes: int, disconnect_p: float = 0.0) -> dict[str, Any]:
+def simulated_time(corpus: Path, nodes: int, costs: dict[str, float] | None = None,
+                   failures: Any = None) -> dict[str, Any]:  # fmt: skip
     """The simulator on the same job: N homogeneous nodes on NETWORK's links, every step
     charged so that the global batch's step takes STEP_S (bench.scaling_bench.charge_compute);
-    `disconnect_p`: each node drops out of a round with that chance (the simulator's failure
-    model: a fifth of the nodes on average, where the bench kills exactly a fifth)."""
+    `costs`: the fixed costs measured on the real run (trainer.sim.measured; None: the
+    simulator's defaults, WARM_TASKS); `failures`: trainer.sim.failures.Failures."""
     import dataclasses
 
     from bench.scaling_bench import charge_compute
     from trainer.sim.federated import run_federated
+    from trainer.sim.network import FixedCosts
 
     setup = _setup(corpus, nodes)
     charge_compute(setup, GLOBAL_BATCH, STEP_S)
-    setup.profiles = [dataclasses.replace(p, speed=1.0, disconnect_p=disconnect_p)
-                      for p in setup.profiles]  # fmt: skip
+    setup.profiles = [dataclasses.replace(p, speed=1.0) for p in setup.profiles]
+    if costs is not None:
+        setup.costs = FixedCosts(**costs)
+    setup.failures = failures
     result, _ = run_federated(setup)
     return {"time_to_target_s": result.time_to_target_s, "rounds": result.rounds_to_target,
-            "utilization": result.utilization}  # fmt: skip
+            "utilization": result.utilization,
+            "costs": dataclasses.asdict(setup.costs)}  # fmt: skip
+
+
+def round_times(job: Any) -> list[Any]:
+    """The job's done rounds as the server timed them (trainer.sim.measured.RoundTimes): the
+    opening, each accepted on-time update's arrival and compute, the next opening (the last
+    round: the job's end)."""
+    from marketplace.rounds.models import Task, TaskResult
+    from trainer.sim.measured import RoundTimes
+
+    rounds = list(job.rounds.filter(status="done").order_by("number"))
+    out = []
+    for i, r in enumerate(rounds):
+        nxt = rounds[i + 1].opened_at if i + 1 < len(rounds) else job.finished_at
+        if nxt is None:
+            continue
+        got = TaskResult.objects.filter(task__round=r, late=False).values_list(
+            "created_at", "compute_s"
+        )
+        out.append(RoundTimes(
+            opened=r.opened_at.timestamp(),
+            arrivals=tuple((at.timestamp(), float(c)) for at, c in got),
+            next_opened=nxt.timestamp(),
+            units=Task.objects.filter(round=r).count(),
+        ))  # fmt: skip
+    return out
 
 
 def simulated_centralized(corpus: Path, nodes: int) -> float | None:
@@ -207,14 +250,16 @@ class Session:
         # simulator does not model, and with one agent online a replica no other node may
         # take holds its round to the deadline (seen here: rounds of 120 s instead of 25 s)
         self.cluster.extra_env["GPUFLEX_PLATFORM_SPOT_CHECK_RATE"] = "0"
+        # every agent emulates a GPU of a fixed speed (desktop.emulated_gpu, a bench hook)
+        self.cluster.extra_env[SAMPLE_S_ENV] = f"{SAMPLE_S:.9g}"
         _setup_django(self.cluster)
         self.people = create_people()
         self.cluster.start_web()
         self.cluster.start_worker()
 
-    def agents(self, count: int, scale: float) -> int:
-        """Exactly `count` agents online, each emulating a GPU `scale` times slower than this
-        machine; returns how many came online."""
+    def agents(self, count: int) -> tuple[int, float]:
+        """Exactly `count` agents online, each emulating a GPU of SAMPLE_S a sample; returns
+        how many came online and the seconds from their start until they were."""
         from marketplace.demo.cluster import NodePlan
         from marketplace.demo.run import _wait_for_agents
         from marketplace.nodes.selectors import online_nodes
@@ -225,13 +270,15 @@ class Session:
             time.sleep(0.25)
         self.plans = {}
         for i in range(count):
-            plan = NodePlan(f"gpu-{i}", kind="platform", profile=NETWORK,
-                            compute_scale=round(scale, 3), price="3.00")  # fmt: skip
+            plan = NodePlan(f"gpu-{i}", kind="platform", profile=NETWORK, price="3.00")
             self.plans[plan.name] = plan
             if not (self.cluster.root / "agents" / plan.name / "config").exists():
                 self.cluster.configure_agent(plan, self.people["provider"].key)
+        started = time.monotonic()
+        for plan in self.plans.values():
             self.cluster.start_agent(plan)
-        return _wait_for_agents(count, 120)
+        online = _wait_for_agents(count, 120)
+        return online, time.monotonic() - started
 
     def client(self) -> Any:
         from marketplace.client import Client
@@ -246,6 +293,7 @@ class Session:
         from marketplace.demo.summary import job_timing
         from marketplace.jobs.models import Job
         from marketplace.rounds.models import Task, TaskResult
+        from trainer.sim.measured import measured_costs
 
         with self.client() as client:
             job = client.submit(job_spec(self.corpus, nodes), dataset=self.corpus,
@@ -263,14 +311,15 @@ class Session:
         losses = [r.metrics.get("loss") for r in row.rounds.filter(status="done")
                   .order_by("number")]  # fmt: skip
         lost = Task.objects.filter(round__job=row, attempts__gt=1).count()
-        # the emulated compute a task took (the agents' reported, scaled compute_s): nominal
-        # LOCAL_STEPS x STEP_S x batch / GLOBAL_BATCH; more where host load slowed the real
-        # compute the scale multiplies
+        # the compute a task took (the agents' reported compute_s): the emulated LOCAL_STEPS x
+        # SAMPLE_S x batch, more only where host load made the real compute take longer
         compute = TaskResult.objects.filter(task__round__job=row).aggregate(s=Avg("compute_s"))
-        nominal = LOCAL_STEPS * STEP_S * node_batch(nodes) / GLOBAL_BATCH
+        nominal = LOCAL_STEPS * SAMPLE_S * node_batch(nodes)
+        costs = measured_costs(round_times(row), QUORUM)
         return {"status": job["status"], "reached_target": bool(row.reached_target),
                 "rounds": row.rounds_done, "loss_per_round": losses, "tasks_retried": lost,
                 "task_compute_s": compute["s"], "task_compute_nominal_s": nominal,
+                "fixed_costs": dataclasses.asdict(costs) if costs else None,
                 "error": job.get("error") or None, **job_timing(row)}  # fmt: skip
 
 
@@ -425,16 +474,17 @@ def run() -> dict[str, Any]:
 
     out: dict[str, Any] = {"setup": {
         "global_batch": GLOBAL_BATCH, "local_steps": LOCAL_STEPS, "target_loss": TARGET_LOSS,
-        "step_s": STEP_S, "quorum": QUORUM, "network": NETWORK, "kill_fraction": KILL_FRACTION,
-        "emulated_gpu": "agents wait after each task until it took --compute-scale x its real "
-        "compute (desktop/task_pipeline.py); the scale is calibrated per batch size so a step "
-        f"takes {STEP_S} s x batch / {GLOBAL_BATCH}"}}  # fmt: skip
+        "step_s": STEP_S, "sample_s": SAMPLE_S, "quorum": QUORUM, "network": NETWORK,
+        "kill_fraction": KILL_FRACTION, "node_timeout_s": NODE_TIMEOUT_S,
+        "emulated_gpu": f"agents emulate a GPU of a fixed speed ({SAMPLE_S_ENV}="
+        f"{SAMPLE_S:g}: a task's compute takes {SAMPLE_S:g} s per training sample, so a step "
+        f"takes {STEP_S} s x batch / {GLOBAL_BATCH}; the agent waits out what real compute "
+        "did not take, desktop/emulated_gpu.py)"}}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gpuflex-promises-") as name:
         tmp = Path(name)
         corpus = stdlib_corpus(tmp)
-        scales = {n: compute_scale(corpus, n) for n in NODE_COUNTS}
-        out["compute_scale"] = {n: {"scale": s, "real_step_s": r} for n, (s, r) in scales.items()}
-        print(f"promises: compute scales {out['compute_scale']}", file=sys.stderr, flush=True)
+        out["headroom"] = {n: headroom(corpus, n) for n in NODE_COUNTS}
+        print(f"promises: emulation headroom {out['headroom']}", file=sys.stderr, flush=True)
         big = max(NODE_COUNTS)
         out["centralized"] = {"nodes": big, **centralized(corpus, big)}
         print(f"promises: centralized {out['centralized']}", file=sys.stderr, flush=True)
@@ -443,26 +493,56 @@ def run() -> dict[str, Any]:
             session.start()
             out["scaling"] = {}
             for n in NODE_COUNTS:
-                online = session.agents(n, scales[n][0])
-                out["scaling"][n] = {"online": online, **session.train(n)}
+                online, start_s = session.agents(n)
+                out["scaling"][n] = {"online": online, "agents_start_s": start_s,
+                                     **session.train(n)}  # fmt: skip
                 print(f"promises: {n} agents {out['scaling'][n]}", file=sys.stderr, flush=True)
+            out["loadavg"] = {"scaling": os.getloadavg()}
+            # the failure run's baseline: the same agents, warm, none killed (the scaling run
+            # at `big` paid its freshly started agents' warm-up in its first round)
+            out["warm_baseline"] = {"nodes": big, **session.train(big)}
+            print(f"promises: warm baseline {out['warm_baseline']}", file=sys.stderr, flush=True)
             killer = Killer(session.cluster, session.plans)
             out["failures"] = {"nodes": big, **session.train(big, on_round=killer),
                                "killed": killer.killed}  # fmt: skip
+            out["loadavg"]["failures"] = os.getloadavg()
             print(f"promises: failures {out['failures']}", file=sys.stderr, flush=True)
             up = upload_to_training(session, write_rows(tmp / "rows.csv"))
             out["upload_to_training"] = up
             print(f"promises: upload {up}", file=sys.stderr, flush=True)
             out["dashboard"] = dashboard(session, up["job_id"])
+            out["loadavg"]["dashboard"] = os.getloadavg()
             print(f"promises: dashboard {out['dashboard']}", file=sys.stderr, flush=True)
         except Exception as exc:  # what ran is kept; the error is reported beside it
             out["error"] = f"{type(exc).__name__}: {exc}"[:800]
         finally:
             session.cluster.close()
-        out["simulated"] = {n: simulated_time(corpus, n) for n in NODE_COUNTS}
-        out["simulated_centralized_s"] = simulated_centralized(corpus, big)
-        out["simulated_failures"] = simulated_time(corpus, big, KILL_FRACTION)
+        out |= simulate(corpus, out)
     return out
+
+
+def simulate(corpus: Path, out: dict[str, Any]) -> dict[str, Any]:
+    """The simulator's predictions of the runs in `out`: each given the fixed costs measured
+    on its real run; the failure run given the no-failure run's costs (a prediction, not a
+    fit; its warm baseline's where it ran) and exactly the kills the bench made, restarted
+    agents back after the time agents took to come online."""
+    from trainer.round_lifecycle import TICK_S
+    from trainer.sim.failures import Failures
+
+    runs = out.get("scaling") or {}
+    big = max(NODE_COUNTS)
+    sims = {n: simulated_time(corpus, n, (runs.get(n) or {}).get("fixed_costs"))
+            for n in NODE_COUNTS}  # fmt: skip
+    restart = (runs.get(2) or runs.get(big) or {}).get("agents_start_s")
+    failures = Failures(per_round=max(1, round(KILL_FRACTION * big)), back_after_s=restart,
+                        detect_s=NODE_TIMEOUT_S + TICK_S)  # fmt: skip
+    base = out.get("warm_baseline") or runs.get(big) or {}
+    return {"simulated": sims,
+            "simulated_centralized_s": simulated_centralized(corpus, big),
+            "simulated_warm_baseline": simulated_time(corpus, big, base.get("fixed_costs")),
+            "simulated_failures": {
+                **simulated_time(corpus, big, base.get("fixed_costs"), failures),
+                "failures": dataclasses.asdict(failures)}}  # fmt: skip
 
 
 def main() -> int:

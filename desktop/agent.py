@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from desktop import __version__, local_datasets, runtime_keeper
+from desktop import __version__, emulated_gpu, local_datasets, runtime_keeper
 from desktop.agent_status import (  # re-exported: the CLI, the tray and tests import them here
     AgentStatus,
     Event,
@@ -123,6 +123,8 @@ class Agent:
         self.policy_check_s = policy_check_s  # how often a running task re-checks the policy
         # > 1 simulates a slower GPU (demos and tests on one machine): see _record_trained
         self.compute_scale = max(float(self._settings.extra.get("compute_scale", 1.0)), 1.0)
+        # > 0: a bench's emulated GPU of a fixed speed, seconds per sample (desktop.emulated_gpu)
+        self.emulated_sample_s = emulated_gpu.sample_s()
         # fault injection (desktop/fault_injection.py): "MODE:SCALE" for the task runner,
         # which corrupts every update this node sends; "" for an honest node
         self.byzantine = str(self._settings.extra.get("byzantine") or "")

@@ -37,6 +37,7 @@ from desktop import local_datasets
 from desktop.agent_status import State, TaskStatus
 from desktop.client import ApiError, Stopped, Unavailable
 from desktop.config import save_settings
+from desktop.emulated_gpu import hold_s, samples_trained, step_s
 from desktop.hardware import gpu_metrics
 from desktop.journal import TaskRecord
 from desktop.local_datasets import DatasetRefused, LocalDataset
@@ -507,7 +508,14 @@ class TaskPipeline:
         except UnsafeOutput as exc:  # its message names the file, never quotes its bytes
             self._finish_failed(rec, "crashed", f"the task produced an unusable update: {exc}")
             return
-        if self.node.compute_scale > 1.0:
+        if self.node.emulated_sample_s > 0:
+            # a bench's emulated GPU: the task's compute takes the time its work fixes,
+            # whatever this host's load made the real compute take (desktop.emulated_gpu)
+            emulated = self.node.emulated_sample_s * samples_trained(rec.task, metrics)
+            real = metrics.get("compute_s", 0.0)
+            self.node._stop.wait(hold_s(real, emulated))
+            metrics["compute_s"] = max(real, emulated)
+        elif self.node.compute_scale > 1.0:
             # a simulated slower GPU takes longer for the same (bit-identical) result
             extra = (self.node.compute_scale - 1.0) * metrics.get("compute_s", 0.0)
             self.node._stop.wait(extra)
@@ -632,7 +640,9 @@ class TaskPipeline:
                 link_or_copy_output(src, name, folder / name)  # a symlink is refused
             if (src / PROGRAM).exists():  # an exported model's program
                 link_or_copy_output(src, PROGRAM, folder / PROGRAM)
-            marker = {"task": rec.id, "pace": self.node.compute_scale}  # see task_runner._pace
+            # see task_runner._pace: the continuation's steps are slowed as they happen
+            marker = {"task": rec.id, "pace": self.node.compute_scale,
+                      "step_s": step_s(rec.task, self.node.emulated_sample_s)}  # fmt: skip
             (folder / CONTINUE).write_text(json.dumps(marker), encoding="utf-8")
         except OSError as exc:  # best effort: the upload is what counts
             self.node._warn(f"task {rec.id}: cannot train on while uploading ({exc})")

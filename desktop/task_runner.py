@@ -285,13 +285,20 @@ def _local_dataset(folder: Path, spec: Any, state: dict[str, Any]) -> Any:
 
 
 def _watch_steps(
-    model: Any, steps: int, accum: int, stop: tuple[Path, ...] = (), pace: float = 1.0
+    model: Any,
+    steps: int,
+    accum: int,
+    stop: tuple[Path, ...] = (),
+    pace: float = 1.0,
+    min_step_s: float = 0.0,
 ) -> dict[str, Any]:
     """Hooks on `model`: progress events for the agent's progress bar (train_local has no
     callback; one forward per micro-batch, `accum` of them make a step), and with `stop`, a
     graceful stop before the step that would start once one of those files exists. `pace` > 1 holds
     each step back to `pace` x the time it took, as a GPU that many times slower would (the
-    agent's `compute_scale`, a bench device, or the owner's GPU use cap). Returns the count
+    agent's `compute_scale`, a bench device, or the owner's GPU use cap); `min_step_s` > 0
+    holds each step back to at least that long (a bench's emulated GPU of a fixed speed,
+    desktop.emulated_gpu). Returns the count
     of training forwards, `n`, and the seconds held back, `held_s`."""
     total = steps * accum
     seen = {"n": 0, "t": 0.0, "step": time.monotonic(), "held_s": 0.0}
@@ -308,9 +315,10 @@ def _watch_steps(
         # only between steps: the weights then hold exactly the steps done
         if not module.training or seen["n"] % accum:
             return
-        if pace > 1.0 and seen["n"]:
+        if (pace > 1.0 or min_step_s > 0) and seen["n"]:
             held = time.monotonic()
-            until = held + (pace - 1.0) * (held - seen["step"])
+            took = held - seen["step"]
+            until = held + max((pace - 1.0) * took, min_step_s - took)
             while time.monotonic() < until and not any(p.exists() for p in stop):
                 time.sleep(min(0.02, max(0.0, until - time.monotonic())))
             seen["held_s"] += time.monotonic() - held
@@ -319,7 +327,7 @@ def _watch_steps(
         seen["step"] = time.monotonic()
 
     model.register_forward_hook(on_forward)
-    if stop or pace > 1.0:
+    if stop or pace > 1.0 or min_step_s > 0:
         model.register_forward_pre_hook(before_forward)
     return seen
 
@@ -632,16 +640,21 @@ def _duty_pace() -> float:
     return 1.0 / duty if math.isfinite(duty) and 0.05 <= duty < 1.0 else 1.0
 
 
-def _pace(folder: Path) -> float:
-    """The continuation's `pace` (continue.json): how many times slower than this machine
-    the agent simulates its GPU. The agent slows its tasks itself, after they ran; a
-    continuation is stopped by time (its upload's end), so its steps must be slowed as they
-    happen."""
+def _pace(folder: Path) -> tuple[float, float]:
+    """The continuation's `pace` and `step_s` (continue.json): how many times slower than
+    this machine the agent simulates its GPU, and the least time a step takes on a bench's
+    emulated GPU (desktop.emulated_gpu; 0: none). The agent slows its tasks itself, after
+    they ran; a continuation is stopped by time (its upload's end), so its steps must be
+    slowed as they happen."""
     try:
-        pace = float(json.loads((folder / CONTINUE).read_text(encoding="utf-8")).get("pace", 1))
+        marker = json.loads((folder / CONTINUE).read_text(encoding="utf-8"))
+        pace, step_s = float(marker.get("pace", 1)), float(marker.get("step_s", 0))
     except (OSError, ValueError, TypeError, AttributeError):
-        return 1.0
-    return pace if math.isfinite(pace) and pace > 1.0 else 1.0
+        return 1.0, 0.0
+    return (
+        pace if math.isfinite(pace) and pace > 1.0 else 1.0,
+        step_s if math.isfinite(step_s) and step_s > 0 else 0.0,
+    )
 
 
 def _task_lr(task: dict[str, Any]) -> float | None:
@@ -733,10 +746,10 @@ def run_continuation(folder: Path) -> int:
     model = build_model(spec.model, data.input_shape, data.num_classes, seed=spec.seed).to(device)
     cap = int(task.get("steps") or 0) or None
     accum = spec.local.grad_accum_steps
-    pace = _pace(folder)
+    pace, step_s = _pace(folder)
     # asked to pause (the agent stopping, desktop/README.md), it stops as it would at the
     # upload's end: its progress is kept
-    seen = _watch_steps(model, cap or 1, accum, (folder / STOP, folder / PAUSE), pace)
+    seen = _watch_steps(model, cap or 1, accum, (folder / STOP, folder / PAUSE), pace, step_s)
     started = time.perf_counter()
     stopped = False
     try:

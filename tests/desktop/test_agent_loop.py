@@ -503,3 +503,24 @@ def test_a_heartbeat_names_every_task_the_node_holds(logged_in, isolated_dirs, f
     held = recorder.bodies[-1]["task_ids"]
     assert held == [f"t-{i}" for i in range(32)]
     assert "t-done" not in held
+
+
+def test_an_emulated_gpu_reports_the_compute_its_work_fixes(
+    market, logged_in, isolated_dirs, fake_bench, monkeypatch
+):
+    """With the bench's emulated GPU (GPUFLEX_EMULATED_SAMPLE_S) a task's compute is what its
+    samples fix (20 steps x 32 samples x 0.001 s = 0.64 s), or the real compute where a
+    loaded host took longer: never a multiple of the real compute."""
+    from desktop.emulated_gpu import SAMPLE_S_ENV
+
+    monkeypatch.setenv(SAMPLE_S_ENV, "0.001")
+    market.add(digits_task("t-e"))
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: "t-e" in market.accepted(), what="the update")
+    finally:
+        agent.stop()
+    rec = Journal(isolated_dirs.journal).get("t-e")
+    assert rec is not None and rec.metrics["steps"] == 20
+    assert rec.metrics["compute_s"] >= 20 * 32 * 0.001

@@ -209,11 +209,36 @@ def test_a_paced_continuation_steps_as_a_slower_gpu_would(
     assert clock.now == 7.0  # no wait once it is asked to stop (it would have been 9)
 
 
+def test_an_emulated_gpus_steps_take_at_least_their_fixed_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`min_step_s` 2 (a bench's emulated GPU, desktop.emulated_gpu): a step that computed
+    for 0.5 s is held to 2 s, one that took 3 s (a loaded host) is not held at all."""
+    clock = _Clock()
+    monkeypatch.setattr(task_runner, "time", clock)
+    model = torch.nn.Linear(2, 2)
+    seen = task_runner._watch_steps(model, steps=10, accum=1, min_step_s=2.0)
+    x = torch.zeros(1, 2)
+    starts = []
+    for compute in (0.5, 3.0, 0.5):
+        model(x)
+        starts.append(clock.now)
+        clock.now += compute
+    model(x)
+    starts.append(clock.now)
+    assert starts == [0.0, 2.0, 5.0, 7.0]
+    assert seen["held_s"] == 1.5 + 1.5
+
+
 @pytest.mark.parametrize(
     ("marker", "pace"),
-    [({"pace": 4}, 4.0), ({}, 1.0), ({"pace": "nan"}, 1.0), ({"pace": 0.5}, 1.0), ([], 1.0)],
-)
-def test_the_continuation_reads_its_pace(tmp_path: Path, marker: object, pace: float) -> None:
+    [({"pace": 4}, (4.0, 0.0)), ({}, (1.0, 0.0)), ({"pace": "nan"}, (1.0, 0.0)),
+     ({"pace": 0.5}, (1.0, 0.0)), ([], (1.0, 0.0)), ({"pace": 1, "step_s": 0.2}, (1.0, 0.2)),
+     ({"step_s": -1}, (1.0, 0.0)), ({"step_s": "inf"}, (1.0, 0.0))],
+)  # fmt: skip
+def test_the_continuation_reads_its_pace(
+    tmp_path: Path, marker: object, pace: tuple[float, float]
+) -> None:
     (tmp_path / task_runner.CONTINUE).write_text(json.dumps(marker))
     assert task_runner._pace(tmp_path) == pace
 

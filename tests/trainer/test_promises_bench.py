@@ -86,7 +86,8 @@ CLUSTER = {
         "1": {"online": 1, "time_to_target_s": 100.0, "rounds": 6, "job_wall_s": 100.0,
               "utilization": 0.9},
         "10": {"online": 10, "time_to_target_s": 20.0, "rounds": 6, "job_wall_s": 20.0,
-               "utilization": 0.5},
+               "utilization": 0.5, "task_compute_nominal_s": 2.0,
+               "fixed_costs": {"task_s": 1.0, "round_s": 0.5}},
     },
     "centralized": {"nodes": 10, "time_to_target_s": 15.0, "steps": 70},
     "failures": {"nodes": 10, "time_to_target_s": 30.0, "rounds": 7,
@@ -119,7 +120,13 @@ def test_the_cluster_rows_are_ratios_against_their_goals() -> None:
     # naive and bytes were not run: not measured, not invented
     assert rows["naive"]["measured"] is None and rows["bytes"]["measured"] is None
     table = "\n".join(pb.render(list(rows.values())))
-    assert "emulate a GPU's speed by waiting" in table
+    assert "emulate a GPU of a fixed speed by waiting" in table
+    assert "GPUFLEX_EMULATED_SAMPLE_S`=0.02" in table  # how the GPU is emulated, in the row
+    # a missed row says why (its measured fixed costs against its compute) and what would
+    # meet it: efficiency 0.8 with 2 s of compute needs fixed costs of at most 0.5 s a round
+    note = rows["scaling"]["detail"]["note"]
+    assert "1.5 s of fixed costs" in note and "fixed costs ≤ 0.50 s a round" in note
+    assert "10: 1.5 s" in note
 
 
 def test_a_cluster_run_that_broke_measures_nothing_it_did_not_reach() -> None:
@@ -149,3 +156,15 @@ def test_the_parts_to_run_are_named_or_refused() -> None:
         assert "naive" in str(exc) and "live" in str(exc)
     else:
         raise AssertionError("an unknown part was accepted")
+
+
+def test_failures_are_timed_against_the_same_agents_warm_where_that_baseline_ran() -> None:
+    """The scaling run at 10 pays its freshly started agents' warm-up; a warm baseline (the
+    same agents, none killed) is the failure run's like for like, in the measurement and in
+    the simulator's prediction."""
+    warm = CLUSTER | {"warm_baseline": {"nodes": 10, "time_to_target_s": 24.0},
+                      "simulated_warm_baseline": {"time_to_target_s": 10.0}}  # fmt: skip
+    row = {r["key"]: r for r in pb.rows(None, None, cluster=warm)}["failures"]
+    assert row["measured"] == 30.0 / 24.0 and row["met"] is True
+    assert row["simulated"] == 11.0 / 10.0
+    assert "against the same agents warm" in row["detail"]["note"]

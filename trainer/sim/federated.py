@@ -170,18 +170,32 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
     compute_s = bytes_up = bytes_down = 0.0
     dropped = rejected = 0
     task_s = setup.costs.task_s  # every node's task pays it once, before its download
+    fails = setup.failures
+    victims = fails.victims(len(setup.profiles), setup.seed, r) if fails else frozenset()
     for i, (profile, shard) in enumerate(zip(setup.profiles, setup.shards, strict=True)):
         w = work[i]
         t_down = profile.transfer_s(model_bytes, upload=False)
         bytes_down += model_bytes
         t_compute = w.steps * profile.step_s(setup.train_flops_per_sample * w.batch_size)
+        # a failed node that comes back resumes its task from its journal: it starts over,
+        # its update late by the work lost and its restart (trainer.sim.failures)
+        redo = 0.0
         cut = disconnects(profile, setup.seed, r)
+        if cut is None and i in victims:
+            assert fails is not None
+            if fails.back_after_s is None:
+                cut = fails.at
+            else:
+                dropped += 1
+                compute_s += fails.at * t_compute
+                redo = task_s + t_down + fails.at * t_compute + fails.back_after_s
         if cut is not None:
             # The node vanished partway; the marketplace learns of it from missed heartbeats
             # (GPUFLEX_NODE_TIMEOUT_S, then the next tick: trainer.round_lifecycle).
             dropped += 1
             compute_s += cut * t_compute
-            finish.append(task_s + t_down + cut * t_compute + FAILURE_DETECT_S)
+            detect_s = fails.detect_s if fails and i in victims else FAILURE_DETECT_S
+            finish.append(task_s + t_down + cut * t_compute + detect_s)
             continue
         started = time.perf_counter()
         local = train_local(
@@ -201,7 +215,7 @@ def _round(setup, strategy, global_state, work, r, result, chain, store, options
         payload = encode_state(local.delta, {"node": str(i), "round": str(r)})
         bytes_up += len(payload)
         compute_s += t_compute
-        start_up = task_s + t_down + t_compute
+        start_up = redo + task_s + t_down + t_compute
         try:
             delta, _ = decode_update(
                 payload, update_part(setup.spec.model, global_state), max_norm=max_norm

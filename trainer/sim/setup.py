@@ -18,6 +18,7 @@ from trainer.models import (
 )
 from trainer.privacy import with_budget_noise
 from trainer.sharding import plan_shards
+from trainer.sim.failures import Failures
 from trainer.sim.network import WARM_TASKS, FixedCosts, NodeProfile, get_profile
 from trainer.spec import JobSpec
 
@@ -35,6 +36,8 @@ class SimSetup:
     network: str
     seed: int
     costs: FixedCosts = WARM_TASKS  # what a real task and round cost besides transfers, compute
+    # exactly so many nodes fail each round, as a bench kills agents (run_federated's rounds)
+    failures: Failures | None = None
 
     @property
     def train_flops_per_sample(self) -> int:
