@@ -63,6 +63,9 @@ class Cluster:
     # False: ignore DATABASE_URL & co. in this process's environment (the embedded default
     # unless extra_env names services); the fault tests run inside a configured test process
     inherit_services: bool = True
+    # this machine's hardware and benchmark, measured once (desktop.probe.save_measured):
+    # each agent starts with them (`--measured`) instead of probing in a torch child of its own
+    measured: Path | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -175,6 +178,8 @@ class Cluster:
         if plan.byzantine:  # fault injection's own entry point: no contributor option
             cmd = [sys.executable, "-m", "desktop.fault_injection", "--byzantine", plan.byzantine]
         cmd += ["--server", self.url, "--network-profile", plan.profile, "--claim-wait", "5"]
+        if self.measured is not None:
+            cmd += ["--measured", str(self.measured)]
         if plan.compute_scale != 1.0:
             cmd += ["--compute-scale", str(plan.compute_scale)]
         self._start(f"agent-{plan.name}", cmd, self.env() | self.agent_dirs(plan.name))

@@ -71,13 +71,16 @@ def _setup_django(cluster: Cluster) -> None:
 
 
 def _benchmark(cluster: Cluster) -> float:
-    """Benchmark this machine once for all agents (instead of five at once on two cores);
-    its fp32 throughput is the demo's reference GPU."""
-    from desktop.probe import probe
+    """Measure this machine once for all agents (instead of five torch probes at once on
+    two cores): they start with these figures (`gpuflex-node run --measured`), and its fp32
+    throughput is the demo's reference GPU."""
+    from desktop.probe import probe, save_measured
 
     cache = Path(cluster.agent_dirs("any")["GPUFLEX_NODE_CACHE_DIR"])
-    _, result, _ = probe(cache, quick=True)  # in a child: the demo itself holds no torch
+    hw, result, _ = probe(cache, quick=True)  # in a child: the demo itself holds no torch
     assert result is not None
+    cluster.measured = cache / "measured.json"
+    save_measured(cluster.measured, hw, result)
     return float(result.matmul_tflops.get("fp32") or 1.0)
 
 
