@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,9 @@ class Cluster:
     # this machine's hardware and benchmark, measured once (desktop.probe.save_measured):
     # each agent starts with them (`--measured`) instead of probing in a torch child of its own
     measured: Path | None = None
+    # makes a platform node's enrollment token; None: the operator's command, in a process
+    # of its own (the demo, which has Django set up already, calls the service instead)
+    enroll: Callable[[], str] | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -104,13 +108,17 @@ class Cluster:
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root,
             )  # fmt: skip
 
-    def start_web(self, threads: int = 24, name: str = "web", port: int | None = None) -> None:
-        """A web server on the cluster's port, or, behind `start_proxy`, on a port of its own."""
+    def start_web(
+        self, threads: int = 24, name: str = "web", port: int | None = None, wait: bool = True
+    ) -> None:
+        """A web server on the cluster's port, or, behind `start_proxy`, on a port of its own.
+        `wait=False`: return at once (`wait_http` later), to start other things meanwhile."""
         port = port or self.port
         self._start(name, [sys.executable, "-m", "marketplace.cli", "serve", "--no-migrate",
                            "--bind", f"127.0.0.1:{port}", "--workers", "1",
                            "--threads", str(threads)])  # fmt: skip
-        self.wait_http(name, f"http://127.0.0.1:{port}")
+        if wait:
+            self.wait_http(name, f"http://127.0.0.1:{port}")
 
     def start_worker(
         self, name: str = "worker", queues: str = "all", beat: bool = True, **env: str
@@ -166,6 +174,8 @@ class Cluster:
     def enrollment_token(self) -> str:
         """A platform node is enrolled by the operator: a one-use token from the command an
         operator runs (`gpuflex manage create_enrollment_token`)."""
+        if self.enroll is not None:
+            return self.enroll()
         out = subprocess.run(
             [sys.executable, "-m", "marketplace.manage", "create_enrollment_token",
              "--memo", "demo cluster"],
@@ -192,11 +202,7 @@ class Cluster:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        _reap(proc)
 
     def alive(self, name: str) -> bool:
         proc = self.procs.get(name)
@@ -221,10 +227,18 @@ class Cluster:
         raise TimeoutError(f"the web server was not ready within {timeout:.0f} s")
 
     def close(self) -> None:
-        """Agents first (gracefully: they finish their journal), then the server side."""
+        """Agents first (gracefully: they finish their journal), then the server side: every
+        process told at once, then each waited for (their shutdowns overlap)."""
         self.stop_agents()
-        for name in list(self.procs):
-            self.kill(name, signal.SIGTERM)
+        told = []
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    told.append(proc)
+        self.procs.clear()
+        for proc in told:
+            _reap(proc)
 
     def stop_agents(self) -> None:
         agents = [n for n in self.procs if n.startswith("agent-")]
@@ -242,3 +256,13 @@ class Cluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Wait for a process told to stop; one stuck past 20 s is killed, its children too."""
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
