@@ -157,7 +157,9 @@ def run(opts: Options) -> dict[str, Any]:
                                  f"{root / 'logs'})")  # fmt: skip
             model_path, _ = client.download(job["id"], root / "model")
         if not opts.serve:
-            cluster.stop_agents()  # their work is done; the summary's replay needs the memory
+            # their work is done (and the money settled with the job's last round, unless
+            # --chain's batches are still to come); the summary's replay needs the memory
+            cluster.stop_agents(with_worker=not opts.chain)
             done("agents_stopped")
         summary = summarize(job["id"], {p.name: asdict(p) for p in opts.nodes})
         done("summary")

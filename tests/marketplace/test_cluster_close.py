@@ -26,3 +26,17 @@ def test_the_enrollment_token_comes_from_the_cluster_s_hook(tmp_path: Path) -> N
     instead of starting `gpuflex manage create_enrollment_token`."""
     cluster = Cluster(tmp_path, enroll=lambda: "gfx_e_made_here")
     assert cluster.enrollment_token() == "gfx_e_made_here"
+
+
+def test_stopping_the_agents_with_the_worker_leaves_the_web_server(tmp_path: Path) -> None:
+    """The demo, its job ended, stops the agents and the worker together; the web server
+    stays until the cluster closes (the agents may talk to it as they stop)."""
+    cluster = Cluster(tmp_path)
+    for name in ("agent-a", "agent-b", "web", "worker"):
+        cluster._start(name, [sys.executable, "-c", _SLEEPER])
+    procs = dict(cluster.procs)
+    cluster.stop_agents(with_worker=True)
+    assert list(cluster.procs) == ["web"] and cluster.alive("web")
+    assert all(procs[n].poll() is not None for n in ("agent-a", "agent-b", "worker"))
+    cluster.close()
+    assert procs["web"].poll() is not None
