@@ -156,12 +156,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.measured is not None:  # figures measured already: no probe (no torch) at start
         from pathlib import Path
 
+        from desktop.lanes import plan_lanes
         from desktop.probe import MeasuredFileError, load_measured
 
         try:
             hw, bench = load_measured(Path(args.measured))
         except MeasuredFileError as exc:
             print(f"--measured: {exc}", file=sys.stderr)
+            return 2
+        if plan_lanes(hw, settings.excluded_gpus) is not None:  # one figure for every GPU
+            print(f"--measured: {args.measured} names {len(hw.gpus)} GPUs; a machine that "
+                  "works one GPU per lane measures each GPU itself (run without --measured)",
+                  file=sys.stderr)  # fmt: skip
             return 2
     paths = Paths.default()
     try:

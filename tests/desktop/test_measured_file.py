@@ -15,7 +15,7 @@ import desktop.agent
 import desktop.daemon
 from desktop.bench_result import BenchmarkResult
 from desktop.cli import main
-from desktop.hardware import HardwareReport
+from desktop.hardware import GpuInfo, HardwareReport
 from desktop.probe import MeasuredFileError, load_measured, save_measured
 
 
@@ -105,3 +105,19 @@ def test_run_refuses_a_measured_file_it_cannot_read(
     assert main(["run", "--measured", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("--measured: cannot read") and "none.json" in err
+
+
+def test_run_refuses_one_figure_for_a_machine_of_gpu_lanes(
+    tmp_path: Path, hardware: HardwareReport, fake_bench: BenchmarkResult,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Each GPU of a multi-GPU machine is a node with its own speed (desktop.lanes): one
+    benchmark handed to all of them would give every lane the same speed."""
+    gpus = [GpuInfo(index=i, vendor="nvidia", name=f"Fake RTX {i}", memory_total_mb=24576,
+                    backend="cuda") for i in range(2)]  # fmt: skip
+    two = dataclasses.replace(hardware, gpus=gpus)
+    save_measured(
+        tmp_path / "m.json", two, dataclasses.replace(fake_bench, fingerprint=two.fingerprint())
+    )
+    assert main(["run", "--measured", str(tmp_path / "m.json")]) == 2
+    assert "measures each GPU itself" in capsys.readouterr().err
