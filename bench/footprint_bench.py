@@ -64,10 +64,11 @@ def web_process(repeats: int = 3) -> dict[str, Any]:
 
 
 def _peaks(
-    proc: subprocess.Popen, timeout_s: float
+    proc: subprocess.Popen, timeout_s: float, at_peak: list[tuple[str, float]] | None = None
 ) -> tuple[float, float, dict[int, tuple[str, float]]]:
     """Wait for `proc`, polling its process tree: (wall seconds, the largest total PSS at one
-    instant in MB, pid -> (command, its own resident peak in MB))."""
+    instant in MB, pid -> (command, its own resident peak in MB)). `at_peak`, when given,
+    is filled with each process's (command, PSS in MB) at that instant: what made the peak."""
     root = psutil.Process(proc.pid)
     peaks: dict[int, tuple[str, float]] = {}
     peak_total = 0.0
@@ -81,6 +82,7 @@ def _peaks(
         except psutil.NoSuchProcess:
             break
         total = 0.0
+        now: list[tuple[str, float]] = []
         for p in tree:
             try:
                 info = p.memory_full_info()
@@ -88,9 +90,12 @@ def _peaks(
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             total += getattr(info, "pss", info.rss) / 2**20
+            now.append((name, getattr(info, "pss", info.rss) / 2**20))
             rss = info.rss / 2**20
             if rss > peaks.get(p.pid, ("", 0.0))[1]:
                 peaks[p.pid] = (name, rss)
+        if total > peak_total and at_peak is not None:
+            at_peak[:] = now
         peak_total = max(peak_total, total)
         time.sleep(0.25)
     proc.wait()
@@ -107,16 +112,39 @@ def manage_check() -> dict[str, Any]:
 
 
 def demo() -> dict[str, Any]:
+    """One `gpuflex demo --json`: its wall time, the CPU-seconds of all its processes (the
+    figure other load on the machine inflates least), the summed peak and what made it, and
+    the demo's own `phases_s` (when each start-up step ended)."""
+    import resource
+
+    def cpu_s() -> float:  # every descendant waited for: the demo reaps its own processes
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ru.ru_utime + ru.ru_stime
+
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "marketplace.cli", "demo", "--data-dir", f"{tmp}/demo"]
-        proc = subprocess.Popen(cmd, env=_env(), cwd=tmp, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        wall, total, peaks = _peaks(proc, 900)
+        cmd = [sys.executable, "-m", "marketplace.cli", "demo", "--json", "--data-dir",
+               f"{tmp}/demo"]  # fmt: skip
+        cpu_before = cpu_s()
+        at_peak: list[tuple[str, float]] = []
+        with open(f"{tmp}/summary.json", "wb") as summary:  # a pipe nobody reads could fill
+            proc = subprocess.Popen(cmd, env=_env(), cwd=tmp, stdout=summary,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            wall, total, peaks = _peaks(proc, 900, at_peak)
+        lines = Path(tmp, "summary.json").read_text().strip().splitlines()
+    phases = json.loads(lines[-1]).get("phases_s") if lines else None
     top = sorted(peaks.values(), key=lambda p: -p[1])
     return {
         "exit": proc.returncode,
         "wall_s": wall,
+        "cpu_s": cpu_s() - cpu_before,
+        "load_average": os.getloadavg(),
+        "phases_s": phases,
         "peak_total_mb": total,
+        "at_peak": [
+            {"cmd": n, "pss_mb": round(mb)}
+            for n, mb in sorted(at_peak, key=lambda p: -p[1])
+            if mb > 20
+        ],
         "processes": [{"cmd": name, "peak_mb": round(mb)} for name, mb in top if mb > 20],
     }
 

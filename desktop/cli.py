@@ -152,9 +152,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     from desktop.daemon import Daemon
     from desktop.service_lock import AlreadyRunning
 
+    hw = bench = None
+    if args.measured is not None:  # figures measured already: no probe (no torch) at start
+        from pathlib import Path
+
+        from desktop.lanes import plan_lanes
+        from desktop.probe import MeasuredFileError, load_measured
+
+        try:
+            hw, bench = load_measured(Path(args.measured))
+        except MeasuredFileError as exc:
+            print(f"--measured: {exc}", file=sys.stderr)
+            return 2
+        if plan_lanes(hw, settings.excluded_gpus) is not None:  # one figure for every GPU
+            print(f"--measured: {args.measured} names {len(hw.gpus)} GPUs; a machine that "
+                  "works one GPU per lane measures each GPU itself (run without --measured)",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     paths = Paths.default()
     try:
-        daemon = Daemon.open(paths, lambda: Agent(settings, paths, claim_wait_s=args.claim_wait))
+        daemon = Daemon.open(paths, lambda: Agent(settings, paths, hardware=hw, bench=bench,
+                                                  claim_wait_s=args.claim_wait))  # fmt: skip
     except AlreadyRunning as exc:
         who = f"pid {exc.pid}" if exc.pid else "another process"
         print(f"gpuflex-node is already running for {paths.data} ({who}); "
@@ -487,6 +505,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--zone-url", help="the address members reach --zone-listen at (default http://HOST:PORT)"
+    )
+    s.add_argument(
+        "--measured",
+        metavar="FILE",
+        help="this machine's hardware and benchmark, measured already (the JSON "
+        "`python -m desktop.probe CACHE_DIR` prints): the agent starts without probing",
     )
     s.add_argument("--claim-wait", type=int, default=20, help=argparse.SUPPRESS)
     s.set_defaults(fn=cmd_run)

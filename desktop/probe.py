@@ -5,6 +5,10 @@ the process. The agent is a long-lived daemon (and the tray app hosts one) that 
 itself: its tasks do, in the sandbox's warm worker, which holds torch already. So the agent
 runs `python -m desktop.probe` and keeps only the figures; the child's exit also hands a GPU's
 CUDA context back.
+
+A machine measured already (the demo measures its one machine once for its five agents)
+hands the figures to `gpuflex-node run --measured FILE`: `save_measured` writes the probe's
+own JSON, `load_measured` reads it back, checked, and no probe runs at all.
 """
 
 from __future__ import annotations
@@ -25,6 +29,45 @@ from desktop.runtime.active import pack_env
 
 class ProbeFailed(RuntimeError):
     pass
+
+
+class MeasuredFileError(ValueError):
+    """A `--measured` file this agent cannot take; the message names the file and why."""
+
+
+def save_measured(path: Path, hw: HardwareReport, bench: BenchmarkResult) -> None:
+    """The figures `probe` found, as the probe's child prints them, for `load_measured`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"hardware": hw.to_dict(), "benchmark": bench.to_dict()}
+    path.write_text(json.dumps(body, indent=2), encoding="utf-8")
+
+
+def load_measured(path: Path) -> tuple[HardwareReport, BenchmarkResult]:
+    """(hardware, benchmark) from a file `save_measured` (or `python -m desktop.probe`)
+    wrote. The benchmark must be of that hardware (the cache's own rule: its fingerprint), so
+    one machine's figures are not advertised for another's GPUs."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise MeasuredFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise MeasuredFileError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("hardware"), dict):
+        raise MeasuredFileError(f"{path} has no 'hardware' object (write it with "
+                                "`python -m desktop.probe CACHE_DIR`)")  # fmt: skip
+    if not isinstance(data.get("benchmark"), dict):
+        raise MeasuredFileError(f"{path} has no 'benchmark' object (it was written with "
+                                "--detect-only?)")  # fmt: skip
+    try:
+        hw = HardwareReport.from_dict(data["hardware"])
+        bench = BenchmarkResult.from_dict(data["benchmark"])
+    except (TypeError, ValueError) as exc:
+        raise MeasuredFileError(f"{path} does not hold the probe's figures: {exc}") from None
+    if bench.fingerprint != hw.fingerprint():
+        raise MeasuredFileError(f"{path}: its benchmark was measured on other hardware (or "
+                                "another version of this app) than the hardware it names; "
+                                "measure again")  # fmt: skip
+    return hw, bench
 
 
 def probe(

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +64,12 @@ class Cluster:
     # False: ignore DATABASE_URL & co. in this process's environment (the embedded default
     # unless extra_env names services); the fault tests run inside a configured test process
     inherit_services: bool = True
+    # this machine's hardware and benchmark, measured once (desktop.probe.save_measured):
+    # each agent starts with them (`--measured`) instead of probing in a torch child of its own
+    measured: Path | None = None
+    # makes a platform node's enrollment token; None: the operator's command, in a process
+    # of its own (the demo, which has Django set up already, calls the service instead)
+    enroll: Callable[[], str] | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -101,13 +108,17 @@ class Cluster:
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.root,
             )  # fmt: skip
 
-    def start_web(self, threads: int = 24, name: str = "web", port: int | None = None) -> None:
-        """A web server on the cluster's port, or, behind `start_proxy`, on a port of its own."""
+    def start_web(
+        self, threads: int = 24, name: str = "web", port: int | None = None, wait: bool = True
+    ) -> None:
+        """A web server on the cluster's port, or, behind `start_proxy`, on a port of its own.
+        `wait=False`: return at once (`wait_http` later), to start other things meanwhile."""
         port = port or self.port
         self._start(name, [sys.executable, "-m", "marketplace.cli", "serve", "--no-migrate",
                            "--bind", f"127.0.0.1:{port}", "--workers", "1",
                            "--threads", str(threads)])  # fmt: skip
-        self.wait_http(name, f"http://127.0.0.1:{port}")
+        if wait:
+            self.wait_http(name, f"http://127.0.0.1:{port}")
 
     def start_worker(
         self, name: str = "worker", queues: str = "all", beat: bool = True, **env: str
@@ -163,6 +174,8 @@ class Cluster:
     def enrollment_token(self) -> str:
         """A platform node is enrolled by the operator: a one-use token from the command an
         operator runs (`gpuflex manage create_enrollment_token`)."""
+        if self.enroll is not None:
+            return self.enroll()
         out = subprocess.run(
             [sys.executable, "-m", "marketplace.manage", "create_enrollment_token",
              "--memo", "demo cluster"],
@@ -175,6 +188,8 @@ class Cluster:
         if plan.byzantine:  # fault injection's own entry point: no contributor option
             cmd = [sys.executable, "-m", "desktop.fault_injection", "--byzantine", plan.byzantine]
         cmd += ["--server", self.url, "--network-profile", plan.profile, "--claim-wait", "5"]
+        if self.measured is not None:
+            cmd += ["--measured", str(self.measured)]
         if plan.compute_scale != 1.0:
             cmd += ["--compute-scale", str(plan.compute_scale)]
         self._start(f"agent-{plan.name}", cmd, self.env() | self.agent_dirs(plan.name))
@@ -187,11 +202,7 @@ class Cluster:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        _reap(proc)
 
     def alive(self, name: str) -> bool:
         proc = self.procs.get(name)
@@ -216,24 +227,49 @@ class Cluster:
         raise TimeoutError(f"the web server was not ready within {timeout:.0f} s")
 
     def close(self) -> None:
-        """Agents first (gracefully: they finish their journal), then the server side."""
+        """Agents first (gracefully: they finish their journal), then the server side: every
+        process told at once, then each waited for (their shutdowns overlap)."""
         self.stop_agents()
-        for name in list(self.procs):
-            self.kill(name, signal.SIGTERM)
+        told = []
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    told.append(proc)
+        self.procs.clear()
+        for proc in told:
+            _reap(proc)
 
-    def stop_agents(self) -> None:
+    def stop_agents(self, with_worker: bool = False) -> None:
+        """Every agent, gracefully. `with_worker`: the Celery processes told at the same time
+        (for a cluster whose job has ended: the agents talk to the web server as they stop,
+        never to the worker, and an idle worker's warm shutdown takes some 5 s of its own)."""
         agents = [n for n in self.procs if n.startswith("agent-")]
-        for name in agents:
+        celery = [n for n in self.procs if with_worker and n.startswith(("worker", "beat"))]
+        for name in agents + celery:
             proc = self.procs[name]
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
         for name in agents:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.procs[name].wait(timeout=15)
             self.kill(name)  # gone already, or stuck: not left running either way
+        for name in celery:
+            _reap(self.procs.pop(name))
 
     def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """Wait for a process told to stop; one stuck past 20 s is killed, its children too."""
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

@@ -70,14 +70,25 @@ def _setup_django(cluster: Cluster) -> None:
     call_command("migrate", "--noinput", verbosity=0)
 
 
+def _enrollment_token() -> str:
+    """The platform node's one-use token, as `gpuflex manage create_enrollment_token` makes
+    it (the same service), from the demo's own process."""
+    from marketplace.nodes.enrollment import create_enrollment_token
+
+    return create_enrollment_token(operator=None, memo="demo cluster")[1]
+
+
 def _benchmark(cluster: Cluster) -> float:
-    """Benchmark this machine once for all agents (instead of five at once on two cores);
-    its fp32 throughput is the demo's reference GPU."""
-    from desktop.probe import probe
+    """Measure this machine once for all agents (instead of five torch probes at once on
+    two cores): they start with these figures (`gpuflex-node run --measured`), and its fp32
+    throughput is the demo's reference GPU."""
+    from desktop.probe import probe, save_measured
 
     cache = Path(cluster.agent_dirs("any")["GPUFLEX_NODE_CACHE_DIR"])
-    _, result, _ = probe(cache, quick=True)  # in a child: the demo itself holds no torch
+    hw, result, _ = probe(cache, quick=True)  # in a child: the demo itself holds no torch
     assert result is not None
+    cluster.measured = cache / "measured.json"
+    save_measured(cluster.measured, hw, result)
     return float(result.matmul_tflops.get("fp32") or 1.0)
 
 
@@ -89,6 +100,13 @@ def run(opts: Options) -> dict[str, Any]:
 
     out = sys.stderr if opts.quiet else sys.stdout
     started = time.monotonic()
+    # seconds from the start at which each step ended: where the start-up time goes (the
+    # summary's `phases_s`; bench/footprint_bench.py reports them beside the wall time)
+    phases: dict[str, float] = {}
+
+    def done(step: str) -> None:
+        phases[step] = round(time.monotonic() - started, 2)
+
     # a TERM (a supervisor, a test's timeout) still stops the processes the demo started
     signal.signal(signal.SIGTERM, _interrupt)
     root = opts.data_dir.resolve()
@@ -100,16 +118,27 @@ def run(opts: Options) -> dict[str, Any]:
         if opts.chain:
             cluster.extra_env |= _start_chain(chain, root, out)
         reference = _benchmark(cluster)
+        done("benchmark")
         cluster.extra_env["GPUFLEX_REFERENCE_FP32_TFLOPS"] = f"{reference:.6g}"
+        # the web server's start-up (imports, its worker's boot) overlaps the migrations:
+        # nothing reaches it before the agents start, after both
+        cluster.start_web(wait=False)
         _setup_django(cluster)
+        done("migrate")
         people = create_people()
-        cluster.start_web()
+        cluster.enroll = _enrollment_token  # Django is set up here: no `manage` process
         cluster.start_worker()
         for plan in opts.nodes:
             cluster.configure_agent(plan, people["provider"].key)
+        done("accounts")
+        cluster.wait_http("web")
+        done("web_ready")
+        for plan in opts.nodes:
             cluster.start_agent(plan)
         print(f"marketplace at {cluster.url}; {len(opts.nodes)} agents started", file=out)
+        done("agents_started")
         online = _wait_for_agents(len(opts.nodes), AGENTS_READY_S)
+        done("agents_online")
         print(f"{online} of {len(opts.nodes)} agents online", file=out)
         spec = yaml.safe_load(opts.spec.read_text(encoding="utf-8"))
         spec["rounds"]["target"]["value"] = opts.target
@@ -119,15 +148,21 @@ def run(opts: Options) -> dict[str, Any]:
                                 max_price_per_gpu_hour="5.00",
                                 uploads=spec_files(opts.spec))  # fmt: skip
             print(f"buyer submitted job {job['id']} with a budget of {opts.budget}", file=out)
+            done("submitted")
             job = follow(client, job, opts.timeout_s, out)
+            done("job_ended")
             if not job["rounds_done"]:  # nothing to download: the reason was said above
                 raise SystemExit(f"gpuflex demo: the job {job['status']} before any round "
                                  f"finished: {job.get('error') or 'no reason given'} (logs in "
                                  f"{root / 'logs'})")  # fmt: skip
             model_path, _ = client.download(job["id"], root / "model")
         if not opts.serve:
-            cluster.stop_agents()  # their work is done; the summary's replay needs the memory
+            # their work is done (and the money settled with the job's last round, unless
+            # --chain's batches are still to come); the summary's replay needs the memory
+            cluster.stop_agents(with_worker=not opts.chain)
+            done("agents_stopped")
         summary = summarize(job["id"], {p.name: asdict(p) for p in opts.nodes})
+        done("summary")
         if opts.chain:
             from marketplace.demo.chain import settlement_figures, wait_settled
 
@@ -135,7 +170,7 @@ def run(opts: Options) -> dict[str, Any]:
             wait_settled(job["id"])
             summary["chain"] = settlement_figures(job["id"])
         summary |= {"wall_s": round(time.monotonic() - started, 1), "model_path": str(model_path),
-                    "url": cluster.url}  # fmt: skip
+                    "url": cluster.url, "phases_s": phases}  # fmt: skip
         if opts.serve:
             _serve(cluster, people, summary, out)
         return summary
