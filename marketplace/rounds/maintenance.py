@@ -62,6 +62,8 @@ def reclaim_leases() -> int:
     lost = Task.objects.filter(status=TaskStatus.LEASED, zone_aggregator__isnull=True).filter(
         node_id__in=offline
     ) | Task.objects.filter(status=TaskStatus.LEASED, lease_expires__lt=now)
+    # an upload received and waiting for the worker's check is not lost: the check ends it
+    lost = lost.exclude(received__isnull=False)
     count = 0
     for task in lost.distinct():
         with transaction.atomic():

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def finish_round(agents) -> None:
     """One task per agent: three platform nodes, three shards, one round."""
     for agent in agents:
-        assert agent.work(agent.claim()).status_code == 201
+        assert agent.work(agent.claim()).status_code == 202
 
 
 @pytest.fixture

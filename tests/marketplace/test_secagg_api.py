@@ -75,7 +75,7 @@ def test_a_secure_round_over_the_api_survives_a_dropout(make_agent, buyer) -> No
     clip = 8.0
     for a, t, p in list(zip(silos, tasks, nodes, strict=True))[:3]:  # the fourth drops out
         masked = p.mask(gf.quantize(flatten(plain[t["id"]]), 4, clip))
-        assert a.upload(t["id"], encode_masked(masked, {}), metrics).status_code == 201
+        assert a.upload(t["id"], encode_masked(masked, {}), metrics).status_code == 202
     sa = SecAggRound.objects.get(round__job_id=job["id"])
     assert (sa.phase, sa.survivors, sa.dropped) == ("unmask", [1, 2, 3], [4])
     # the dropped node's late masked input is refused: the survivors are fixed
