@@ -174,7 +174,9 @@ class UnitState:
     result: TaskResult | None  # the accepted result to aggregate (None: nothing usable)
     # nothing in yet, and leased to a far node for two rounds: the round does not wait for it
     far: bool = False
-    in_flight: bool = False  # leased now, its lease not expired (reclaim_leases ends the rest)
+    # leased now, its lease not expired (reclaim_leases ends the rest), or its upload received
+    # and waiting for the worker's check
+    in_flight: bool = False
 
 
 def two_round(rnd: Round, task: Task) -> bool:

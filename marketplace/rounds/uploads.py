@@ -212,6 +212,8 @@ def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
         last_error=reason[:300],
     )
     if updated:
+        # an upload received but unchecked goes with the lease: a later check finds nothing
+        ReceivedUpdate.objects.filter(task_id=task.pk).delete()
         release_tasks([task.pk])  # nothing will be charged for this lease
         obs.lease_released("lost" if lost else "released")
     if updated and lost and node_id is not None:
