@@ -9,6 +9,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.files.storage import default_storage
 from django.db import transaction
 from django.utils import timezone
 
@@ -32,8 +33,9 @@ from marketplace.rounds.models import (
 from marketplace.rounds.queue import enqueue_update_check
 from marketplace.rounds.signals import bump_work_generation
 from trainer.digest import bytes_hash
+from trainer.lora import update_part
 from trainer.nesting import TooDeep, loads_json
-from trainer.tensor_header import HeaderError, split
+from trainer.tensor_header import Entry, HeaderError, parse, split
 
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
 # what an update's X-GPUFlex-Metrics may report: name -> (min, max)
@@ -147,11 +149,12 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     num_samples = task.shard.size if task.shard else federated_samples(node, task, metrics)
     try:
         # every codec's payload, a masked input and a scoring result are safetensors files
-        split(body)
+        entries, metadata, _ = split(body)
     except HeaderError as exc:
         raise UpdateRejectedError(
             f"The update was rejected: it is not a safetensors file: {exc}.", reason="corrupt"
         ) from None
+    check_plain_layout(task, entries, metadata)
     name = received_name(task.round.job_id, digest)
     files.put(name, body, content_addressed=True)
     lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
@@ -179,6 +182,41 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         )
         enqueue_update_check(task.pk)
     return 202
+
+
+def check_plain_layout(task: Task, entries: dict[str, Entry], metadata: dict[str, str]) -> None:
+    """A plain training update (no codec, no masking, not a scoring result) holds exactly
+    the tensors of the round's model that an update carries (trainer.lora.update_part), each
+    of its shape: what the header shows of that is refused here, as the worker's decoding
+    would refuse it (trainer.updates, the same reasons). Other layouts are the worker's."""
+    spec = task.round.job.parsed_spec
+    if spec.scoring or spec.privacy.secure_aggregation.enabled:
+        return
+    if metadata.get("codec", "none") != "none":
+        return
+    model = task.round.input_model_file
+    with default_storage.open(model, "rb") as fh:
+        head = fh.read(8)
+        length = int.from_bytes(head, "little")
+        reference, _ = parse(fh.read(length), files.size(model) - 8 - length)
+    reference = update_part(spec.model, reference)
+    for reason, names, says in (
+        ("missing_keys", set(reference) - set(entries), "is missing tensor(s)"),
+        ("unexpected_keys", set(entries) - set(reference), "has unexpected tensor(s)"),
+    ):
+        if names:
+            shown = ", ".join(repr(n) for n in sorted(names)[:5])
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            raise UpdateRejectedError(
+                f"The update was rejected: update {says} {shown}{more}.", reason=reason
+            )
+    for name, ref in reference.items():
+        if entries[name].shape != ref.shape:
+            raise UpdateRejectedError(
+                f"The update was rejected: tensor '{name}' has shape "
+                f"{list(entries[name].shape)}, expected {list(ref.shape)}.",
+                reason="shape",
+            )
 
 
 def received_name(job_id: object, digest: str) -> str:

@@ -80,12 +80,14 @@ def rejected(response, task_id: str, reason: str) -> str:
     return task.last_error
 
 
-def test_wrong_shape_update_is_refused(leased) -> None:
+def test_wrong_shape_update_is_refused_in_the_request(leased) -> None:
     agent, task, payload = leased
     state, _ = decode_state(payload)
     name = next(iter(state))
     state[name] = torch.zeros(3, 3)
-    rejected(agent.upload(task["id"], encode_state(state)), task["id"], "shape")
+    response = agent.upload(task["id"], encode_state(state))
+    refused_in_request(response, "shape")  # the header shows it: no torch needed
+    assert f"tensor '{name}' has shape [3, 3]" in response.json()["detail"]
 
 
 def test_nan_update_is_refused(leased) -> None:
@@ -98,11 +100,14 @@ def test_nan_update_is_refused(leased) -> None:
     assert name in rejected(response, task["id"], "non_finite")
 
 
-def test_missing_tensor_is_refused(leased) -> None:
+def test_missing_tensor_is_refused_in_the_request(leased) -> None:
     agent, task, payload = leased
     state, _ = decode_state(payload)
-    state.pop(next(iter(state)))
-    rejected(agent.upload(task["id"], encode_state(state)), task["id"], "missing_keys")
+    name = next(iter(state))
+    state.pop(name)
+    response = agent.upload(task["id"], encode_state(state))
+    refused_in_request(response, "missing_keys")
+    assert repr(name) in response.json()["detail"]
 
 
 def test_huge_norm_update_is_refused(leased) -> None:
