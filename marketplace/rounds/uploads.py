@@ -35,7 +35,7 @@ from marketplace.rounds.signals import bump_work_generation
 from trainer.digest import bytes_hash
 from trainer.lora import update_part
 from trainer.nesting import TooDeep, loads_json
-from trainer.tensor_header import Entry, HeaderError, parse, split
+from trainer.tensor_header import UPLOAD_DTYPE_BYTES, Entry, HeaderError, parse, split
 
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
 # what an update's X-GPUFlex-Metrics may report: name -> (min, max)
@@ -149,7 +149,7 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     num_samples = task.shard.size if task.shard else federated_samples(node, task, metrics)
     try:
         # every codec's payload, a masked input and a scoring result are safetensors files
-        entries, metadata, _ = split(body)
+        entries, metadata, _ = split(body, UPLOAD_DTYPE_BYTES)
     except HeaderError as exc:
         raise UpdateRejectedError(
             f"The update was rejected: it is not a safetensors file: {exc}.", reason="corrupt"
