@@ -143,7 +143,7 @@ def test_transient_errors_are_retried_a_bounded_number_of_times(
     # the first attempt runs eagerly on the last upload's commit (a worker runs it in
     # production): the upload is stored, and the error is answered as a logged JSON 500
     statuses = [agent.work(agent.claim()).status_code for agent in agents]
-    assert statuses == [201, 201, 500]
+    assert statuses == [202, 202, 500]
     rnd = Round.objects.get(job_id=job["id"], number=1)
     assert rnd.status == "aggregating" and Job.objects.get(pk=job["id"]).status == "running"
 
