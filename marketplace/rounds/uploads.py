@@ -35,6 +35,7 @@ from marketplace.rounds.signals import bump_work_generation
 from trainer.digest import bytes_hash
 from trainer.lora import update_part
 from trainer.nesting import TooDeep, loads_json
+from trainer.secagg.packed import MASKED_KEY
 from trainer.tensor_header import UPLOAD_DTYPE_BYTES, Entry, HeaderError, parse, split
 
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
@@ -154,7 +155,7 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
         raise UpdateRejectedError(
             f"The update was rejected: it is not a safetensors file: {exc}.", reason="corrupt"
         ) from None
-    check_plain_layout(task, entries, metadata)
+    check_layout(task, entries, metadata)
     name = received_name(task.round.job_id, digest)
     files.put(name, body, content_addressed=True)
     lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
@@ -184,22 +185,34 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     return 202
 
 
-def check_plain_layout(task: Task, entries: dict[str, Entry], metadata: dict[str, str]) -> None:
-    """A plain training update (no codec, no masking, not a scoring result) holds exactly
-    the tensors of the round's model that an update carries (trainer.lora.update_part), each
-    of its shape: what the header shows of that is refused here, as the worker's decoding
-    would refuse it (trainer.updates, the same reasons). Other layouts are the worker's."""
+def check_layout(task: Task, entries: dict[str, Entry], metadata: dict[str, str]) -> None:
+    """What the headers alone show of an upload's layout, refused here as the worker's
+    decoding would refuse it (the same reasons): a masked input (secure aggregation) is one
+    U32 tensor `masked` of the update's length (trainer.secagg.vectors.decode_masked); a
+    plain training update (no codec) holds exactly the tensors of the round's model that an
+    update carries (trainer.lora.update_part), each of its shape (trainer.updates). Other
+    codecs' layouts and scoring results are the worker's to check."""
     spec = task.round.job.parsed_spec
-    if spec.scoring or spec.privacy.secure_aggregation.enabled:
+    if spec.scoring:
         return
-    if metadata.get("codec", "none") != "none":
+    secure = spec.privacy.secure_aggregation.enabled
+    if not secure and metadata.get("codec", "none") != "none":
         return
-    model = task.round.input_model_file
-    with default_storage.open(model, "rb") as fh:
-        head = fh.read(8)
-        length = int.from_bytes(head, "little")
-        reference, _ = parse(fh.read(length), files.size(model) - 8 - length)
-    reference = update_part(spec.model, reference)
+    reference = update_part(spec.model, _model_header(task.round.input_model_file))
+    if secure:
+        length = sum(math.prod(e.shape) for e in reference.values())
+        masked = entries.get(MASKED_KEY)
+        if set(entries) != {MASKED_KEY}:
+            problem = f"a masked update holds one tensor named {MASKED_KEY!r}"
+        elif masked is not None and (masked.dtype != "U32" or masked.shape != (length,)):
+            problem = (f"a masked update is {length} uint32 values, not {masked.dtype} "
+                       f"{list(masked.shape)}")  # fmt: skip
+        else:
+            return
+        raise UpdateRejectedError(
+            f"The update was rejected: this job uses secure aggregation and takes masked "
+            f"updates only; {problem}.", reason="secagg",
+        )  # fmt: skip
     for reason, names, says in (
         ("missing_keys", set(reference) - set(entries), "is missing tensor(s)"),
         ("unexpected_keys", set(entries) - set(reference), "has unexpected tensor(s)"),
@@ -217,6 +230,14 @@ def check_plain_layout(task: Task, entries: dict[str, Entry], metadata: dict[str
                 f"{list(entries[name].shape)}, expected {list(ref.shape)}.",
                 reason="shape",
             )
+
+
+def _model_header(name: str) -> dict[str, Entry]:
+    """A stored model's tensors as its header names them, reading the header's bytes only."""
+    with default_storage.open(name, "rb") as fh:
+        length = int.from_bytes(fh.read(8), "little")
+        entries, _ = parse(fh.read(length), files.size(name) - 8 - length)
+    return entries
 
 
 def received_name(job_id: object, digest: str) -> str:
