@@ -92,13 +92,11 @@ def test_an_unknown_precision_claim_is_rejected(make_agent, submit) -> None:
     submit(tier="volunteer", spec=REPLICATED_SPEC)
     task = agent.claim()
     delta = _train(agent, task, "fp32")
-    response = _upload(agent, task, delta, "fp8")
-    assert response.status_code == 422, response.content
-    body = response.json()
-    assert body["error"] == "update_rejected" and body["reason"] == "metadata"
-    assert "precision" in body["detail"] and not TaskResult.objects.exists()
-    # the task is still the node's: the corrected upload is taken
-    assert _upload(agent, task, delta, "fp32").status_code == 202
+    # received, then refused by the worker's check: the lease ends with the reason on the task
+    assert _upload(agent, task, delta, "fp8").status_code == 202
+    refused = Task.objects.get(pk=task["id"])
+    assert refused.node_id is None and refused.last_error.startswith("upload refused (metadata)")
+    assert "precision" in refused.last_error and not TaskResult.objects.exists()
 
 
 def test_cheating_node_is_caught_by_redundancy_and_earns_nothing(make_agent, submit) -> None:
