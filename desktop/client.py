@@ -177,7 +177,9 @@ class MarketplaceClient:
         )  # fmt: skip
 
     def put_update(self, task_id: str, data: bytes, metrics: dict[str, float]) -> int:
-        """201 on acceptance, 200 when these bytes were already accepted (a retry)."""
+        """202 when received (the server's worker checks it; a refusal releases the task, as
+        a lost lease), 200 when these bytes were already accepted (a retry); 201 from servers
+        that checked in the request. Any of them: uploaded."""
         r = self._request(
             "PUT",
             f"agent/tasks/{task_id}/update",

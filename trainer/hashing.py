@@ -8,6 +8,10 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from trainer.digest import bytes_hash  # re-exported: one place for the bytes' hash
+
+__all__ = ["bytes_hash", "state_hash", "tensor_hash"]
+
 
 def _feed(h: hashlib._Hash, tensor: torch.Tensor) -> None:
     t = tensor.detach().contiguous().cpu()
@@ -33,7 +37,3 @@ def state_hash(state: Mapping[str, torch.Tensor]) -> str:
         h.update(b"\0")
         _feed(h, state[key])
     return h.hexdigest()
-
-
-def bytes_hash(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -55,7 +55,8 @@ class Unit:
     settled: bool  # nothing more to come for it
     usable: bool  # an accepted update to aggregate
     far: bool = False  # nothing in yet, held by a far node for two rounds
-    in_flight: bool = False  # leased to a node that is alive, its lease not expired
+    in_flight: bool = False  # leased to a node that is alive, its lease not expired, or its
+    # upload received and waiting for the server's check
 
 
 @dataclass(frozen=True)

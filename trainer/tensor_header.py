@@ -15,6 +15,10 @@ from pathlib import Path
 # bytes per element of the dtypes a checkpoint may hold (trainer.models._SAFETENSORS_DTYPES)
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2,
                "I8": 1, "U8": 1, "BOOL": 1}  # fmt: skip
+# what a node's upload may hold: those (trainer.updates decodes them in every codec) and a
+# masked input's U32 (trainer.secagg.packed); which of them a payload may hold is its
+# decoder's rule, checked by the worker
+UPLOAD_DTYPE_BYTES = DTYPE_BYTES | {"U32": 4}
 MAX_HEADER_BYTES = 100 * 2**20  # the safetensors library's own limit
 
 
@@ -42,15 +46,19 @@ def read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     return {name: (e.dtype, e.shape) for name, e in entries.items()}
 
 
-def split(data: bytes) -> tuple[dict[str, Entry], dict[str, str], memoryview]:
+def split(
+    data: bytes, dtypes: dict[str, int] = DTYPE_BYTES
+) -> tuple[dict[str, Entry], dict[str, str], memoryview]:
     """A safetensors file held in memory: its checked entries, its metadata and its data
-    (the entries' ranges index it)."""
+    (the entries' ranges index it). `dtypes`: those it may hold, and their sizes."""
     length = _length(data[:8], len(data))
-    entries, metadata = parse(data[8 : 8 + length], len(data) - 8 - length)
+    entries, metadata = parse(data[8 : 8 + length], len(data) - 8 - length, dtypes)
     return entries, metadata, memoryview(data)[8 + length :]
 
 
-def parse(raw: bytes, data_bytes: int) -> tuple[dict[str, Entry], dict[str, str]]:
+def parse(
+    raw: bytes, data_bytes: int, dtypes: dict[str, int] = DTYPE_BYTES
+) -> tuple[dict[str, Entry], dict[str, str]]:
     """The header's JSON, checked: an object of entries, every dtype known, every byte range
     inside the `data_bytes` after it and of its shape's size, and the ranges tiling the data
     without gaps or overlaps (as the safetensors library requires); and its metadata."""
@@ -63,8 +71,8 @@ def parse(raw: bytes, data_bytes: int) -> tuple[dict[str, Entry], dict[str, str]
     metadata = header.pop("__metadata__", None) or {}
     out: dict[str, Entry] = {}
     for name, item in header.items():
-        entry = _entry(name, item)
-        expected = math.prod(entry.shape) * DTYPE_BYTES[entry.dtype]
+        entry = _entry(name, item, dtypes)
+        expected = math.prod(entry.shape) * dtypes[entry.dtype]
         if not 0 <= entry.begin <= entry.end <= data_bytes or entry.end - entry.begin != expected:
             raise HeaderError(f"tensor '{name}': its data does not match its {entry.dtype} "
                               f"{list(entry.shape)} (bytes [{entry.begin}, {entry.end}) of "
@@ -91,11 +99,11 @@ def _length(prefix: bytes, size: int) -> int:
     return length
 
 
-def _entry(name: str, entry: object) -> Entry:
+def _entry(name: str, entry: object, dtypes: dict[str, int]) -> Entry:
     if not isinstance(entry, dict):
         raise HeaderError(f"tensor '{name}': its header entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_BYTES:
+    if dtype not in dtypes:
         raise HeaderError(f"checkpoint tensor '{name}': dtype {dtype}")
     if not isinstance(shape, list) or not all(_whole(d) for d in shape):
         raise HeaderError(f"tensor '{name}': shape {shape!r} is not a list of sizes")

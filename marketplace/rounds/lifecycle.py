@@ -174,7 +174,9 @@ class UnitState:
     result: TaskResult | None  # the accepted result to aggregate (None: nothing usable)
     # nothing in yet, and leased to a far node for two rounds: the round does not wait for it
     far: bool = False
-    in_flight: bool = False  # leased now, its lease not expired (reclaim_leases ends the rest)
+    # leased now, its lease not expired (reclaim_leases ends the rest), or its upload received
+    # and waiting for the worker's check
+    in_flight: bool = False
 
 
 def two_round(rnd: Round, task: Task) -> bool:
@@ -188,7 +190,9 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
     """A unit is settled when verification has nothing more to wait for. At the deadline,
     an accepted result whose replica never came back is used unverified."""
     tasks = list(
-        Task.objects.filter(round=rnd).select_related("result").order_by("replica", "created_at")
+        Task.objects.filter(round=rnd)
+        .select_related("result", "received")
+        .order_by("replica", "created_at")
     )
     by_unit: dict[tuple[int | None, int | None], list[Task]] = {}
     for task in tasks:
@@ -201,8 +205,11 @@ def unit_states(rnd: Round, *, at_deadline: bool = False) -> list[UnitState]:
         outstanding = any(t.status in (TaskStatus.PENDING, TaskStatus.LEASED) for t in group)
         verified = [r for r in accepted if r.verified]
         far = not results and any(two_round(rnd, t) for t in group)
+        # an upload received but not yet checked by the worker is in flight whatever its
+        # lease's clock says: the node's work is in, it only waits for the check
         in_flight = any(
-            t.status == TaskStatus.LEASED and t.lease_expires is not None and t.lease_expires > now
+            t.status == TaskStatus.LEASED
+            and (hasattr(t, "received") or (t.lease_expires is not None and t.lease_expires > now))
             for t in group
         )
         # an unverified result is usable only when it is the unit's only one: two that were

@@ -62,6 +62,10 @@ def reclaim_leases() -> int:
     lost = Task.objects.filter(status=TaskStatus.LEASED, zone_aggregator__isnull=True).filter(
         node_id__in=offline
     ) | Task.objects.filter(status=TaskStatus.LEASED, lease_expires__lt=now)
+    # an upload received and waiting for the worker's check is not lost: the check ends it;
+    # one waiting longer than a lease (its message lost with a broker) is, or nothing would
+    checking = now - timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
+    lost = lost.exclude(received__received_at__gte=checking)
     count = 0
     for task in lost.distinct():
         with transaction.atomic():

@@ -212,6 +212,23 @@ class TaskResult(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
 
+class ReceivedUpdate(models.Model):
+    """An upload the web process took in but has not checked (issue 36: decoding it against
+    the round's model needs torch, which only the worker imports). Its task stays leased and
+    counts as in flight; the worker's check (rounds.update_checks) turns it into a
+    TaskResult or releases the task with the reason, and deletes this row either way."""
+
+    task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="received")
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="received")
+    received_file = models.CharField(max_length=300, help_text="the bytes as sent")
+    update_hash = models.CharField(max_length=64, help_text="sha256 of the uploaded bytes")
+    num_samples = models.PositiveIntegerField()
+    metrics = models.JSONField(default=dict)
+    # what the node says, capped by the time it held the lease when the bytes arrived
+    compute_s = models.FloatField(default=0.0)
+    received_at = models.DateTimeField(auto_now_add=True)
+
+
 class ModelCopy(models.Model):
     """The version of a job's model a node holds, as far as the server knows: the last one it
     fetched or trained on. A claim sends that node a delta against it (rounds.delivery)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import shared_task
 
-from marketplace.server.routing import AGGREGATE_ROUND
+from marketplace.server.routing import AGGREGATE_ROUND, CHECK_UPDATE
 
 
 @shared_task(
@@ -24,6 +24,19 @@ def aggregate_round(self: Any, round_id: int) -> None:
     from marketplace.rounds.aggregation import run_aggregation
 
     run_aggregation(round_id)
+
+
+@shared_task(
+    acks_late=True,
+    autoretry_for=(OSError,),
+    retry_backoff=True,
+    max_retries=5,
+    name=CHECK_UPDATE,
+)
+def check_update(task_id: str) -> None:
+    from marketplace.rounds.update_checks import check_received
+
+    check_received(task_id)
 
 
 @shared_task(acks_late=True, name="marketplace.jobs.tasks.tick")

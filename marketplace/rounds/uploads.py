@@ -1,4 +1,5 @@
-"""Accepting a node's update: ownership, idempotency, validation, then verification."""
+"""Receiving a node's update in the web process: ownership, idempotency, the checks that
+need no torch, then the bytes stored and the worker's check enqueued (rounds.update_checks)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,34 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.files.storage import default_storage
 from django.db import transaction
 from django.utils import timezone
 
 from marketplace.events.services import job_changed
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
-from marketplace.ledger.reservations import release_tasks, shrink_on_upload
+from marketplace.ledger.reservations import release_tasks
 from marketplace.nodes.bounds import MAX_DATASET_ROWS
 from marketplace.nodes.models import Node
 from marketplace.nodes.services import record_verification
 from marketplace.observability import metrics as obs
-from marketplace.rounds.delivery import record_model
 from marketplace.rounds.lifecycle import maybe_close, two_round
-from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus
+from marketplace.rounds.models import (
+    ReceivedUpdate,
+    Round,
+    RoundStatus,
+    Task,
+    TaskResult,
+    TaskStatus,
+)
+from marketplace.rounds.queue import enqueue_update_check
 from marketplace.rounds.signals import bump_work_generation
+from trainer.digest import bytes_hash
 from trainer.lora import update_part
 from trainer.nesting import TooDeep, loads_json
+from trainer.secagg.packed import MASKED_KEY
+from trainer.tensor_header import UPLOAD_DTYPE_BYTES, Entry, HeaderError, parse, split
 
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
 # what an update's X-GPUFlex-Metrics may report: name -> (min, max)
@@ -113,21 +125,21 @@ def federated_samples(node: Node, task: Task, metrics: dict[str, float]) -> int:
 
 
 def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str | None) -> int:
-    """Store a validated update; returns 201 (new) or 200 (the same bytes again)."""
-    from marketplace.rounds.scoring import check_result
-    from marketplace.rounds.secagg import check_masked, secure
-    from marketplace.rounds.verification import verify_unit
-    from trainer.hashing import bytes_hash
-    from trainer.replicas import claimed_device, claimed_precision
-    from trainer.updates import UpdateRejected
-
+    """Take an update in without torch (issue 36): 202 when it is received and the worker is
+    to check it (rounds.update_checks), 202 again for the same bytes while it waits, 200 for
+    bytes already checked and accepted. What the header alone shows to be wrong is refused
+    here; the rest (values, norm, privacy noise, codec layouts) is the worker's check, whose
+    rejection releases the task with the reason in its last_error."""
     task = task_for_node(node, task_id)
     digest = bytes_hash(body)
-    existing = TaskResult.objects.filter(task=task).first()
-    if existing is not None:
-        if existing.update_hash == digest:
-            return 200
-        raise Conflict("A different update was already accepted for this task.")
+    for earlier in (
+        TaskResult.objects.filter(task=task).first(),
+        ReceivedUpdate.objects.filter(task=task).first(),
+    ):
+        if earlier is not None:
+            if earlier.update_hash == digest:
+                return 200 if isinstance(earlier, TaskResult) else 202
+            raise Conflict("A different update was already accepted for this task.")
     if task.status != TaskStatus.LEASED:
         raise Conflict(f"The task is {task.status}; it no longer takes updates.")
     limit = settings.GPUFLEX["MAX_UPDATE_BYTES"]
@@ -136,93 +148,102 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     metrics = parse_metrics(metrics_header)
     # checked before anything is written: a refused update leaves no file behind
     num_samples = task.shard.size if task.shard else federated_samples(node, task, metrics)
-    spec = task.round.job.parsed_spec
-    name = f"{files.job_dir(task.round.job_id)}/updates/{digest}.safetensors"
-    meta: dict[str, str] = {}  # a training upload's metadata: its proof of learning
-    if spec.scoring:  # an evaluation's sums or an inference's predictions, kept as sent
-        precision, device = check_result(task, body)
-        files.put(name, body, content_addressed=True)
-    elif secure(task.round.job):  # a masked input (field elements), kept as sent
-        meta = check_masked(task, body)
-        try:
-            precision, device = claimed_precision(meta), claimed_device(meta)
-        except UpdateRejected as exc:
-            raise UpdateRejectedError(
-                f"The update was rejected: {exc}.", reason=exc.reason
-            ) from None
-        files.put(name, body, content_addressed=True)
-    else:
-        precision, device, meta = _store_update(node, task, body, name)
+    try:
+        # every codec's payload, a masked input and a scoring result are safetensors files
+        entries, metadata, _ = split(body, UPLOAD_DTYPE_BYTES)
+    except HeaderError as exc:
+        raise UpdateRejectedError(
+            f"The update was rejected: it is not a safetensors file: {exc}.", reason="corrupt"
+        ) from None
+    check_layout(task, entries, metadata)
+    name = received_name(task.round.job_id, digest)
+    files.put(name, body, content_addressed=True)
     lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
     with transaction.atomic():
-        rnd = Round.objects.select_for_update().get(pk=task.round_id)
         task = Task.objects.select_for_update().get(pk=task.pk)
         if task.node_id != node.pk:
             raise NotFound("No such task is leased to this node.")
-        late = rnd.status != RoundStatus.OPEN
-        if task.status != TaskStatus.LEASED or (late and not _takes_late(rnd, task)):
+        if task.status != TaskStatus.LEASED:
             raise Conflict(f"The task is {task.status}; it no longer takes updates.")
+        earlier = ReceivedUpdate.objects.filter(task=task).first()  # a retry racing this one
+        if earlier is not None:
+            if earlier.update_hash == digest:
+                return 202
+            raise Conflict("A different update was already accepted for this task.")
         held_s = (timezone.now() - task.leased_at).total_seconds() if task.leased_at else 0.0
-        result = TaskResult.objects.create(
+        ReceivedUpdate.objects.create(
             task=task,
             node=node,
-            update_file=name,
+            received_file=name,
             update_hash=digest,
             num_samples=num_samples,
-            precision=precision,
-            device=device,
             metrics=metrics,
             # billing input: what the node says, never more than the time it held the lease
             compute_s=min(max(metrics.get("compute_s", 0.0), 0.0), held_s, lease_s),
-            late=late,
         )
-        task.status = TaskStatus.DONE
-        task.save(update_fields=["status"])
-        # the lease's reservation shrinks to what this upload can be charged at most
-        shrink_on_upload(task.pk, result.compute_s)
-        # it trained on the round's model (built from the seed, perhaps): its next delta's base
-        record_model(node, rnd.job_id, rnd)
-        if not late:  # a late one waits, unreplicated, for the next aggregation to fold it
-            verify_unit(rnd, task)
-            maybe_close(rnd)
-        job_changed(rnd.job_id)
-    if not spec.scoring and not secure(rnd.job):
-        # drawn after the upload is in: the node could not know (marketplace/proofs)
-        from marketplace.proofs.services import after_upload
-
-        after_upload(result, meta)
-    return 201
+        enqueue_update_check(task.pk)
+    return 202
 
 
-def _store_update(
-    node: Node, task: Task, body: bytes, name: str
-) -> tuple[str, str, dict[str, str]]:
-    """Check a training update against the round's model and store it as `name`; returns
-    the precision and device it claims, and its metadata."""
-    from marketplace.jobs.models_io import load_model_file
-    from trainer.compression import decode_any
-    from trainer.privacy import noise_problem
-    from trainer.replicas import claimed_device, claimed_precision
-    from trainer.updates import UpdateRejected, encode_state
-
-    # the part of the model an update carries: a LoRA job's adapters alone (trainer.lora)
+def check_layout(task: Task, entries: dict[str, Entry], metadata: dict[str, str]) -> None:
+    """What the headers alone show of an upload's layout, refused here as the worker's
+    decoding would refuse it (the same reasons): a masked input (secure aggregation) is one
+    U32 tensor `masked` of the update's length (trainer.secagg.vectors.decode_masked); a
+    plain training update (no codec) holds exactly the tensors of the round's model that an
+    update carries (trainer.lora.update_part), each of its shape (trainer.updates). Other
+    codecs' layouts and scoring results are the worker's to check."""
     spec = task.round.job.parsed_spec
-    reference = update_part(spec.model, load_model_file(task.round.input_model_file))
-    try:
-        # any codec the task allowed; compressed updates get the same checks after decoding
-        delta, meta = decode_any(body, reference, max_norm=spec.aggregation.max_update_norm)
-        # kept on the result: the stored update is re-encoded without the payload's metadata
-        precision, device = claimed_precision(meta), claimed_device(meta)
-    except UpdateRejected as exc:
-        raise UpdateRejectedError(f"The update was rejected: {exc}.", reason=exc.reason) from None
-    if (problem := noise_problem(delta, spec.privacy)) is not None:
-        record_verification(node.pk, bad=1)
-        raise UpdateRejectedError(f"The update was rejected: {problem}.", reason="privacy")
-    # Stored decoded, so verification and aggregation read plain deltas whatever the codec;
-    # the name keys the bytes the node sent, which is what makes a retried upload idempotent.
-    plain = meta.get("codec", "none") == "none"
-    files.put(name, body if plain else encode_state(delta), content_addressed=True)
-    return precision, device, dict(meta)
+    if spec.scoring:
+        return
+    secure = spec.privacy.secure_aggregation.enabled
+    if not secure and metadata.get("codec", "none") != "none":
+        return
+    reference = update_part(spec.model, _model_header(task.round.input_model_file))
+    if secure:
+        length = sum(math.prod(e.shape) for e in reference.values())
+        masked = entries.get(MASKED_KEY)
+        if set(entries) != {MASKED_KEY}:
+            problem = f"a masked update holds one tensor named {MASKED_KEY!r}"
+        elif masked is not None and (masked.dtype != "U32" or masked.shape != (length,)):
+            problem = (f"a masked update is {length} uint32 values, not {masked.dtype} "
+                       f"{list(masked.shape)}")  # fmt: skip
+        else:
+            return
+        raise UpdateRejectedError(
+            f"The update was rejected: this job uses secure aggregation and takes masked "
+            f"updates only; {problem}.", reason="secagg",
+        )  # fmt: skip
+    for reason, names, says in (
+        ("missing_keys", set(reference) - set(entries), "is missing tensor(s)"),
+        ("unexpected_keys", set(entries) - set(reference), "has unexpected tensor(s)"),
+    ):
+        if names:
+            shown = ", ".join(repr(n) for n in sorted(names)[:5])
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            raise UpdateRejectedError(
+                f"The update was rejected: update {says} {shown}{more}.", reason=reason
+            )
+    for name, ref in reference.items():
+        if entries[name].shape != ref.shape:
+            raise UpdateRejectedError(
+                f"The update was rejected: tensor '{name}' has shape "
+                f"{list(entries[name].shape)}, expected {list(ref.shape)}.",
+                reason="shape",
+            )
+
+
+def _model_header(name: str) -> dict[str, Entry]:
+    """A stored model's tensors as its header names them, reading the header's bytes only."""
+    with default_storage.open(name, "rb") as fh:
+        length = int.from_bytes(fh.read(8), "little")
+        entries, _ = parse(fh.read(length), files.size(name) - 8 - length)
+    return entries
+
+
+def received_name(job_id: object, digest: str) -> str:
+    """Where the bytes as sent wait for the worker: named by their hash, apart from the
+    checked updates (a compressed one is stored decoded under its digest)."""
+    return f"{files.job_dir(job_id)}/received/{digest}.safetensors"
 
 
 def _takes_late(rnd: Round, task: Task) -> bool:
@@ -250,6 +271,8 @@ def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
         last_error=reason[:300],
     )
     if updated:
+        # an upload received but unchecked goes with the lease: a later check finds nothing
+        ReceivedUpdate.objects.filter(task_id=task.pk).delete()
         release_tasks([task.pk])  # nothing will be charged for this lease
         obs.lease_released("lost" if lost else "released")
     if updated and lost and node_id is not None:

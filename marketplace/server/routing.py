@@ -19,7 +19,9 @@ PREPARE_JOB = "marketplace.jobs.tasks.prepare_job"
 ADVANCE_SWEEP = "marketplace.sweeps.tasks.advance_sweep"
 # a proof of learning's segment re-run (marketplace.proofs): training, however short
 RUN_SEGMENT_CHECK = "marketplace.proofs.tasks.run_segment_check"
-HEAVY = (AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP, RUN_SEGMENT_CHECK)
+# an upload's check against the round's model (marketplace.rounds.update_checks): torch
+CHECK_UPDATE = "marketplace.rounds.tasks.check_update"
+HEAVY = (AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP, RUN_SEGMENT_CHECK, CHECK_UPDATE)
 KINDS = ("all", "maintenance", "aggregation")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from django.db import connection
 from rest_framework.test import APIClient
 
 from trainer.compression import CodecConfig, encode_update
@@ -111,12 +112,21 @@ class Agent:
         return encode_update(result.delta, codec), metrics
 
     def upload(self, task_id: str, payload: bytes, metrics: dict[str, float] | None = None) -> Any:
-        return self.client.put(
+        """The upload, and then the worker's check of it (rounds.update_checks): a
+        transactional test has run it already, on the request's commit (Celery is eager in
+        tests); a test inside a transaction never commits, so it runs here, as the commit
+        would have sent it."""
+        response = self.client.put(
             f"/api/v1/agent/tasks/{task_id}/update",
             data=payload,
             content_type="application/octet-stream",
             HTTP_X_GPUFLEX_METRICS=json.dumps(metrics or {}),
         )
+        if response.status_code == 202 and connection.in_atomic_block:
+            from marketplace.rounds.update_checks import check_received
+
+            check_received(task_id)
+        return response
 
     def work(self, task: dict[str, Any], cheat: bool = False) -> Any:
         payload, metrics = self.train(task)

@@ -105,7 +105,7 @@ def test_the_next_round_is_sized_on_the_step_time_nodes_showed(
         # held long enough that the server takes its compute_s as it is (it clamps to the lease)
         Task.objects.filter(pk=task["id"]).update(leased_at=timezone.now() - timedelta(minutes=5))
         metrics |= {"compute_s": per_step * metrics["steps"]}
-        assert agent.upload(task["id"], payload, metrics).status_code == 201
+        assert agent.upload(task["id"], payload, metrics).status_code == 202
     fast, slow, _ = (agent.claim() for agent in agents)
     assert fast["round"] == slow["round"] == 2
     assert fast["steps"] == pytest.approx(4 * slow["steps"], rel=0.2)

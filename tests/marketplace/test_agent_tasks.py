@@ -9,7 +9,7 @@ import pytest
 import torch
 from django.conf import settings
 
-from marketplace.rounds.models import Task, TaskResult
+from marketplace.rounds.models import ReceivedUpdate, Task, TaskResult, TaskStatus
 from tests.marketplace.helpers import SMALL_SPEC
 from trainer.updates import decode_state, encode_state
 
@@ -60,49 +60,70 @@ def test_claim_wait_is_bounded(make_agent) -> None:
     assert "wait" in response.json()["detail"]
 
 
-def rejected(response, reason: str) -> None:
+def refused_in_request(response, reason: str) -> None:
+    """What the header alone shows is refused by the web process, the problem named."""
     assert response.status_code == 422, response.content
     body = response.json()
     assert body["error"] == "update_rejected" and body["reason"] == reason
     assert body["detail"]
-    assert TaskResult.objects.count() == 0
+    assert TaskResult.objects.count() == 0 and ReceivedUpdate.objects.count() == 0
 
 
-def test_wrong_shape_update_is_422(leased) -> None:
+def rejected(response, task_id: str, reason: str) -> str:
+    """Received (202), then refused by the worker's check: the task is released as a refused
+    upload's lease always ended, with the reason on it; returns that reason."""
+    assert response.status_code == 202, response.content
+    task = Task.objects.get(pk=task_id)
+    assert task.status == TaskStatus.PENDING and task.node_id is None
+    assert task.last_error.startswith(f"upload refused ({reason}): The update was rejected")
+    assert TaskResult.objects.count() == 0 and ReceivedUpdate.objects.count() == 0
+    return task.last_error
+
+
+def test_wrong_shape_update_is_refused_in_the_request(leased) -> None:
     agent, task, payload = leased
     state, _ = decode_state(payload)
     name = next(iter(state))
     state[name] = torch.zeros(3, 3)
-    rejected(agent.upload(task["id"], encode_state(state)), "shape")
+    response = agent.upload(task["id"], encode_state(state))
+    refused_in_request(response, "shape")  # the header shows it: no torch needed
+    assert f"tensor '{name}' has shape [3, 3]" in response.json()["detail"]
 
 
-def test_nan_update_is_422(leased) -> None:
+def test_nan_update_is_refused(leased) -> None:
     agent, task, payload = leased
     state, _ = decode_state(payload)
     name = next(iter(state))
     state[name] = state[name].clone()
     state[name].view(-1)[0] = float("nan")
     response = agent.upload(task["id"], encode_state(state))
-    rejected(response, "non_finite")
-    assert name in response.json()["detail"]
+    assert name in rejected(response, task["id"], "non_finite")
 
 
-def test_missing_tensor_is_422(leased) -> None:
+def test_missing_tensor_is_refused_in_the_request(leased) -> None:
     agent, task, payload = leased
     state, _ = decode_state(payload)
-    state.pop(next(iter(state)))
-    rejected(agent.upload(task["id"], encode_state(state)), "missing_keys")
+    name = next(iter(state))
+    state.pop(name)
+    response = agent.upload(task["id"], encode_state(state))
+    refused_in_request(response, "missing_keys")
+    assert repr(name) in response.json()["detail"]
 
 
-def test_huge_norm_update_is_422(leased) -> None:
+def test_huge_norm_update_is_refused(leased) -> None:
     agent, task, payload = leased
     state, _ = decode_state(payload)
-    rejected(agent.upload(task["id"], encode_state({k: v + 1e6 for k, v in state.items()})), "norm")
+    huge = encode_state({k: v + 1e6 for k, v in state.items()})
+    rejected(agent.upload(task["id"], huge), task["id"], "norm")
 
 
-def test_garbage_bytes_are_422(leased) -> None:
+def test_garbage_bytes_are_422_in_the_request(leased) -> None:
     agent, task, _ = leased
-    rejected(agent.upload(task["id"], b"\x00" * 64), "corrupt")
+    response = agent.upload(task["id"], b"\x00" * 64)
+    refused_in_request(response, "corrupt")
+    assert "not a safetensors file" in response.json()["detail"]
+    # nothing was received: the lease is the node's still
+    assert Task.objects.get(pk=task["id"]).status == TaskStatus.LEASED
 
 
 def test_oversized_upload_is_413(leased) -> None:
@@ -130,7 +151,7 @@ def test_bad_metrics_header_is_400(leased) -> None:
 def test_a_rejected_update_can_be_followed_by_a_good_one(leased) -> None:
     agent, task, payload = leased
     assert agent.upload(task["id"], b"junk").status_code == 422
-    assert agent.upload(task["id"], payload).status_code == 201
+    assert agent.upload(task["id"], payload).status_code == 202
 
 
 def test_fail_puts_the_task_back_for_another_node(leased, make_agent) -> None:
@@ -163,7 +184,7 @@ def test_unknown_task_id_is_404(make_agent) -> None:
 
 def test_reported_compute_time_is_capped_by_the_lease(leased) -> None:
     agent, task, payload = leased
-    assert agent.upload(task["id"], payload, {"compute_s": 1e9, "loss": 1.0}).status_code == 201
+    assert agent.upload(task["id"], payload, {"compute_s": 1e9, "loss": 1.0}).status_code == 202
     result = TaskResult.objects.select_related("task").get()
     held = (result.created_at - result.task.leased_at).total_seconds()
     assert 0 <= result.compute_s <= held + 1e-3

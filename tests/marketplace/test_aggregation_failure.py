@@ -95,11 +95,11 @@ def test_krum_left_with_too_few_updates_fails_the_job(make_agent, submit, buyer,
     spec = SMALL_SPEC | {"aggregation": {"strategy": "krum", "byzantine": 0}}
     job = submit(spec, tier="platform")
     for agent in honest:
-        assert agent.work(agent.claim()).status_code == 201
+        assert agent.work(agent.claim()).status_code == 202
     task = flipper.claim()
     payload, metrics = flipper.train(task)
     flipped = {k: -v for k, v in decode_state(payload)[0].items()}
-    assert flipper.upload(task["id"], encode_state(flipped), metrics).status_code == 201
+    assert flipper.upload(task["id"], encode_state(flipped), metrics).status_code == 202
 
     detail = assert_ended_and_refunded(buyer, job["id"])
     assert detail["costs"]["refunded"] == "10.000000"  # platform work is unverified: unpaid
@@ -143,7 +143,7 @@ def test_transient_errors_are_retried_a_bounded_number_of_times(
     # the first attempt runs eagerly on the last upload's commit (a worker runs it in
     # production): the upload is stored, and the error is answered as a logged JSON 500
     statuses = [agent.work(agent.claim()).status_code for agent in agents]
-    assert statuses == [201, 201, 500]
+    assert statuses == [202, 202, 500]
     rnd = Round.objects.get(job_id=job["id"], number=1)
     assert rnd.status == "aggregating" and Job.objects.get(pk=job["id"]).status == "running"
 
@@ -190,13 +190,13 @@ def test_an_overdue_krum_round_waits_for_enough_updates(make_agent, submit, monk
     }
     job = submit(spec, tier="platform")
     for agent in agents[:3]:
-        assert agent.work(agent.claim()).status_code == 201
+        assert agent.work(agent.claim()).status_code == 202
     Round.objects.update(deadline=timezone.now() - timedelta(seconds=1))
     assert tick()["closed"] == 0  # 3 updates: Krum with f = 1 needs 5
     rnd = Round.objects.get(job_id=job["id"], number=1)
     assert rnd.status == "open" and rnd.deadline > timezone.now()
 
     for agent in agents[3:]:
-        assert agent.work(agent.claim()).status_code == 201
+        assert agent.work(agent.claim()).status_code == 202
     rnd.refresh_from_db()
     assert rnd.status == "done" and rnd.metrics["participants"] == 5

@@ -115,7 +115,7 @@ def drive(agents, job_id: str) -> None:
             agent.heartbeat("idle")
             task = agent.claim(wait=0.5)
             if task is not None:
-                assert agent.work(task).status_code == 201
+                assert agent.work(task).status_code == 202
     raise AssertionError(f"job not completed within {WAIT_S} s")
 
 

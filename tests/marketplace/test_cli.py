@@ -49,7 +49,7 @@ def work_in_background(agents) -> threading.Thread:
                 for _ in range(200):
                     if (task := agent.claim(wait=0.1)) is not None:
                         break
-                assert task is not None and agent.work(task).status_code == 201
+                assert task is not None and agent.work(task).status_code == 202
         except BaseException:
             Job.objects.update(status="cancelled")  # ends the CLI's follow; the test fails
             raise

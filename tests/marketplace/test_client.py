@@ -40,7 +40,7 @@ def test_submit_follow_download(sdk, make_agent, tmp_path) -> None:
     job = sdk.submit(spec_file, budget="10", tier="platform", max_price_per_gpu_hour="0.50")
     assert job["status"] == "running"
     for agent in agents:
-        assert agent.work(agent.claim()).status_code == 201
+        assert agent.work(agent.claim()).status_code == 202
     states = list(sdk.follow(job["id"], interval=0))
     assert states[-1]["status"] == "completed"
     assert [j["id"] for j in sdk.jobs()] == [job["id"]]

@@ -103,7 +103,7 @@ def test_an_exported_job_trains_its_rounds(make_agent, buyer, program: Path) -> 
     agents = [make_agent(kind="platform") for _ in range(2)]
     first = agents[0].claim()
     assert first["program"] is True and first["model_source"]["kind"] == "full"
-    assert agents[0].work(first).status_code == 201
+    assert agents[0].work(first).status_code == 202
     run_until_idle(agents)
     job.refresh_from_db()
     assert job.status == "completed" and job.rounds_done == 2, job.error

@@ -63,7 +63,7 @@ def _work_round(agents: list[Agent], job: dict[str, Any], number: int) -> int:
         assert tasks, f"round {number} is open but nobody can work on it"
         for agent, task in tasks:
             assert task["round"] == number
-            assert agent.work(task).status_code == 201
+            assert agent.work(task).status_code == 202
             worked += 1
     return worked
 
@@ -106,7 +106,7 @@ def test_a_far_node_syncs_every_other_round(make_agent, submit, buyer, late_upda
     assert one.status == "done" and one.metrics["participants"] == 3
     assert Task.objects.get(pk=two_round["id"]).status == "leased"  # not cancelled, even by drop
 
-    assert far.work(two_round).status_code == 201  # after its round closed: late, kept
+    assert far.work(two_round).status_code == 202  # after its round closed: late, kept
     late = TaskResult.objects.select_related("task__shard").get(task_id=two_round["id"])
     assert late.late and late.accepted and not late.aggregated
     assert far.claim() is None  # its two-round task spanned round 2: it sits that one out
@@ -130,13 +130,13 @@ def test_a_near_task_in_flight_is_still_cancelled_with_drop(make_agent, submit) 
     job = submit(spec=_spec("drop", quorum=0.5, shards=3), tier="platform")
     two_round, done, straggler = far.claim(), quick.claim(), slow.claim()
     # half the two units not leased to the far node: the first upload closes the round
-    assert quick.work(done).status_code == 201
+    assert quick.work(done).status_code == 202
     assert _round(job, 1).status == "done"
     assert Task.objects.get(pk=straggler["id"]).status == "cancelled"
     response = slow.work(straggler)
     assert response.status_code == 409 and "cancelled" in response.json()["detail"]
     assert Task.objects.get(pk=two_round["id"]).status == "leased"
-    assert far.work(two_round).status_code == 201
+    assert far.work(two_round).status_code == 202
 
     _work_round([quick, slow], job, 2)
     assert _round(job, 2).metrics["late_folded"] == 1
@@ -156,9 +156,9 @@ def test_a_stalled_round_keeps_the_far_task_out_of_its_quorum(make_agent, submit
     first.refresh_from_db()
     assert first.status == "open" and set(first.plan) == {f"n{far.node_id}"}
     for agent, task in zip(near, tasks, strict=True):
-        assert agent.work(task).status_code == 201
+        assert agent.work(task).status_code == 202
     assert _round(job, 1).status == "done"
-    assert far.work(two_round).status_code == 201
+    assert far.work(two_round).status_code == 202
     _work_round(near, job, 2)
     assert _round(job, 2).metrics["late_folded"] == 1
 
@@ -169,7 +169,7 @@ def test_the_far_lease_closes_a_round_that_waited_only_for_it(make_agent, submit
     near, far = _fleet(make_agent)
     job = submit(spec=_spec("stale", shards=3), tier="platform")
     for agent in near:
-        assert agent.work(agent.claim()).status_code == 201
+        assert agent.work(agent.claim()).status_code == 202
     assert _round(job, 1).status == "open"
     two_round = far.claim()
     assert two_round is not None and two_round["round"] == 1

@@ -44,7 +44,7 @@ def _work_round_one(monkeypatch, agents, job_id: str) -> Round:
     held: list[int] = []
     monkeypatch.setattr(tasks.aggregate_round, "delay", held.append)
     for agent in agents:
-        assert agent.work(agent.claim()).status_code == 201
+        assert agent.work(agent.claim()).status_code == 202
     rnd = Round.objects.get(job_id=job_id, number=1)
     assert rnd.status == "aggregating" and held == [rnd.pk]
     return rnd

@@ -17,7 +17,7 @@ def test_pause_stops_leasing_and_resume_restarts_it(make_agent, submit, buyer) -
     assert paused.status_code == 200 and paused.json()["status"] == "paused"
     assert agent.claim() is None
     # work leased before the pause may still come back
-    assert agent.work(first).status_code == 201
+    assert agent.work(first).status_code == 202
     assert buyer.post(f"/api/v1/jobs/{job['id']}/pause").status_code == 409
     resumed = buyer.post(f"/api/v1/jobs/{job['id']}/resume")
     assert resumed.status_code == 200 and resumed.json()["status"] == "running"

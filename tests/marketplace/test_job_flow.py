@@ -25,7 +25,7 @@ def run_until_idle(agents, cheaters=(), limit: int = 200) -> int:
             task = agent.claim()
             if task is not None:
                 response = agent.work(task, cheat=agent in cheaters)
-                assert response.status_code == 201, response.content
+                assert response.status_code == 202, response.content
                 worked, done = True, done + 1
         if not worked:
             return done
@@ -93,9 +93,9 @@ def test_upload_is_idempotent_and_cannot_be_replaced(make_agent, submit) -> None
     agent = agents[0]
     task = agent.claim()
     payload, metrics = agent.train(task)
-    assert agent.upload(task["id"], payload, metrics).status_code == 201
+    assert agent.upload(task["id"], payload, metrics).status_code == 202
     again = agent.upload(task["id"], payload, metrics)
-    assert again.status_code == 200 and again.json() == {"accepted": True}
+    assert again.status_code == 200 and again.json() == {"accepted": True, "checked": True}
     other = payload[:-4] + b"\x00\x00\x00\x00"
     conflict = agent.upload(task["id"], other, metrics)
     assert conflict.status_code == 409

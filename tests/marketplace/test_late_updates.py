@@ -34,16 +34,16 @@ def test_a_late_update_is_folded_into_the_next_round_with_a_weight(make_agent, s
     fast, slow = make_agent(kind="platform"), make_agent(kind="platform")
     job = submit(_spec("stale"), tier="platform", budget="10")
     quick, straggler = fast.claim(), slow.claim()
-    assert fast.work(quick).status_code == 201  # quorum: round 1 closes, round 2 opens
+    assert fast.work(quick).status_code == 202  # quorum: round 1 closes, round 2 opens
     one = Round.objects.get(job_id=job["id"], number=1)
     assert one.status == "done" and one.metrics["participants"] == 1
     assert Task.objects.get(pk=straggler["id"]).status == "leased"  # kept in flight
 
-    assert slow.work(straggler).status_code == 201  # after its round closed: late, kept
+    assert slow.work(straggler).status_code == 202  # after its round closed: late, kept
     late = TaskResult.objects.get(task_id=straggler["id"])
     assert late.late and not late.aggregated and late.accepted
 
-    assert fast.work(fast.claim()).status_code == 201  # round 2 closes and folds it in
+    assert fast.work(fast.claim()).status_code == 202  # round 2 closes and folds it in
     two = Round.objects.get(job_id=job["id"], number=2)
     assert two.metrics["late_folded"] == 1 and two.metrics["participants"] == 2
     late.refresh_from_db()
@@ -68,7 +68,7 @@ def test_late_updates_dropped_when_the_spec_says_so(make_agent, submit) -> None:
     fast, slow = make_agent(kind="platform"), make_agent(kind="platform")
     submit(_spec("drop"), tier="platform")
     quick, straggler = fast.claim(), slow.claim()
-    assert fast.work(quick).status_code == 201
+    assert fast.work(quick).status_code == 202
     assert Task.objects.get(pk=straggler["id"]).status == "cancelled"
     response = slow.work(straggler)
     assert response.status_code == 409 and "cancelled" in response.json()["detail"]
@@ -78,7 +78,7 @@ def test_work_in_flight_when_the_job_ends_is_cancelled(make_agent, submit) -> No
     fast, slow = make_agent(kind="platform"), make_agent(kind="platform")
     job = submit(_spec("stale", max_rounds=1), tier="platform")
     quick, straggler = fast.claim(), slow.claim()
-    assert fast.work(quick).status_code == 201
+    assert fast.work(quick).status_code == 202
     assert Job.objects.get(pk=job["id"]).status == "completed"
     assert Task.objects.get(pk=straggler["id"]).status == "cancelled"
     assert slow.work(straggler).status_code == 409

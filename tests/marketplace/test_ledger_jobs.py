@@ -36,7 +36,7 @@ def work_all(agents, cheaters=(), lease_s: float = 60.0) -> int:
                 leased_at=timezone.now() - timedelta(seconds=lease_s)
             )
             response = agent.work(task, cheat=agent in cheaters)
-            assert response.status_code == 201, response.content
+            assert response.status_code == 202, response.content
             worked, done = True, done + 1
         if not worked:
             return done

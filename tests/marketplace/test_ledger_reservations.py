@@ -53,7 +53,7 @@ def test_a_lease_reserves_its_most_possible_charge_and_an_upload_shrinks_it(make
     assert free_escrow([job.pk])[job.pk] == Decimal("8")
     assert b.claim() is None  # 8 free cannot pay for another lease of up to 22
     Task.objects.filter(pk=first["id"]).update(leased_at=timezone.now() - timedelta(seconds=60))
-    assert a.work(first).status_code == 201
+    assert a.work(first).status_code == 202
     assert _open(job) == [UPLOADED]  # at most 2 s of it can be charged now
     assert b.claim() is not None  # so the rest is free again
     assert _open(job) == [UPLOADED, LEASE]

@@ -31,7 +31,7 @@ def _work_round(agent, n: int) -> list[dict[str, Any]]:
     for _ in range(n):
         task = agent.claim()
         assert task is not None
-        assert agent.work(task).status_code == 201
+        assert agent.work(task).status_code == 202
         tasks.append(task)
     return tasks
 
@@ -149,7 +149,7 @@ def test_claims_prefer_the_shards_a_node_holds(make_agent, submit) -> None:
     last = tasks[-1]
     assert a.shard(last["id"]).status_code == 200  # a downloads only the third shard
     for task in tasks:
-        assert a.work(task).status_code == 201  # (work() fetches every shard: see below)
+        assert a.work(task).status_code == 202  # (work() fetches every shard: see below)
     # every shard is held now; drop all but the third to see the preference
     from marketplace.rounds.models import ShardCopy
 

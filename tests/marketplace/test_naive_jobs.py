@@ -29,7 +29,7 @@ def test_a_naive_job_trains_one_step_a_round_on_every_shard(make_agent, submit) 
             assert task["round"] == number
             assert task["steps"] == 1 and task["codec"] == "none"
         for i, (agent, task) in enumerate(tasks):
-            assert agent.work(task).status_code == 201
+            assert agent.work(task).status_code == 202
             still_open = Round.objects.get(job_id=job["id"], number=number).status == "open"
             assert still_open == (i < len(tasks) - 1)  # it waits for every shard
     assert Job.objects.get(pk=job["id"]).status == "completed"

@@ -149,11 +149,11 @@ def test_a_spot_checked_platform_cheat_is_outvoted_and_unpaid(make_agent, submit
     assert Task.objects.filter(replica=1).count() == 1, "the spot check added a replica"
     replica = honest.claim()
     assert replica is not None and replica["seed"] == task["seed"]
-    assert cheater.work(task, cheat=True).status_code == 201
-    assert honest.work(replica).status_code == 201
+    assert cheater.work(task, cheat=True).status_code == 202
+    assert honest.work(replica).status_code == 202
     tie_break = third.claim()
     assert tie_break is not None and tie_break["seed"] == task["seed"]
-    assert third.work(tie_break).status_code == 201
+    assert third.work(tie_break).status_code == 202
 
     cheat = TaskResult.objects.get(node_id=cheater.node_id)
     assert cheat.verified is False and not cheat.accepted and not cheat.credited

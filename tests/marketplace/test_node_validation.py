@@ -174,7 +174,7 @@ def test_a_bad_benchmark_stored_before_validation_does_not_block_payment(
     spec = SMALL_SPEC | {"sharding": {"method": "random", "num_shards": 1}}
     job = submit(spec=spec | {"rounds": {"max_rounds": 1}}, tier="platform")
     task = agent.claim()
-    assert agent.work(task).status_code == 201
+    assert agent.work(task).status_code == 202
     assert Job.objects.get(pk=job["id"]).status == "completed"
     assert TaskResult.objects.get().credited
 
@@ -207,7 +207,7 @@ def test_a_federated_sample_count_is_bounded_by_the_declared_rows(
     body = response.json()
     assert body["field"] == f"X-GPUFlex-Metrics.{field}" and field in body["detail"]
     assert not TaskResult.objects.exists() and _update_files(job["id"]) == []
-    assert silo.upload(task["id"], update, {"loss": 1.0, "samples": 1797}).status_code == 201
+    assert silo.upload(task["id"], update, {"loss": 1.0, "samples": 1797}).status_code == 202
 
 
 def test_a_silo_without_declared_rows_cannot_weight_its_update(make_agent, buyer) -> None:
@@ -235,7 +235,7 @@ def test_update_metrics_out_of_bounds_are_refused(make_agent, submit) -> None:
         content_type="application/octet-stream", HTTP_X_GPUFLEX_METRICS=header,
     )  # fmt: skip
     assert response.status_code == 400 and not TaskResult.objects.exists()
-    assert agent.upload(task["id"], payload, metrics).status_code == 201
+    assert agent.upload(task["id"], payload, metrics).status_code == 202
 
 
 @pytest.mark.django_db(transaction=True)
@@ -287,7 +287,7 @@ def test_re_declaring_a_silo_mid_round_does_not_raise_its_weight(make_agent, buy
     assert response.json()["field"] == "X-GPUFlex-Metrics.samples"
     assert "1797 rows" in response.json()["detail"]
     assert not TaskResult.objects.exists() and _update_files(job["id"]) == []
-    assert silo.upload(task["id"], update, {"loss": 1.0, "samples": 1797}).status_code == 201
+    assert silo.upload(task["id"], update, {"loss": 1.0, "samples": 1797}).status_code == 202
     assert TaskResult.objects.get().num_samples == 1797
 
 

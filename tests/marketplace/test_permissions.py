@@ -58,7 +58,7 @@ def test_node_never_sees_another_nodes_task(make_agent, submit) -> None:
     assert fail.status_code == 404
     db_task = Task.objects.get(pk=tid)
     assert db_task.status == "leased" and db_task.node_id == owner.node_id
-    assert owner.upload(tid, payload, metrics).status_code == 201
+    assert owner.upload(tid, payload, metrics).status_code == 202
 
 
 def test_node_keys_cannot_use_buyer_endpoints(make_agent, job_of_b) -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
+from marketplace.rounds.models import Task, TaskResult, TaskStatus
 from tests.marketplace.helpers import SMALL_SPEC
 from tests.marketplace.test_job_flow import run_until_idle
 from trainer.privacy import epsilon_after, round_plan, rounds_within
@@ -75,9 +76,17 @@ def test_an_upload_without_its_noise_is_rejected(make_agent, submit) -> None:
     # what a node that skipped the noise would send: the clipped update alone
     norm = sum(float((t.double() ** 2).sum()) for t in state.values()) ** 0.5
     quiet = {k: t * min(1.0, 1.0 / norm) * 0 for k, t in state.items()}
-    response = agent.upload(task["id"], encode_state(quiet), metrics)
-    assert response.status_code == 422
-    assert response.json()["reason"] == "privacy" and "less noise" in response.json()["detail"]
+    # received, then refused by the worker's check: the lease ends with the reason on the task
+    assert agent.upload(task["id"], encode_state(quiet), metrics).status_code == 202
+    refused = Task.objects.get(pk=task["id"])
+    assert refused.status == TaskStatus.PENDING and refused.node_id is None
+    assert refused.last_error.startswith("upload refused (privacy)")
+    assert "less noise" in refused.last_error
     assert Node.objects.get(pk=agent.node_id).verified_bad == 1
-    # the honest, noised update of the same task is taken
-    assert agent.upload(task["id"], payload, metrics).status_code == 201
+    # the task is queued again; another node's honest, noised update of it is taken
+    other = make_agent(kind="platform")
+    again = other.claim()
+    assert again["id"] == task["id"]
+    payload, metrics = other.train(again)
+    assert other.upload(again["id"], payload, metrics).status_code == 202
+    assert TaskResult.objects.filter(task_id=task["id"]).exists()

@@ -84,7 +84,7 @@ def test_a_lora_job_from_an_uploaded_checkpoint_runs_its_rounds(make_agent, buye
     first = agents[0].claim()
     assert first is not None and first["model_source"]["kind"] == "full"  # not from the seed
     assert first["footprint"] == job.footprint
-    assert agents[0].work(first).status_code == 201
+    assert agents[0].work(first).status_code == 202
     run_until_idle(agents)
 
     job.refresh_from_db()

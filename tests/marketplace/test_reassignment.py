@@ -32,7 +32,7 @@ def test_lost_nodes_task_is_reassigned(make_agent, submit) -> None:
     # the lost node's late upload is refused: the task is no longer its own
     assert lost.upload(task["id"], payload, metrics).status_code == 404
     for t in taken:
-        assert rescuer.work(t).status_code == 201
+        assert rescuer.work(t).status_code == 202
     assert Round.objects.get(number=1).status == "done"
 
 
@@ -78,8 +78,8 @@ def test_overdue_round_closes_with_what_it_has(make_agent, submit) -> None:
     a, b = make_agent(kind="platform"), make_agent(kind="platform")
     spec = SMALL_SPEC | {"rounds": {"max_rounds": 2, "quorum": 1.0}}
     job = submit(spec, tier="platform")
-    assert a.work(a.claim()).status_code == 201
-    assert b.work(b.claim()).status_code == 201
+    assert a.work(a.claim()).status_code == 202
+    assert b.work(b.claim()).status_code == 202
     Round.objects.filter(number=1).update(deadline=timezone.now() - timedelta(seconds=1))
     assert tick()["closed"] == 1
     first = Round.objects.get(job_id=job["id"], number=1)

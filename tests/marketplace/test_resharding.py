@@ -76,7 +76,7 @@ def work_round(agents, job_id: str, number: int) -> None:
             task = agent.claim()
             if task is not None:
                 assert task["round"] == number
-                assert agent.work(task).status_code == 201
+                assert agent.work(task).status_code == 202
     raise AssertionError(f"round {number} never closed")
 
 
@@ -89,7 +89,7 @@ def test_joining_nodes_get_a_new_generation_covering_the_split_once(
     before = {s.pk: (s.file, s.content_hash) for s in Shard.objects.filter(job_id=job["id"])}
     joined = [make_agent(kind="platform") for _ in range(2)]  # online from registration
     for agent, task in zip(first, tasks, strict=True):
-        assert agent.work(task).status_code == 201  # the last upload opens round 2
+        assert agent.work(task).status_code == 202  # the last upload opens round 2
 
     old, new = round_shards(job["id"], 1), round_shards(job["id"], 2)
     assert [s.generation for s in old] == [0, 0, 0] and {s.pk for s in old} == set(before)
@@ -116,10 +116,10 @@ def test_a_node_leaving_shrinks_the_next_cut(make_agent, submit) -> None:
     agents = [make_agent(kind="platform") for _ in range(3)]
     job = submit(elastic(3), tier="platform")
     tasks = [agent.claim() for agent in agents]
-    assert agents[2].work(tasks[2]).status_code == 201
+    assert agents[2].work(tasks[2]).status_code == 202
     Node.objects.filter(pk=agents[2].node_id).update(state=NodeState.OFFLINE)  # it left
     for agent, task in zip(agents[:2], tasks[:2], strict=True):
-        assert agent.work(task).status_code == 201
+        assert agent.work(task).status_code == 202
 
     new = round_shards(job["id"], 2)
     assert [(s.generation, s.index) for s in new] == [(1, 0), (1, 1)]
@@ -198,7 +198,7 @@ def test_capability_cut_gives_the_faster_node_a_proportionally_larger_shard(
     other = slow.claim()
     assert other["shard_hash"] == small.content_hash
     assert task["steps"] > 2 * other["steps"]  # an epoch of a 3x shard: 3x the steps
-    assert fast.work(task).status_code == 201 and slow.work(other).status_code == 201
+    assert fast.work(task).status_code == 202 and slow.work(other).status_code == 202
 
     # the same cohort asks for the same cut: round 3 keeps generation 1
     assert [s.pk for s in round_shards(job["id"], 3)] == [big.pk, small.pk]

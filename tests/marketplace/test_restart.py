@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def finish_round(agents) -> None:
     """One task per agent: three platform nodes, three shards, one round."""
     for agent in agents:
-        assert agent.work(agent.claim()).status_code == 201
+        assert agent.work(agent.claim()).status_code == 202
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_crash_after_checkpoint_does_not_aggregate_twice(agents, submit, monkeyp
         # the aggregation runs eagerly on the last upload's commit (a worker, in production):
         # its crash is answered as a logged JSON 500, the update itself already stored
         statuses = [agent.work(agent.claim()).status_code for agent in agents]
-        assert statuses == [201, 201, 500]
+        assert statuses == [202, 202, 500]
     db_job = Job.objects.get(pk=job["id"])
     assert read_checkpoint(db_job).round == 1  # the checkpoint got written
     assert Round.objects.get(number=1).status == "aggregating"

@@ -60,7 +60,7 @@ def test_a_round_past_its_deadline_closes_with_what_it_has(make_agent, submit) -
     job = submit(tier="platform")
     rnd = Round.objects.get(job_id=job["id"], number=1)
     task = agent.claim()
-    assert agent.work(task).status_code == 201  # one of three shards in
+    assert agent.work(task).status_code == 202  # one of three shards in
     assert Round.objects.get(pk=rnd.pk).status == "open"  # quorum 1.0: not yet
     _due_now(rnd)
     assert close_overdue_rounds() == 1

@@ -211,7 +211,7 @@ def test_rows_no_node_could_score_fail_the_job_saying_so(make_agent, buyer) -> N
     job = _checkpoint_job(buyer, "evaluate", "platform", shards=2)
     good, bad = make_agent(kind="platform"), make_agent(kind="platform")
     first = good.claim()
-    assert good.work(first).status_code == 201
+    assert good.work(first).status_code == 202
     for _ in range(10):  # the other unit fails on every attempt until it is given up
         task = bad.claim()
         if task is None:

@@ -11,7 +11,7 @@ import torch
 
 from marketplace.jobs.models import Job
 from marketplace.jobs.models_io import load_model_file
-from marketplace.rounds.models import Round, SecAggRound
+from marketplace.rounds.models import Round, SecAggRound, Task, TaskResult
 from tests.marketplace.test_federated import CLINIC, FEDERATED_SPEC, submit_federated
 from trainer.secagg import field as gf
 from trainer.secagg.protocol import Participant, Roster
@@ -75,12 +75,16 @@ def test_a_secure_round_over_the_api_survives_a_dropout(make_agent, buyer) -> No
     clip = 8.0
     for a, t, p in list(zip(silos, tasks, nodes, strict=True))[:3]:  # the fourth drops out
         masked = p.mask(gf.quantize(flatten(plain[t["id"]]), 4, clip))
-        assert a.upload(t["id"], encode_masked(masked, {}), metrics).status_code == 201
+        assert a.upload(t["id"], encode_masked(masked, {}), metrics).status_code == 202
     sa = SecAggRound.objects.get(round__job_id=job["id"])
     assert (sa.phase, sa.survivors, sa.dropped) == ("unmask", [1, 2, 3], [4])
-    # the dropped node's late masked input is refused: the survivors are fixed
+    # the dropped node's late masked input is received, then refused by the worker's check:
+    # the survivors are fixed; its lease ends with the reason
     late = nodes[3].mask(gf.quantize(flatten(plain[tasks[3]["id"]]), 4, clip))
-    assert silos[3].upload(tasks[3]["id"], encode_masked(late, {}), metrics).status_code == 409
+    assert silos[3].upload(tasks[3]["id"], encode_masked(late, {}), metrics).status_code == 202
+    refused_late = Task.objects.get(pk=tasks[3]["id"])
+    assert refused_late.node_id is None and not TaskResult.objects.filter(task=refused_late)
+    assert refused_late.last_error.startswith("upload refused (conflict)")
 
     for a, t, p in list(zip(silos, tasks, nodes, strict=True))[:3]:
         replies = p.unmask([1, 2, 3], [4])

@@ -85,7 +85,7 @@ def test_a_segment_check_passes_honest_work_and_fails_lazy_work(
     if cheat:
         monkeypatch.setenv(task_runner.BYZANTINE_ENV, cheat)
     payload = _run_task(agent, task, tmp_path / "task", source)
-    assert agent.upload(task["id"], payload, {"steps": task["steps"]}).status_code == 201
+    assert agent.upload(task["id"], payload, {"steps": task["steps"]}).status_code == 202
     check = SegmentCheck.objects.get(result__task_id=task["id"])
     assert check.status == CheckStatus.REQUESTED and check.boundaries[-1] == task["steps"]
     asked = _reveal_all(agent, tmp_path / "task", django_capture_on_commit_callbacks)
@@ -115,7 +115,7 @@ def test_a_checkpoint_that_does_not_match_its_commitment_fails(
     submit(tier="platform")
     task = agent.claim()
     payload = _run_task(agent, task, tmp_path / "task")
-    assert agent.upload(task["id"], payload).status_code == 201
+    assert agent.upload(task["id"], payload).status_code == 202
     request = agent.client.get("/api/v1/agent/proofs").json()["requests"][0]
     step = request["steps"][-1]
     other = (tmp_path / "task" / task_runner.CHECKPOINT.format(0)).read_bytes()
@@ -133,7 +133,7 @@ def test_a_node_that_reveals_nothing_by_the_deadline_fails(
     agent = make_agent(kind="platform")
     submit(tier="platform")
     task = agent.claim()
-    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 201
+    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 202
     assert expire_overdue() == 0
     SegmentCheck.objects.update(deadline=timezone.now() - timedelta(seconds=1))
     assert expire_overdue() == 1
@@ -147,7 +147,7 @@ def test_uploads_are_not_checked_at_share_zero(make_agent, submit, tmp_path, mon
     agent = make_agent(kind="platform")
     submit(tier="platform")
     task = agent.claim()
-    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 201
+    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 202
     assert not SegmentCheck.objects.exists()
 
 
@@ -159,7 +159,7 @@ def test_a_missing_proof_fails_where_proofs_are_required(
     submit(tier="platform")
     task = agent.claim()
     payload, metrics = agent.train(task)  # the test stand-in's update: no commitments
-    assert agent.upload(task["id"], payload, metrics).status_code == 201
+    assert agent.upload(task["id"], payload, metrics).status_code == 202
     check = SegmentCheck.objects.get()
     assert check.status == CheckStatus.FAILED and "no proof" in check.reason
     assert TaskResult.objects.get(task_id=task["id"]).accepted is False
@@ -174,7 +174,7 @@ def test_a_segment_the_verifier_cannot_rerun_is_skipped_not_held_against_the_nod
     agent = make_agent(kind="platform")
     submit(tier="platform")
     task = agent.claim()
-    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 201
+    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 202
     files.delete_tree([Task.objects.get(pk=task["id"]).shard.file])  # the worker's input gone
     _reveal_all(agent, tmp_path / "t", django_capture_on_commit_callbacks)
     check = SegmentCheck.objects.get()
@@ -200,7 +200,7 @@ def test_a_segment_check_stands_in_for_a_replica_and_probation_checks_every_uplo
     job = submit(tier="volunteer")
     task = agent.claim()
     assert not Task.objects.filter(round__job_id=job["id"], replica=1).exists()
-    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 201
+    assert agent.upload(task["id"], _run_task(agent, task, tmp_path / "t")).status_code == 202
     assert SegmentCheck.objects.get().node_id == agent.node_id  # drawn at 1.0
     Node.objects.filter(pk=node.pk).update(verified_ok=settings.GPUFLEX["TRUST_AFTER_VERIFIED"])
     assert check_share(Node.objects.get(pk=node.pk)) == 0.25
@@ -219,7 +219,7 @@ def test_an_upload_without_the_proof_its_lease_counted_on_is_replicated(
     task = agent.claim()
     assert not Task.objects.filter(round__job_id=job["id"], replica=1).exists()
     payload, metrics = agent.train(task)  # the test stand-in's update: an older agent's
-    assert agent.upload(task["id"], payload, metrics).status_code == 201
+    assert agent.upload(task["id"], payload, metrics).status_code == 202
     assert not SegmentCheck.objects.exists()
     replica = Task.objects.get(round__job_id=job["id"], replica=1)
     assert replica.shard_id == Task.objects.get(pk=task["id"]).shard_id

@@ -72,7 +72,7 @@ def run_first_round(agents, job_id: str) -> Round:
                 return Round.objects.get(job_id=job_id, number=1)
             task = agent.claim()
             if task is not None and task["round"] == 1:
-                assert agent.work(task).status_code == 201
+                assert agent.work(task).status_code == 202
                 worked = True
         if not worked:
             break

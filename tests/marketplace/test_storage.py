@@ -44,7 +44,7 @@ def test_job_with_uploaded_dataset_runs_on_pathless_storage(make_agent, buyer) -
     job_id = response.json()["id"]
     agents = [make_agent(kind="platform") for _ in range(3)]
     for agent in agents:
-        assert agent.work(agent.claim()).status_code == 201
+        assert agent.work(agent.claim()).status_code == 202
     job = Job.objects.get(pk=job_id)
     assert job.status == "completed"
     assert default_storage.exists(job.model_file)

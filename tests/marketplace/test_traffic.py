@@ -40,7 +40,7 @@ def test_counters_equal_the_bodies_sent_and_received(make_agent, submit) -> None
     assert agent.upload(task["id"], b"\x00" * 64).status_code == 422
     payload, metrics = agent.train(task)
     down += len(model.content) + len(shard.content)  # train() downloads both again
-    assert agent.upload(task["id"], payload, metrics).status_code == 201
+    assert agent.upload(task["id"], payload, metrics).status_code == 202
     assert agent.upload(task["id"], payload, metrics).status_code == 200
     assert traffic(agent, job["id"]) == (64 + 2 * len(payload), down)
 
@@ -85,7 +85,7 @@ class Counting:
         payload, metrics = self.agent.train(task)  # downloads both once more
         self.down += 2 * sent
         response = self.agent.upload(task["id"], payload, metrics)
-        assert response.status_code == 201, response.content
+        assert response.status_code == 202, response.content
         self.up += len(payload)
         return True
 

@@ -53,8 +53,8 @@ def test_honest_replicas_in_different_precisions_verify_each_other(make_agent, s
     replica = gpu.claim()
     assert replica["seed"] == first["seed"] and first["codec"] == replica["codec"] == "int8"
 
-    assert _upload(cpu, first, _train(cpu, first, "fp32"), claim=None).status_code == 201
-    assert _upload(gpu, replica, _train(gpu, replica, "bf16"), claim="bf16").status_code == 201
+    assert _upload(cpu, first, _train(cpu, first, "fp32"), claim=None).status_code == 202
+    assert _upload(gpu, replica, _train(gpu, replica, "bf16"), claim="bf16").status_code == 202
 
     results = list(TaskResult.objects.order_by("task__replica"))
     assert [r.precision for r in results] == ["fp32", "bf16"]  # no claim: fp32
@@ -69,14 +69,14 @@ def test_a_cheat_claiming_another_precision_is_outvoted(make_agent, submit) -> N
     submit(tier="volunteer", spec=REPLICATED_SPEC)
     first = honest.claim()
     replica = cheater.claim()
-    assert _upload(honest, first, _train(honest, first, "fp32"), "fp32").status_code == 201
+    assert _upload(honest, first, _train(honest, first, "fp32"), "fp32").status_code == 202
     # the cheater poisons real work (doubles it) and claims fp16, whose tolerance is loosest
     work = _train(cheater, replica, "bf16")
     doubled = {k: 2 * v for k, v in work.items()}
-    assert _upload(cheater, replica, doubled, "fp16").status_code == 201
+    assert _upload(cheater, replica, doubled, "fp16").status_code == 202
     third = verifier.claim()  # the dispute brings in a third replica, platform nodes first
     assert third is not None and third["seed"] == first["seed"]
-    assert _upload(verifier, third, _train(verifier, third, "bf16"), "bf16").status_code == 201
+    assert _upload(verifier, third, _train(verifier, third, "bf16"), "bf16").status_code == 202
 
     cheat = TaskResult.objects.get(node_id=cheater.node_id)
     assert cheat.precision == "fp16" and cheat.verified is False and not cheat.accepted
@@ -92,13 +92,11 @@ def test_an_unknown_precision_claim_is_rejected(make_agent, submit) -> None:
     submit(tier="volunteer", spec=REPLICATED_SPEC)
     task = agent.claim()
     delta = _train(agent, task, "fp32")
-    response = _upload(agent, task, delta, "fp8")
-    assert response.status_code == 422, response.content
-    body = response.json()
-    assert body["error"] == "update_rejected" and body["reason"] == "metadata"
-    assert "precision" in body["detail"] and not TaskResult.objects.exists()
-    # the task is still the node's: the corrected upload is taken
-    assert _upload(agent, task, delta, "fp32").status_code == 201
+    # received, then refused by the worker's check: the lease ends with the reason on the task
+    assert _upload(agent, task, delta, "fp8").status_code == 202
+    refused = Task.objects.get(pk=task["id"])
+    assert refused.node_id is None and refused.last_error.startswith("upload refused (metadata)")
+    assert "precision" in refused.last_error and not TaskResult.objects.exists()
 
 
 def test_cheating_node_is_caught_by_redundancy_and_earns_nothing(make_agent, submit) -> None:
@@ -186,8 +184,8 @@ def test_unreconciled_dispute_is_not_aggregated_at_the_deadline(make_agent, subm
     first = honest.claim()  # untrusted: a replica is made for another node
     replica = cheater.claim()
     assert replica["id"] != first["id"] and replica["seed"] == first["seed"]
-    assert honest.work(first).status_code == 201
-    assert cheater.work(replica, cheat=True).status_code == 201
+    assert honest.work(first).status_code == 202
+    assert cheater.work(replica, cheat=True).status_code == 202
     assert Task.objects.filter(replica=2, status="pending").exists()  # a third is wanted
     assert all(r.verified is None for r in TaskResult.objects.all())
 

@@ -182,7 +182,7 @@ def test_a_zone_without_an_aggregator_uploads_flat(make_agent, submit) -> None:
     for agent in members:
         task = agent.claim()
         assert "zone" not in task
-        assert agent.work(task).status_code == 201
+        assert agent.work(task).status_code == 202
     assert ZonePartial.objects.count() == 0
     assert TaskResult.objects.filter(partial__isnull=True).count() == 2
 
@@ -249,11 +249,11 @@ def test_a_dead_aggregator_releases_its_members_and_counts_nothing_twice(zones, 
     # the second member finds no aggregator to hand to and uploads its update flat
     p2, m2 = second.train(t2)
     assert hand_off(second, t2, p2).status_code == 409
-    assert second.upload(t2["id"], p2, m2).status_code == 201
+    assert second.upload(t2["id"], p2, m2).status_code == 202
     # with no aggregator online in eu, the released task goes flat now and counts once
     again = first.claim()
     assert again["id"] == t1["id"] and "zone" not in again
-    assert first.work(again).status_code == 201
+    assert first.work(again).status_code == 202
     results = TaskResult.objects.filter(task__round__job_id=job["id"])
     assert sorted(str(r.task_id) for r in results) == sorted([t1["id"], t2["id"]])
     assert not results.filter(partial__isnull=False).exists()

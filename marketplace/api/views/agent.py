@@ -164,7 +164,7 @@ class TaskUpdateView(AgentView):
     @extend_schema(
         request={SAFETENSORS: OpenApiTypes.BINARY},
         parameters=[OpenApiParameter("X-GPUFlex-Metrics", str, OpenApiParameter.HEADER)],
-        responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT, **errors(409, 413, 422)},
+        responses={202: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT, **errors(409, 413, 422)},
     )
     def put(self, request: Request, task_id: str) -> Response:
         node = self.node(request)
@@ -180,7 +180,8 @@ class TaskUpdateView(AgentView):
         # received whatever becomes of it (a retry, a rejection): the node's traffic all the same
         count_traffic(node.pk, task.round.job_id, up=len(body))
         code = accept_update(node, task_id, body, request.headers.get("X-GPUFlex-Metrics"))
-        return Response({"accepted": True}, status=code)
+        # 202: received, the worker checks it (a refusal releases the task, reason kept)
+        return Response({"accepted": True, "checked": code != 202}, status=code)
 
 
 def _body(request: Request) -> bytes:
@@ -230,7 +231,7 @@ class ZonePartialView(AgentView):
 
     @extend_schema(
         request={SAFETENSORS: OpenApiTypes.BINARY},
-        responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT, **errors(409, 413, 422)},
+        responses={202: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT, **errors(409, 413, 422)},
     )
     def put(self, request: Request) -> Response:
         from marketplace.rounds.zones import accept_partial

@@ -1,0 +1,114 @@
+"""A web process takes a node's update without importing torch (issue 36): the request
+checks what needs no torch (ownership, idempotency, size, metrics, the safetensors header)
+and stores the bytes as received; the worker's check (rounds.update_checks) decodes them
+against the round's model. On the code before this change the upload view imported torch
+(trainer.hashing, the decoding), and this test fails there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from marketplace.rounds.models import ReceivedUpdate, Task, TaskResult, TaskStatus
+from marketplace.rounds.update_checks import check_received
+from tests.marketplace.test_web_submission_torch_free import HEAVY, ROOT, _database_url
+
+# the web process: the WSGI app's settings, the Django test client through every layer (auth,
+# throttles, the view, the service); the broker replaced by a list, as the worker is not
+# what this process runs
+_WEB = """
+import importlib.abc, json, os, sys, traceback
+import django
+django.setup()
+
+first = []
+
+class Watch(importlib.abc.MetaPathFinder):  # where a heavy module was first imported from
+    def find_spec(self, name, path, target=None):
+        if name in sys.argv[1:] and not first:
+            first.append(name + ":\\n" + "".join(traceback.format_stack(limit=20)))
+        return None
+
+sys.meta_path.insert(0, Watch())
+from celery import current_app
+from django.test import Client
+from marketplace.server.routing import CHECK_UPDATE
+
+sent = []
+current_app.tasks[CHECK_UPDATE].delay = sent.append
+client = Client(HTTP_AUTHORIZATION="Bearer " + os.environ["KEY"])
+out = {"status": []}
+for name in ("cut", "good", "good", "other"):
+    with open(os.path.join(os.environ["BODIES"], name), "rb") as f:
+        body = f.read()
+    response = client.put(
+        "/api/v1/agent/tasks/" + os.environ["TASK"] + "/update", data=body,
+        content_type="application/octet-stream", HTTP_X_GPUFLEX_METRICS=os.environ["METRICS"],
+    )
+    out["status"].append([response.status_code, response.json()])
+out["sent"] = sent
+out["heavy"] = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))
+out["first"] = first
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_a_web_process_takes_updates_without_torch(tmp_path, own_media, make_agent, submit) -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the web process reads the test database over PostgreSQL")
+    agent = make_agent(kind="platform")
+    submit(tier="platform")
+    task = agent.claim()
+    payload, metrics = agent.train(task)
+    bodies = tmp_path / "bodies"
+    bodies.mkdir()
+    (bodies / "cut").write_bytes(payload[:-4])  # a transfer cut short
+    (bodies / "good").write_bytes(payload)
+    (bodies / "other").write_bytes(payload[:-4] + b"\0\0\0\0")
+    env = os.environ | {
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
+        "DATABASE_URL": _database_url(),
+        "GPUFLEX_DATA_DIR": str(tmp_path),
+        "KEY": agent.key,
+        "TASK": task["id"],
+        "METRICS": json.dumps(metrics),
+        "BODIES": str(bodies),
+    }
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "GPUFLEX_METRICS_DIR", "CELERY_TASK_ALWAYS_EAGER"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", _WEB, *HEAVY], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    assert out["heavy"] == [], out["first"][0]
+    (cut, refusal), (good, _), (again, _), (other, conflict) = out["status"]
+    # the header alone shows the cut: refused at once, the problem named
+    assert cut == 422 and refusal["reason"] == "corrupt", refusal
+    assert "not a safetensors file" in refusal["detail"] and "tensor '" in refusal["detail"]
+    # received, the same bytes again received (idempotent), other bytes a conflict
+    assert (good, again, other) == (202, 202, 409), out["status"]
+    assert conflict["error"] == "conflict"
+    assert out["sent"] == [task["id"]]  # one check sent, for the first receipt
+    received = ReceivedUpdate.objects.get(task_id=task["id"])
+    assert Task.objects.get(pk=task["id"]).status == TaskStatus.LEASED  # still in flight
+    # what the worker does with the message: decoded, accepted, the task done
+    check_received(task["id"])
+    result = TaskResult.objects.get(task_id=task["id"])
+    assert result.update_hash == received.update_hash
+    assert result.compute_s == received.compute_s and result.metrics == received.metrics
+    assert Task.objects.get(pk=task["id"]).status == TaskStatus.DONE
+    assert not ReceivedUpdate.objects.exists()
+    # a retry after the check: the same bytes are the accepted ones
+    assert agent.upload(task["id"], payload, metrics).status_code == 200
