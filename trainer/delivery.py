@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.compression import CodecConfig, decode_any, encode_update
+from trainer.delivery_codec import delivery_codec_name
 from trainer.hashing import state_hash
 from trainer.spec import JobSpec
 
@@ -31,16 +32,10 @@ DELTA_CODECS = ("fp16", "int8")
 
 
 def delivery_codec(spec: JobSpec) -> CodecConfig | None:
-    """The codec of a job's model deltas, or None: nodes download each round's model whole.
-
-    `auto` sends deltas for network-aware jobs (`adaptation.enabled`): plain FedAvg stays the
-    textbook baseline, full fp32 downloads."""
-    name = spec.compression.download_codec
-    if name == "auto":
-        name = "int8" if spec.adaptation.enabled else "none"
-    if name == "none":
-        return None
-    return CodecConfig(name, spec.compression.block_size)
+    """The codec of a job's model deltas (trainer.delivery_codec's rule), or None: nodes
+    download each round's model whole."""
+    name = delivery_codec_name(spec)
+    return None if name == "none" else CodecConfig(name, spec.compression.block_size)
 
 
 @dataclass(frozen=True)

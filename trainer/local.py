@@ -9,7 +9,6 @@ batch schedule on the device up front, and no host sync until the end.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import warnings
 from collections.abc import Callable, Collection, Mapping
@@ -26,6 +25,7 @@ from trainer.lora import update_keys
 from trainer.privacy import privatize_update
 from trainer.resume import PausedState, TrainingPaused, capture, restore
 from trainer.spec import JobSpec, OptimizerSpec
+from trainer.steps import derive_seed, planned_steps  # noqa: F401 (derive_seed: re-exported)
 
 
 @dataclass
@@ -38,12 +38,6 @@ class LocalResult:
     compute_s: float  # wall seconds spent training on this host
     metrics: dict[str, float] = field(default_factory=dict)
     precision: str = "fp32"  # what ran: "fp32", "bf16" or "fp16"
-
-
-def derive_seed(seed: int, round_: int, node: int) -> int:
-    """A task's training seed: independent, reproducible streams per (job seed, round, node or
-    shard), the same in the simulator and on the marketplace; resuming never replays one."""
-    return (seed * 1_000_003 + round_ * 10_007 + node * 101 + 17) % (2**63)
 
 
 def make_optimizer(
@@ -103,13 +97,6 @@ def _can_autocast(device_type: str, dtype: torch.dtype) -> bool:
         warnings.simplefilter("ignore")  # torch warns, then disables autocast for a dtype it lacks
         with torch.autocast(device_type, dtype=dtype):
             return torch.is_autocast_enabled(device_type)
-
-
-def planned_steps(spec: JobSpec, num_samples: int, batch_size: int | None = None) -> int:
-    batch = batch_size or spec.local.batch_size
-    if spec.local.steps is not None:
-        return spec.local.steps
-    return max(1, math.ceil(spec.local.epochs * num_samples / batch))  # type: ignore[operator]
 
 
 def loss_fn(

@@ -21,8 +21,6 @@ Django; the marketplace and the agent both use it. Never pickle: safetensors and
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -34,36 +32,14 @@ from torch import Tensor
 
 from trainer.spec import ZONE_INCOMPATIBLE
 from trainer.updates import UpdateRejected, decode_state, encode_state, validate_update
+from trainer.zone_tokens import TOKEN_HEADER, member_token, round_key, token_ok
 
-__all__ = ["ZONE_INCOMPATIBLE", "Member", "PartialSum", "decode_partial", "encode_partial"]
+__all__ = [
+    "TOKEN_HEADER", "ZONE_INCOMPATIBLE", "Member", "PartialSum", "decode_partial",
+    "encode_partial", "member_token", "round_key", "token_ok",
+]  # fmt: skip
 PARTIAL_KIND = "zone-partial"
-TOKEN_HEADER = "X-GPUFlex-Zone-Token"
 MAX_MEMBERS = 256  # one partial's manifest must fit the safetensors metadata (64 KiB)
-
-
-# ------------------------------------------------------------------------------ tokens
-
-
-def round_key(secret: str | bytes, round_id: object, aggregator_id: object) -> str:
-    """The key one aggregator checks one round's member tokens with (hex). Derived, so the
-    coordinator stores nothing; per round and aggregator, so a leaked key is worth one round
-    of one zone."""
-    raw = secret.encode() if isinstance(secret, str) else secret
-    msg = f"gpuflex-zone-round:{round_id}:{aggregator_id}".encode()
-    return hmac.new(raw, msg, hashlib.sha256).hexdigest()
-
-
-def member_token(key: str, task_id: object, node_id: object, samples: int) -> str:
-    """What the coordinator gives a member with its task: HMAC over task, node and weight."""
-    msg = f"gpuflex-zone-member:{task_id}:{node_id}:{int(samples)}".encode()
-    return hmac.new(bytes.fromhex(key), msg, hashlib.sha256).hexdigest()
-
-
-def token_ok(key: str, token: str, task_id: object, node_id: object, samples: int) -> bool:
-    """Constant-time check of a member's token."""
-    if not isinstance(token, str) or not token:
-        return False
-    return hmac.compare_digest(member_token(key, task_id, node_id, samples), token)
 
 
 # ------------------------------------------------------------------------------- math

@@ -23,10 +23,10 @@ MAX_CHAIN = 8
 
 def model_source(task: Task) -> dict[str, Any]:
     """How the task's node gets the round's model (docs/agent-api.md, "Model delivery")."""
-    from trainer.delivery import delivery_codec
+    from trainer.delivery_codec import delivery_codec_name
 
     rnd, job = task.round, task.round.job
-    if delivery_codec(job.parsed_spec) is None or job.parsed_spec.scoring:
+    if delivery_codec_name(job.parsed_spec) == "none" or job.parsed_spec.scoring:
         return {"kind": "full"}  # a scoring job's model is never the seed's
     held = ModelCopy.objects.filter(node=task.node_id, job=job).first()
     if held is not None and held.model_hash != rnd.input_model_hash:

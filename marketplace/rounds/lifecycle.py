@@ -52,7 +52,7 @@ def open_round(
     previous round's model get this one (marketplace.rounds.delivery)."""
     from marketplace.jobs.models_io import store_model
     from marketplace.rounds.resharding import round_shards
-    from trainer.local import derive_seed
+    from trainer.steps import derive_seed
 
     model_hash, model_file = store_model(job, number, state)
     delta_file, delta_base = delta if delta and delta[0] else ("", "")
@@ -150,7 +150,7 @@ def silo_fits(job: Job, node: Node) -> bool:
 def reserve_silos(rnd: Round) -> int:
     """One task per online node holding the job's local dataset, reserved for that node;
     silos that come online later join while the round is open (the tick calls this)."""
-    from trainer.local import derive_seed
+    from trainer.steps import derive_seed
 
     job = rnd.job
     taken = set(Task.objects.filter(round=rnd).values_list("reserved_for_id", flat=True))

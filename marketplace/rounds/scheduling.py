@@ -347,8 +347,9 @@ def _lease_terms(
         memo = (task.round_id, shard_size)
         if sized is None or memo not in sized:
             work = size_work(
-                spec, node, shard_size, input_shape=job.input_shape, num_classes=job.num_classes
-            )
+                spec, node, shard_size, input_shape=job.input_shape,
+                num_classes=job.num_classes, model_file=task.round.input_model_file,
+            )  # fmt: skip
             if sized is None:
                 sized = {}
             sized[memo] = (work.steps, work.batch_size, work.codec)

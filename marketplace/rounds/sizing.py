@@ -22,6 +22,7 @@ from typing import Any
 
 from django.conf import settings
 
+from marketplace.jobs.model_headers import stored_numel
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node, NodeState
 from marketplace.nodes.selectors import benchmark_of, network_of, speed_figure, speed_of
@@ -53,14 +54,18 @@ def size_work(
     input_shape: Sequence[int] = (),
     num_classes: int = 0,
     peers: Sequence[Node] | None = None,
+    model_file: str = "",
 ) -> Work:
-    from trainer.local import planned_steps
+    """A node's work on a shard of `shard_size`. `model_file`: the round's stored model, whose
+    header gives the planner the model's size without building it (the web process, which
+    sizes a late-joining node's claim, imports no torch)."""
+    from trainer.steps import planned_steps
 
     batch = spec.local.batch_size
     if not spec.adaptation.enabled or not input_shape:
         codec = spec.compression.codec if spec.compression.codec != "auto" else "none"
         return Work(steps=planned_steps(spec, shard_size, batch), batch_size=batch, codec=codec)
-    return plan_works(spec, input_shape, num_classes, _with(node, peers))[node.pk]
+    return plan_works(spec, input_shape, num_classes, _with(node, peers), model_file)[node.pk]
 
 
 def _plan(
@@ -70,8 +75,12 @@ def _plan(
     nodes: Sequence[Node],
     tiers: dict[str, str] | None = None,
     job: Job | None = None,
+    model_file: str = "",
 ) -> tuple[RoundPlan, PolicyState]:
-    numel = model_numel(spec.model.model_dump_json(), tuple(input_shape), num_classes)
+    if model_file:  # the stored model's header: no torch
+        numel = stored_numel(model_file)
+    else:  # the worker, opening a round: built from the spec (torch)
+        numel = model_numel(spec.model.model_dump_json(), tuple(input_shape), num_classes)
     state = PolicyState(tiers={k: Tier(v) for k, v in (tiers or {}).items()})
     step_s = step_times(spec, nodes, job)
     # a task's fixed cost (lease, sandbox, imports) as the round-phase bench measured it: the
@@ -94,10 +103,14 @@ def _entry(p: NodePlan) -> dict[str, Any]:
 
 
 def plan_works(
-    spec: JobSpec, input_shape: Sequence[int], num_classes: int, nodes: Sequence[Node]
+    spec: JobSpec,
+    input_shape: Sequence[int],
+    num_classes: int,
+    nodes: Sequence[Node],
+    model_file: str = "",
 ) -> dict[object, Work]:
     """One policy plan for a cohort of nodes (not kept: see plan_cohort for a round's)."""
-    plan, _ = _plan(spec, input_shape, num_classes, nodes)
+    plan, _ = _plan(spec, input_shape, num_classes, nodes, model_file=model_file)
     return {n.pk: planned_work(_entry(plan.nodes[str(n.pk)]), spec) for n in nodes}
 
 

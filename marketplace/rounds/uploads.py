@@ -9,13 +9,13 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.files.storage import default_storage
 from django.db import transaction
 from django.utils import timezone
 
 from marketplace.events.services import job_changed
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
+from marketplace.jobs.model_headers import model_header
 from marketplace.ledger.reservations import release_tasks
 from marketplace.nodes.bounds import MAX_DATASET_ROWS
 from marketplace.nodes.models import Node
@@ -36,7 +36,7 @@ from trainer.digest import bytes_hash
 from trainer.lora import update_part
 from trainer.nesting import TooDeep, loads_json
 from trainer.secagg.packed import MASKED_KEY
-from trainer.tensor_header import UPLOAD_DTYPE_BYTES, Entry, HeaderError, parse, split
+from trainer.tensor_header import UPLOAD_DTYPE_BYTES, Entry, HeaderError, split
 
 FAIL_REASONS = {"oom", "timeout", "crashed", "sandbox", "cancelled"}
 # what an update's X-GPUFlex-Metrics may report: name -> (min, max)
@@ -198,7 +198,7 @@ def check_layout(task: Task, entries: dict[str, Entry], metadata: dict[str, str]
     secure = spec.privacy.secure_aggregation.enabled
     if not secure and metadata.get("codec", "none") != "none":
         return
-    reference = update_part(spec.model, _model_header(task.round.input_model_file))
+    reference = update_part(spec.model, model_header(task.round.input_model_file))
     if secure:
         length = sum(math.prod(e.shape) for e in reference.values())
         masked = entries.get(MASKED_KEY)
@@ -230,14 +230,6 @@ def check_layout(task: Task, entries: dict[str, Entry], metadata: dict[str, str]
                 f"{list(entries[name].shape)}, expected {list(ref.shape)}.",
                 reason="shape",
             )
-
-
-def _model_header(name: str) -> dict[str, Entry]:
-    """A stored model's tensors as its header names them, reading the header's bytes only."""
-    with default_storage.open(name, "rb") as fh:
-        length = int.from_bytes(fh.read(8), "little")
-        entries, _ = parse(fh.read(length), files.size(name) - 8 - length)
-    return entries
 
 
 def received_name(job_id: object, digest: str) -> str:

@@ -36,59 +36,17 @@ from marketplace.rounds.lifecycle import maybe_close
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus, ZonePartial
 from marketplace.rounds.sizing import is_far
 from marketplace.rounds.uploads import parse_metrics, release_task
+from marketplace.rounds.zone_routes import (  # noqa: F401 (zone_route: its old home)
+    aggregator_for,
+    replicated,
+    uses_zones,
+    zone_key,
+    zone_route,
+)
 from trainer.hashing import bytes_hash
 from trainer.lora import update_part
 from trainer.updates import UpdateRejected, decode_state, encode_state
-from trainer.zones import decode_partial, member_token, round_key
-
-
-def uses_zones(task: Task) -> bool:
-    return task.round.job.parsed_spec.aggregation.hierarchy == "zones"
-
-
-def aggregator_for(zone: str) -> Node | None:
-    """The zone's aggregator: its online platform node that serves a zone endpoint (the
-    lowest id, so every claim in the zone agrees), or None."""
-    if not zone:
-        return None
-    candidates = online_nodes().filter(kind=NodeKind.PLATFORM, zone=zone).exclude(zone_url="")
-    return candidates.order_by("pk").first()
-
-
-def zone_key(round_id: object, aggregator_id: object) -> str:
-    """The key the aggregator checks this round's member tokens with."""
-    return round_key(settings.SECRET_KEY, round_id, aggregator_id)
-
-
-def _replicated(task: Task) -> bool:
-    return Task.objects.filter(round_id=task.round_id, shard_id=task.shard_id).count() > 1
-
-
-def zone_route(task: Task) -> dict[str, Any] | None:
-    """Where a just-leased task's update goes (the claim's `zone`), or None: to the
-    coordinator, as on a flat job."""
-    if not uses_zones(task):  # the job's spec never changes: no need to read the lease
-        return None
-    # as leased: a claim's task objects may predate their lease
-    task = Task.objects.select_related("node", "shard", "round__job").get(pk=task.pk)
-    node = task.node
-    if node is None or not node.zone or task.shard is None or not uses_zones(task):
-        return None
-    if is_far(task.round.plan, node.pk) or _replicated(task):
-        return None
-    aggregator = aggregator_for(node.zone)
-    if aggregator is None or aggregator.pk == node.pk:
-        return None
-    samples = task.shard.size
-    key = zone_key(task.round_id, aggregator.pk)
-    return {
-        "name": node.zone,
-        "aggregator": aggregator.pk,
-        "url": aggregator.zone_url,
-        "round_id": task.round_id,
-        "samples": samples,
-        "token": member_token(key, task.id, node.pk, samples),
-    }
+from trainer.zones import decode_partial
 
 
 def _aggregator(node: Node) -> Node:
@@ -144,7 +102,7 @@ def zone_round(node: Node, round_id: object) -> dict[str, Any]:
         round=rnd, status=TaskStatus.LEASED, node__zone=aggregator.zone,
         shard__isnull=False, result__isnull=True,
     ).exclude(node=aggregator)  # fmt: skip
-    expected = [str(t.pk) for t in leased if not is_far(rnd.plan, t.node_id) and not _replicated(t)]
+    expected = [str(t.pk) for t in leased if not is_far(rnd.plan, t.node_id) and not replicated(t)]
     return {
         "round_id": rnd.pk,
         "job_id": str(rnd.job_id),

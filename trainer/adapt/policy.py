@@ -84,10 +84,9 @@ def choose_codec(m: NodeMeasurement, numel: int, spec: JobSpec) -> str:
 def download_codec(spec: JobSpec) -> str:
     """How the job delivers the global model (trainer.delivery): a dense delta chain every
     node rebuilds bit for bit (top-k would starve nodes of most of the model), or whole."""
-    from trainer.delivery import delivery_codec
+    from trainer.delivery_codec import delivery_codec_name
 
-    codec = delivery_codec(spec)
-    return codec.name if codec is not None else "none"
+    return delivery_codec_name(spec)
 
 
 def plan_round(

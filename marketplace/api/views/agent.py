@@ -96,7 +96,7 @@ class ClaimView(AgentView):
 
 def with_zone(payload: dict, task: object) -> dict:
     """A zones job's task names the aggregator its update goes to (rounds.zones)."""
-    from marketplace.rounds.zones import zone_route
+    from marketplace.rounds.zone_routes import zone_route
 
     route = zone_route(task)
     return payload | {"zone": route} if route else payload

@@ -1,0 +1,88 @@
+"""A web process leases work on a network-aware job without importing torch (issue 36): a
+node that came online after its round opened is not in the round's plan, so its claim sizes
+its work through the planner, which takes the model's size from the stored model's header
+(jobs/model_headers.py) instead of building the model. On the code before this change the
+claim imported torch (rounds/sizing.model_numel, trainer.local.planned_steps)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from marketplace.jobs.model_headers import stored_numel
+from marketplace.rounds.models import Round, Task, TaskStatus
+from marketplace.rounds.sizing import model_numel
+from tests.marketplace.helpers import SMALL_SPEC
+from tests.marketplace.test_web_submission_torch_free import HEAVY, ROOT, _database_url
+
+_WEB = """
+import importlib.abc, json, os, sys, traceback
+import django
+django.setup()
+
+first = []
+
+class Watch(importlib.abc.MetaPathFinder):  # where a heavy module was first imported from
+    def find_spec(self, name, path, target=None):
+        if name in sys.argv[1:] and not first:
+            first.append(name + ":\\n" + "".join(traceback.format_stack(limit=25)))
+        return None
+
+sys.meta_path.insert(0, Watch())
+from django.test import Client
+
+client = Client(HTTP_AUTHORIZATION="Bearer " + os.environ["KEY"])
+response = client.post("/api/v1/agent/claim?wait=0")
+out = {"status": response.status_code, "body": response.json() if response.content else None}
+out["heavy"] = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))
+out["first"] = first
+print("RESULT " + json.dumps(out))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_a_late_node_claims_network_aware_work_without_torch(
+    tmp_path, own_media, make_agent, submit
+) -> None:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the web process reads the test database over PostgreSQL")
+    spec = copy.deepcopy(SMALL_SPEC)
+    spec["adaptation"] = {"enabled": True, "max_local_steps": 400, "min_local_steps": 2}
+    job = submit(spec=spec, tier="platform")
+    rnd = Round.objects.get(job_id=job["id"], number=1)
+    late = make_agent(kind="platform")  # online after the round's plan was made
+    assert f"n{late.node_id}" not in (rnd.plan or {})
+    # the header's count is the built model's, which the worker's planner uses
+    j = rnd.job
+    assert stored_numel(rnd.input_model_file) == model_numel(
+        j.parsed_spec.model.model_dump_json(), tuple(j.input_shape), j.num_classes
+    )
+    env = os.environ | {
+        "PYTHONPATH": str(ROOT),
+        "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
+        "DATABASE_URL": _database_url(),
+        "GPUFLEX_DATA_DIR": str(tmp_path),
+        "KEY": late.key,
+    }
+    for name in ("PROMETHEUS_MULTIPROC_DIR", "GPUFLEX_METRICS_DIR", "CELERY_TASK_ALWAYS_EAGER"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, "-c", _WEB, *HEAVY], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.removeprefix("RESULT "))
+    assert out["status"] == 200, out
+    assert out["heavy"] == [], out["first"][0]
+    leased = Task.objects.get(pk=out["body"]["task"]["id"])
+    assert leased.status == TaskStatus.LEASED and leased.node_id == late.node_id
+    assert leased.steps is not None and leased.steps >= 2  # sized by the planner
