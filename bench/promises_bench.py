@@ -404,7 +404,9 @@ def failures_row(cl: dict[str, Any]) -> dict[str, Any]:
             "simulated_failures": (cl.get("simulated_failures") or {}).get("failures"),
             "note": f"against {against}; "
             f"SIGKILL to {round(0.2 * big)} of {big} agents holding a task at each "
-            f"round's opening, restarted at once (the agent's journal resumes its task); the "
+            f"round's opening, restarted at once at the lowest CPU priority (`nice 19`: on real "
+            f"nodes its start-up runs on its own host, here on the survivors' two cores; the "
+            f"agent's journal resumes its task); the "
             f"simulator kills exactly as many a round, back after the agents' measured start "
             f"time, with the baseline's measured fixed costs (trainer.sim.failures); "
             f"{_emulated(cl)}"

@@ -224,6 +224,9 @@ def centralized(corpus: Path, nodes: int, max_steps: int = 1000) -> dict[str, An
     return {"time_to_target_s": None, "steps": steps, "loss": loss}
 
 
+RESTART_NICE = 19  # a killed agent comes back at this niceness (Killer)
+
+
 # ------------------------------------------------------------------------ the cluster
 
 
@@ -363,7 +366,10 @@ class Killer:
         picked = self.rng.sample(holders, self.count)
         for name in picked:
             self.cluster.kill(f"agent-{name}", signal.SIGKILL)
-            self.cluster.start_agent(self.plans[name])
+            # restarted at the lowest CPU priority: on real nodes a restarting agent's start-up
+            # (its interpreter, its task worker's torch) runs on its own host, not on the
+            # survivors' cores, as it must here, where all ten share two
+            self.cluster.start_agent(self.plans[name], nice=RESTART_NICE)
         self.killed.append({"round": number, "agents": picked})
         return picked
 

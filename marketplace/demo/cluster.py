@@ -183,7 +183,9 @@ class Cluster:
         )  # fmt: skip
         return out.stdout.strip()
 
-    def start_agent(self, plan: NodePlan) -> None:
+    def start_agent(self, plan: NodePlan, nice: int = 0) -> None:
+        """`nice`: a lower CPU priority for the agent and every process it starts (a bench's
+        restarted agent on a shared host, which on real nodes would have a host of its own)."""
         cmd = [sys.executable, "-m", "desktop.cli", "run"]
         if plan.byzantine:  # fault injection's own entry point: no contributor option
             cmd = [sys.executable, "-m", "desktop.fault_injection", "--byzantine", plan.byzantine]
@@ -192,6 +194,8 @@ class Cluster:
             cmd += ["--measured", str(self.measured)]
         if plan.compute_scale != 1.0:
             cmd += ["--compute-scale", str(plan.compute_scale)]
+        if nice:  # nice execs the agent: the same pid, so kill() still reaches its group
+            cmd = ["nice", "-n", str(nice), *cmd]
         self._start(f"agent-{plan.name}", cmd, self.env() | self.agent_dirs(plan.name))
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
