@@ -23,13 +23,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.export_formats import FORMATS
+from trainer.export_formats import FORMATS, HF_ARCHS, hf_refusal  # noqa: F401 (re-exported)
 from trainer.models import build_model
 from trainer.spec import ModelSpec
 from trainer.updates import decode_state, encode_state
 
-# architectures that have a `transformers` model (trainer.hf_byte)
-HF_ARCHS = frozenset({"transformer"})
 VOCAB = 256  # the byte transformer's vocabulary
 
 
@@ -132,16 +130,6 @@ def to_onnx(model: TrainedModel) -> bytes:
         path = Path(tmp) / "model.onnx"
         program.save(str(path))  # weights inline: a model under 2 GB is one file
         return path.read_bytes()
-
-
-def hf_refusal(spec: ModelSpec) -> str | None:
-    """Why `hf` cannot export this architecture, or None when it can."""
-    if spec.arch in HF_ARCHS:
-        return None
-    return (
-        f"format 'hf' needs a Hugging Face architecture; model.arch '{spec.arch}' has none "
-        f"(only {', '.join(sorted(HF_ARCHS))}): use safetensors, onnx or torchscript"
-    )
 
 
 def write_hf_folder(model: TrainedModel, directory: Path) -> Path:

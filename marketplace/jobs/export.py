@@ -14,7 +14,7 @@ from django.core.files.storage import default_storage
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError
 from marketplace.jobs.models import Job
-from trainer.export import FORMATS, ExportError, TrainedModel, export_model, hf_refusal
+from trainer.export_formats import FORMATS, hf_refusal
 
 
 class BadFormat(MarketplaceError):
@@ -90,6 +90,10 @@ def job_model_download(job: Job, fmt: str = "safetensors") -> Download:
         data = with_weights(files.get(program_name(model_job(job).pk)), files.get(job.model_file))
         files.put(cached, data, content_addressed=True)
         return Download(data, name, content_type)
+    # onnx, torchscript, hf: the model is built and traced (torch); a safetensors or pt2
+    # download, the common case, keeps the web process torch-free (issue 36)
+    from trainer.export import ExportError, TrainedModel, export_model
+
     model = TrainedModel.from_bytes(files.get(job.model_file), model_job(job).parsed_spec.model)
     try:
         exported = export_model(model, fmt)

@@ -2,7 +2,8 @@
 node that came online after its round opened is not in the round's plan, so its claim sizes
 its work through the planner, which takes the model's size from the stored model's header
 (jobs/model_headers.py) instead of building the model. On the code before this change the
-claim imported torch (rounds/sizing.model_numel, trainer.local.planned_steps)."""
+claim imported torch (rounds/sizing.model_numel, trainer.local.planned_steps), and so did the
+model download's module (trainer.export, for the formats' names)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ from django.test import Client
 client = Client(HTTP_AUTHORIZATION="Bearer " + os.environ["KEY"])
 response = client.post("/api/v1/agent/claim?wait=0")
 out = {"status": response.status_code, "body": response.json() if response.content else None}
+# the model download's module (GET jobs/<id>/model): a safetensors download is the stored file
+from marketplace.jobs.export import formats_for, job_model_download  # noqa: F401
 out["heavy"] = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))
 out["first"] = first
 print("RESULT " + json.dumps(out))
