@@ -23,6 +23,11 @@ def job_dir(job_id: object) -> str:
     return f"jobs/{job_id}"
 
 
+def provenance_name(job_id: object) -> str:
+    """Where a job's provenance chain is kept (rounds.aggregation writes it)."""
+    return f"{job_dir(job_id)}/provenance.json"
+
+
 def put(name: str, data: bytes, *, content_addressed: bool = False) -> str:
     """Write `data` under exactly `name`, replacing what was there (names are content keys
     or per-job singletons, so a retried task writes the same bytes again). A content-addressed

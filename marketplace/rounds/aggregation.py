@@ -69,7 +69,7 @@ def checkpoint_name(job: Job) -> str:
 
 
 def provenance_name(job: Job) -> str:
-    return f"{files.job_dir(job.id)}/provenance.json"
+    return files.provenance_name(job.id)
 
 
 def artifact_store() -> ArtifactStore:

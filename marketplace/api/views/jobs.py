@@ -246,12 +246,11 @@ class JobAnchorsView(BuyerView):
 class JobProvenanceView(BuyerView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT, **errors(409)})
     def get(self, request: Request, pk: str) -> HttpResponse:
-        from marketplace.rounds.aggregation import provenance_name
-
         job = self.job(request, pk)
         if not job.rounds_done:
             raise Conflict("No round has finished yet, so there is no provenance record.")
-        return HttpResponse(files.get(provenance_name(job)), content_type="application/json")
+        record = files.get(files.provenance_name(job.pk))
+        return HttpResponse(record, content_type="application/json")
 
 
 # one Server-Sent Events message of the stream: `data` is the job as GET jobs/{id}/, in JSON

@@ -273,11 +273,10 @@ def job_predictions(request: HttpRequest, pk: str) -> HttpResponse:
 @buyer_required
 @require_GET
 def job_provenance(request: HttpRequest, pk: str) -> HttpResponse:
-    from marketplace.rounds.aggregation import provenance_name
-
     job = _job(request, pk)
     if job is None or not job.rounds_done:
         return not_found(request, "provenance record")
-    response = HttpResponse(files.get(provenance_name(job)), content_type="application/json")
+    record = files.get(files.provenance_name(job.pk))
+    response = HttpResponse(record, content_type="application/json")
     response["Content-Disposition"] = f'attachment; filename="{job.pk}-provenance.json"'
     return response
