@@ -57,12 +57,26 @@ def _plan_of(serializer: serializers.Serializer) -> list[_Plan]:
     return plan
 
 
+# fields whose to_representation is exactly a builtin (DRF's own method, not overridden):
+# the builtin is called directly, one Python call less per value
+_BUILTIN: dict[Any, Callable[[Any], Any]] = {
+    serializers.IntegerField.to_representation: int,
+    serializers.CharField.to_representation: str,
+    serializers.FloatField.to_representation: float,
+}
+
+
 def _writer(field: serializers.Field) -> Callable[[Any], Any]:
     if isinstance(field, serializers.ListSerializer):
         child = _nested(field.child)
         return lambda items: [child(item) for item in items]
     if isinstance(field, serializers.Serializer):
         return _nested(field)
+    method = type(field).to_representation
+    if method in _BUILTIN:
+        return _BUILTIN[method]
+    if method is serializers.UUIDField.to_representation and field.uuid_format == "hex_verbose":
+        return str
     return field.to_representation
 
 
