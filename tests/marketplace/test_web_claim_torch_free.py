@@ -8,10 +8,6 @@ model download's module (trainer.export, for the formats' names)."""
 from __future__ import annotations
 
 import copy
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -19,22 +15,9 @@ from marketplace.jobs.model_headers import stored_numel
 from marketplace.rounds.models import Round, Task, TaskStatus
 from marketplace.rounds.sizing import model_numel
 from tests.marketplace.helpers import SMALL_SPEC
-from tests.marketplace.test_web_submission_torch_free import HEAVY, ROOT, _database_url
+from tests.marketplace.web_process import run_web
 
 _WEB = """
-import importlib.abc, json, os, sys, traceback
-import django
-django.setup()
-
-first = []
-
-class Watch(importlib.abc.MetaPathFinder):  # where a heavy module was first imported from
-    def find_spec(self, name, path, target=None):
-        if name in sys.argv[1:] and not first:
-            first.append(name + ":\\n" + "".join(traceback.format_stack(limit=25)))
-        return None
-
-sys.meta_path.insert(0, Watch())
 from django.test import Client
 
 client = Client(HTTP_AUTHORIZATION="Bearer " + os.environ["KEY"])
@@ -42,9 +25,6 @@ response = client.post("/api/v1/agent/claim?wait=0")
 out = {"status": response.status_code, "body": response.json() if response.content else None}
 # the model download's module (GET jobs/<id>/model): a safetensors download is the stored file
 from marketplace.jobs.export import formats_for, job_model_download  # noqa: F401
-out["heavy"] = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))
-out["first"] = first
-print("RESULT " + json.dumps(out))
 """
 
 
@@ -68,22 +48,7 @@ def test_a_late_node_claims_network_aware_work_without_torch(
     assert stored_numel(rnd.input_model_file) == model_numel(
         j.parsed_spec.model.model_dump_json(), tuple(j.input_shape), j.num_classes
     )
-    env = os.environ | {
-        "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
-        "DATABASE_URL": _database_url(),
-        "GPUFLEX_DATA_DIR": str(tmp_path),
-        "KEY": late.key,
-    }
-    for name in ("PROMETHEUS_MULTIPROC_DIR", "GPUFLEX_METRICS_DIR", "CELERY_TASK_ALWAYS_EAGER"):
-        env.pop(name, None)
-    done = subprocess.run(
-        [sys.executable, "-c", _WEB, *HEAVY], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = run_web(_WEB, tmp_path, KEY=late.key)
     assert out["status"] == 200, out
     assert out["heavy"] == [], out["first"][0]
     leased = Task.objects.get(pk=out["body"]["task"]["id"])

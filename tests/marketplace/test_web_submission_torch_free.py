@@ -6,10 +6,6 @@ still gets its 4xx at once."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,27 +13,12 @@ from marketplace.jobs.models import Job
 from marketplace.jobs.preparation import prepare_job
 from marketplace.rounds.models import Round
 from tests.marketplace.helpers import SMALL_SPEC
-
-ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "numpy", "safetensors", "transformers", "tokenizers")
+from tests.marketplace.web_process import run_web
 
 # the web process: the WSGI app's settings, the Django test client through every layer (auth,
 # throttles, the view, the service); the broker replaced by a list, as the worker is not
 # what this process runs
 _WEB = """
-import importlib.abc, json, os, sys, traceback
-import django
-django.setup()
-
-first = []
-
-class Watch(importlib.abc.MetaPathFinder):  # where a heavy module was first imported from
-    def find_spec(self, name, path, target=None):
-        if name in sys.argv[1:] and not first:
-            first.append(name + ":\\n" + "".join(traceback.format_stack(limit=20)))
-        return None
-
-sys.meta_path.insert(0, Watch())
 from celery import current_app
 from django.test import Client
 from marketplace.server.routing import PREPARE_JOB
@@ -57,18 +38,7 @@ for body in json.loads(os.environ["BODIES"]):
         response = client.post("/api/v1/jobs/", json.dumps(body), content_type="application/json")
     out["status"].append([response.status_code, response.json()])
 out["sent"] = sent
-out["heavy"] = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))
-out["first"] = first
-print("RESULT " + json.dumps(out))
 """
-
-
-def _database_url() -> str:
-    from django.db import connection
-
-    db = connection.settings_dict
-    user = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgres://{user}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 def _csv(rows: int = 40, bad: str = "") -> str:
@@ -96,23 +66,7 @@ def test_a_web_process_takes_submissions_without_torch(tmp_path, make_user, own_
         {"spec": json.dumps(csv_spec), "csv": _csv()} | price,  # an uploaded CSV
         {"spec": json.dumps(csv_spec), "csv": _csv(bad="1,x,0")} | price,  # refused at once
     ]
-    env = os.environ | {
-        "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
-        "DATABASE_URL": _database_url(),
-        "GPUFLEX_DATA_DIR": str(tmp_path),
-        "KEY": key,
-        "BODIES": json.dumps(bodies),
-    }
-    for name in ("PROMETHEUS_MULTIPROC_DIR", "GPUFLEX_METRICS_DIR", "CELERY_TASK_ALWAYS_EAGER"):
-        env.pop(name, None)
-    done = subprocess.run(
-        [sys.executable, "-c", _WEB, *HEAVY], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
+    out = run_web(_WEB, tmp_path, KEY=key, BODIES=json.dumps(bodies))
     assert out["heavy"] == [], out["first"][0]
     (digits, _), (csv, _), (bad, refusal) = out["status"]
     assert (digits, csv, bad) == (201, 201, 400), out["status"]

@@ -7,33 +7,17 @@ against the round's model. On the code before this change the upload view import
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from marketplace.rounds.models import ReceivedUpdate, Task, TaskResult, TaskStatus
 from marketplace.rounds.update_checks import check_received
-from tests.marketplace.test_web_submission_torch_free import HEAVY, ROOT, _database_url
+from tests.marketplace.web_process import run_web
 
 # the web process: the WSGI app's settings, the Django test client through every layer (auth,
 # throttles, the view, the service); the broker replaced by a list, as the worker is not
 # what this process runs
 _WEB = """
-import importlib.abc, json, os, sys, traceback
-import django
-django.setup()
-
-first = []
-
-class Watch(importlib.abc.MetaPathFinder):  # where a heavy module was first imported from
-    def find_spec(self, name, path, target=None):
-        if name in sys.argv[1:] and not first:
-            first.append(name + ":\\n" + "".join(traceback.format_stack(limit=20)))
-        return None
-
-sys.meta_path.insert(0, Watch())
 from celery import current_app
 from django.test import Client
 from marketplace.server.routing import CHECK_UPDATE
@@ -51,9 +35,6 @@ for name in ("cut", "good", "good", "other"):
     )
     out["status"].append([response.status_code, response.json()])
 out["sent"] = sent
-out["heavy"] = sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))
-out["first"] = first
-print("RESULT " + json.dumps(out))
 """
 
 
@@ -73,25 +54,10 @@ def test_a_web_process_takes_updates_without_torch(tmp_path, own_media, make_age
     (bodies / "cut").write_bytes(payload[:-4])  # a transfer cut short
     (bodies / "good").write_bytes(payload)
     (bodies / "other").write_bytes(payload[:-4] + b"\0\0\0\0")
-    env = os.environ | {
-        "PYTHONPATH": str(ROOT),
-        "DJANGO_SETTINGS_MODULE": "marketplace.server.settings.base",
-        "DATABASE_URL": _database_url(),
-        "GPUFLEX_DATA_DIR": str(tmp_path),
-        "KEY": agent.key,
-        "TASK": task["id"],
-        "METRICS": json.dumps(metrics),
-        "BODIES": str(bodies),
-    }
-    for name in ("PROMETHEUS_MULTIPROC_DIR", "GPUFLEX_METRICS_DIR", "CELERY_TASK_ALWAYS_EAGER"):
-        env.pop(name, None)
-    done = subprocess.run(
-        [sys.executable, "-c", _WEB, *HEAVY], cwd=ROOT, env=env, capture_output=True,
-        text=True, timeout=300,
+    out = run_web(
+        _WEB, tmp_path, KEY=agent.key, TASK=task["id"], METRICS=json.dumps(metrics),
+        BODIES=str(bodies),
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.removeprefix("RESULT "))
     assert out["heavy"] == [], out["first"][0]
     (cut, refusal), (good, _), (again, _), (other, conflict) = out["status"]
     # the header alone shows the cut: refused at once, the problem named
