@@ -619,7 +619,13 @@ def render(promises: list[dict[str, Any]]) -> list[str]:
             within = max(factor, 1 / factor) <= SIM_FACTOR if factor else False
             note = f"simulator {factor:.2f}× the measurement (within {SIM_FACTOR}×: {within})"
             if row.get("bound"):
-                note += "; the measurement is a bound, the naive run stopped short"
+                # a bound cannot be within a factor of anything: say whether the prediction
+                # keeps to it, which is all a run cut short can tell
+                keeps = (row["simulated"] <= row["measured"]) == (row["bound"] == "upper")
+                note = (f"the measurement is {'an upper' if row['bound'] == 'upper' else 'a lower'} bound (the naive run stopped "
+                        f"short), so agreement within {SIM_FACTOR}× cannot be judged; the "
+                        f"simulator's {_fmt(row['simulated'])} "
+                        f"{'keeps to' if keeps else 'breaks'} it")  # fmt: skip
         elif row.get("sim_over_measured") is not None:
             factor = row["sim_over_measured"]
             within = max(factor, 1 / factor) <= SIM_FACTOR if factor else False
