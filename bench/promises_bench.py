@@ -622,7 +622,8 @@ def render(promises: list[dict[str, Any]]) -> list[str]:
                 # a bound cannot be within a factor of anything: say whether the prediction
                 # keeps to it, which is all a run cut short can tell
                 keeps = (row["simulated"] <= row["measured"]) == (row["bound"] == "upper")
-                note = (f"the measurement is {'an upper' if row['bound'] == 'upper' else 'a lower'} bound (the naive run stopped "
+                kind = "an upper" if row["bound"] == "upper" else "a lower"
+                note = (f"the measurement is {kind} bound (the naive run stopped "
                         f"short), so agreement within {SIM_FACTOR}× cannot be judged; the "
                         f"simulator's {_fmt(row['simulated'])} "
                         f"{'keeps to' if keeps else 'breaks'} it")  # fmt: skip
