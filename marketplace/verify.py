@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.hashing import state_hash
-from trainer.provenance import ProvenanceChain, verify_chain
+from trainer.provenance_chain import ProvenanceChain, verify_chain
 from trainer.updates import decode_state
 
 

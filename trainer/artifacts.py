@@ -23,6 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from trainer.digest import short
 from trainer.hashing import bytes_hash, state_hash
 
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -42,11 +43,6 @@ class ArtifactError(KeyError, ValueError):
     def __str__(self) -> str:
         # KeyError.__str__ would repr() the message and wrap it in quotes
         return str(self.args[0]) if self.args else ""
-
-
-def short(key: str) -> str:
-    """A key trimmed for messages: enough to recognise, short enough to read."""
-    return key[:12] + "…" if len(key) > 12 else key
 
 
 def prepare_for_save(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

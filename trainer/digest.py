@@ -8,3 +8,8 @@ import hashlib
 
 def bytes_hash(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def short(key: str) -> str:
+    """A key trimmed for messages: enough to recognise, short enough to read."""
+    return key[:12] + "…" if len(key) > 12 else key

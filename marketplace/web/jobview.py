@@ -224,14 +224,13 @@ def provenance(job: Job) -> dict[str, Any]:
     Replaying every round from artifacts (`gpuflex` verify) is heavier; the page checks the
     chain itself, which detects any altered, missing or reordered record.
     """
-    from marketplace.rounds.aggregation import provenance_name
-    from trainer.provenance import ProvenanceChain, ProvenanceError, verify_chain
+    from trainer.provenance_chain import ProvenanceChain, ProvenanceError, verify_chain
 
     empty = {"records": [], "ok": None, "problems": [], "head": "", "count": 0, "url": ""}
     if not job.rounds_done or job.kind == "sweep":  # a sweep's rounds are its trials' own
         return empty
     try:
-        chain = ProvenanceChain.from_json(files.get(provenance_name(job)).decode())
+        chain = ProvenanceChain.from_json(files.get(files.provenance_name(job.pk)).decode())
     except (OSError, ProvenanceError, ValueError, KeyError) as exc:
         return empty | {"ok": False, "problems": [f"unreadable: {exc}"]}
     report = verify_chain(chain)

@@ -31,7 +31,7 @@ def _until_round_closes(agents, job: Job, number: int, limit: int = 50) -> None:
         for agent in agents:
             task = agent.claim()
             if task is not None:
-                assert agent.work(task).status_code == 201
+                assert agent.work(task).status_code == 202  # received, checked on commit
     raise AssertionError(f"round {number} never closed")
 
 
