@@ -1,9 +1,10 @@
-"""A web process leases work on a network-aware job without importing torch (issue 36): a
-node that came online after its round opened is not in the round's plan, so its claim sizes
-its work through the planner, which takes the model's size from the stored model's header
-(jobs/model_headers.py) instead of building the model. On the code before this change the
-claim imported torch (rounds/sizing.model_numel, trainer.local.planned_steps), and so did the
-model download's module (trainer.export, for the formats' names)."""
+"""A web process leases work, serves downloads and shows a job's provenance without importing
+torch (issue 36). A node that came online after its round opened is not in the round's plan,
+so its claim sizes its work through the planner, which takes the model's size from the stored
+model's header (jobs/model_headers.py) instead of building the model. On the code before this
+change the claim imported torch (rounds/sizing.model_numel, trainer.local.planned_steps), so
+did the model download's module (trainer.export, for the formats' names) and the job page's
+provenance check (trainer.provenance)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,34 @@ def test_a_late_node_claims_network_aware_work_without_torch(
     leased = Task.objects.get(pk=out["body"]["task"]["id"])
     assert leased.status == TaskStatus.LEASED and leased.node_id == late.node_id
     assert leased.steps is not None and leased.steps >= 2  # sized by the planner
+
+
+_PAGE = """
+from marketplace.jobs.models import Job
+from marketplace.web.jobview import live_payload
+
+payload = live_payload(Job.objects.get(pk=os.environ["JOB"]))
+out = {"provenance": payload["provenance"]}
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_a_finished_jobs_page_checks_its_provenance_without_torch(
+    tmp_path, own_media, make_agent, submit
+) -> None:
+    """The buyer's job page reads and checks the job's provenance chain (its links and record
+    hashes) in the web process: trainer.provenance_chain, not the replay's torch."""
+    from django.db import connection
+
+    from tests.marketplace.test_job_flow import run_until_idle
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the web process reads the test database over PostgreSQL")
+    agents = [make_agent(kind="platform") for _ in range(3)]
+    job = submit(tier="platform")
+    assert run_until_idle(agents) > 0
+    out = run_web(_PAGE, tmp_path, JOB=job["id"])
+    assert out["heavy"] == [], out["first"][0]
+    chain = out["provenance"]
+    assert chain["ok"] is True and chain["count"] >= 1, chain
