@@ -9,6 +9,7 @@ from django.contrib import admin
 
 from marketplace.rounds.models import (
     ModelCopy,
+    ReceivedUpdate,
     Round,
     SecAggRound,
     ShardCopy,
@@ -51,6 +52,12 @@ class ShardCopyAdmin(ReadOnlyAdmin):
     list_select_related = ["node", "shard"]
 
 
+# an upload the web process took in and the worker has yet to check (rounds.update_checks)
+class ReceivedUpdateAdmin(ReadOnlyAdmin):
+    list_display = ["task", "node", "update_hash", "num_samples", "compute_s", "received_at"]
+    list_select_related = ["task", "node"]
+
+
 class SecAggRoundAdmin(ReadOnlyAdmin):
     list_display = ["round", "phase", "phase_deadline", "threshold"]
     list_filter = ["phase"]
@@ -64,6 +71,7 @@ for model, model_admin in [
     (ZonePartial, ZonePartialAdmin),
     (ModelCopy, ModelCopyAdmin),
     (ShardCopy, ShardCopyAdmin),
+    (ReceivedUpdate, ReceivedUpdateAdmin),
     (SecAggRound, SecAggRoundAdmin),
 ]:
     if not admin.site.is_registered(model):

@@ -81,7 +81,7 @@ def test_silos_train_on_their_own_data(make_agent, buyer) -> None:
             assert task["local_dataset"] == "clinic" and task["shard_hash"] is None
             shard = agent.shard(task["id"])
             assert shard.status_code == 409 and shard.json()["error"] == "local_dataset"
-            assert train_on_silo(agent, task, local).status_code == 201
+            assert train_on_silo(agent, task, local).status_code == 202  # received, checked
 
     done = Job.objects.get(pk=job["id"])
     assert done.status == "completed" and done.rounds_done == 2
