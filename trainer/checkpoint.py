@@ -20,7 +20,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from trainer.artifacts import atomic_write, prepare_for_save, short
+from trainer.artifacts import atomic_write, prepare_for_save
+from trainer.digest import short
 from trainer.hashing import state_hash
 
 FORMAT = "gpuflex/checkpoint-v1"

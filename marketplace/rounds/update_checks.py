@@ -23,7 +23,7 @@ from marketplace.rounds.models import (
     TaskResult,
     TaskStatus,
 )
-from marketplace.rounds.uploads import _takes_late, release_task
+from marketplace.rounds.uploads import release_task, takes_late
 from trainer.lora import update_part
 
 
@@ -87,7 +87,7 @@ def _accept(received: ReceivedUpdate) -> tuple[TaskResult, dict[str, str]]:
         if task.node_id != node.pk:
             raise Conflict("The task is no longer leased to this node.")
         late = rnd.status != RoundStatus.OPEN
-        if task.status != TaskStatus.LEASED or (late and not _takes_late(rnd, task)):
+        if task.status != TaskStatus.LEASED or (late and not takes_late(rnd, task)):
             raise Conflict(f"The task is {task.status}; it no longer takes updates.")
         result = TaskResult.objects.create(
             task=task,

@@ -238,7 +238,7 @@ def received_name(job_id: object, digest: str) -> str:
     return f"{files.job_dir(job_id)}/received/{digest}.safetensors"
 
 
-def _takes_late(rnd: Round, task: Task) -> bool:
+def takes_late(rnd: Round, task: Task) -> bool:
     """Its round closed while the task was in flight: kept for a later round to fold in if
     the spec folds late updates, or if it is a far node's two-round task (whatever the spec
     says: the round was not meant to wait for it)."""

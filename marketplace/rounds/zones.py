@@ -36,12 +36,11 @@ from marketplace.rounds.lifecycle import maybe_close
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus, ZonePartial
 from marketplace.rounds.sizing import is_far
 from marketplace.rounds.uploads import parse_metrics, release_task
-from marketplace.rounds.zone_routes import (  # noqa: F401 (zone_route: its old home)
+from marketplace.rounds.zone_routes import (
     aggregator_for,
     replicated,
     uses_zones,
     zone_key,
-    zone_route,
 )
 from trainer.hashing import bytes_hash
 from trainer.lora import update_part
