@@ -32,6 +32,7 @@ from marketplace.ledger.money import ZERO, q
 from marketplace.ledger.sums import exact_sums_by
 from marketplace.nodes.models import Node
 from marketplace.nodes.selectors import speed_of
+from marketplace.server.prepared import array_literal, prepared_cursor
 
 # the advisory locks' class id: "GFRV" (GPUFlex reservations)
 _LOCK_CLASS = 0x47465256 - 2**31
@@ -105,12 +106,14 @@ def reserve_all(leases: Sequence[tuple[object, object]], node: Node) -> bool:
     bound = lease_bound(node)
     keys = sorted({_lock_key(job) for _, job in leases})
     n = len(leases)
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             "SELECT gpuflex_reserve(%s, %s::int[], %s::uuid[], %s::uuid[], %s::bigint[], "
             "%s::numeric[], %s::float8[], %s::float8[], %s)",
-            [_LOCK_CLASS, keys, [t for t, _ in leases], [j for _, j in leases], [node.pk] * n,
-             [bound.gross] * n, [bound.metered_s] * n, [bound.speed] * n, timezone.now()],
+            [_LOCK_CLASS, *map(array_literal, (
+                keys, [t for t, _ in leases], [j for _, j in leases], [node.pk] * n,
+                [bound.gross] * n, [bound.metered_s] * n, [bound.speed] * n)),
+             timezone.now()],
         )  # fmt: skip
         return bool(cursor.fetchone()[0])
 

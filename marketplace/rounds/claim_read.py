@@ -21,6 +21,7 @@ from django.db.models import Model
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.nodes.models import Node
 from marketplace.rounds.models import Round, RoundStatus
+from marketplace.server.prepared import prepared_cursor
 
 
 class _Reader:
@@ -65,7 +66,7 @@ def node_and_open_rounds(node_id: int) -> tuple[Node, list[Round]]:
     """The node's row and every open round of a running job, each with its job (one Job
     instance per job); Node.DoesNotExist when the node is gone."""
     sql, node_r, round_r, job_r = _statement()
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(sql, [JobStatus.RUNNING, RoundStatus.OPEN, node_id])
         rows = cursor.fetchall()
     if not rows:

@@ -41,6 +41,7 @@ from marketplace.rounds.planning import (
 )
 from marketplace.rounds.signals import bump_work_generation, work_generation
 from marketplace.rounds.sizing import is_far, plan_key, plan_works, planned_work, size_work
+from marketplace.server.prepared import array_literal, prepared_cursor
 from trainer.proof_commitment import provable
 from trainer.schedule import round_lr
 
@@ -671,7 +672,11 @@ def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> Sequence[Task
         f"AND t.shard_id IN (SELECT c.shard_id FROM {ShardCopy._meta.db_table} c "
         "WHERE c.node_id = %(node)s)"
     )
-    params = {"pending": TaskStatus.PENDING, "rounds": sorted(allowed), "node": node.pk}
+    params = {
+        "pending": TaskStatus.PENDING,
+        "rounds": array_literal(sorted(allowed)),
+        "node": node.pk,
+    }
     columns = ", ".join([f"t.{c}" for c in task_f] + [f"s.{c}" for c in shard_f])
 
     def select(extra: str) -> str:
@@ -688,7 +693,7 @@ def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> Sequence[Task
     # both reads in one statement (one round trip): each CTE locks and stops after `n` rows
     # off the index as its own statement did; a row both return is locked twice by this
     # transaction, which SKIP LOCKED does not skip
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"""
             WITH affine AS MATERIALIZED ({select(held)}),
@@ -983,7 +988,7 @@ def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) 
     ids, nodes, steps, batches, codecs, prices, rows = (
         list(column) for column in zip(*leases, strict=True)
     )
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"""
             UPDATE {Task._meta.db_table} AS t
@@ -999,13 +1004,7 @@ def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) 
                 TaskStatus.LEASED,
                 now,
                 expires,
-                ids,
-                nodes,
-                steps,
-                batches,
-                codecs,
-                prices,
-                rows,
+                *map(array_literal, (ids, nodes, steps, batches, codecs, prices, rows)),
                 TaskStatus.PENDING,
             ],
         )

@@ -139,6 +139,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         {"timeout": 20, "transaction_mode": "IMMEDIATE"}
     )
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+elif _env["GPUFLEX_DB_PREPARE"]:
+    # Django turns psycopg's prepared statements off (None); the claim's cursors prepare
+    # theirs explicitly (server/prepared.py) and nothing else is prepared on its own
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 2**31 - 1
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = _env["REDIS_URL"]
@@ -284,6 +288,8 @@ GPUFLEX = {
     # with REDIS_URL, heartbeats and claims' "seen" marks go to Redis and the tick writes them
     # to the database in one batch (nodes/presence.py); 0 writes each one straight through
     "PRESENCE_IN_REDIS": _env["GPUFLEX_PRESENCE_IN_REDIS"],
+    # PostgreSQL: the claim's statements are prepared once per connection (server/prepared.py)
+    "DB_PREPARE": _env["GPUFLEX_DB_PREPARE"],
     # with REDIS_URL, API-key lookups are cached this long; a revocation reaches every worker
     # at once (accounts/key_cache.py); 0 looks every key up in the database
     "KEY_CACHE_S": _env["GPUFLEX_KEY_CACHE_S"],

@@ -314,6 +314,9 @@ TABLE: tuple[Setting, ...] = (
     # -- scale --
     _s("GPUFLEX_PRESENCE_IN_REDIS", "bool", True, "with REDIS_URL, heartbeats go to Redis "
        "and the tick writes them in one batch; 0 writes each through", SCALE),
+    _s("GPUFLEX_DB_PREPARE", "bool", True, "PostgreSQL plans a claim's statements once per "
+       "connection (server-side prepared); 0 for a pooler that cannot carry them (PgBouncer "
+       "before 1.21 in transaction mode)", SCALE),
     _s("GPUFLEX_KEY_CACHE_S", "float", 300.0, "with REDIS_URL, how long API-key lookups are "
        "cached; 0 looks every key up", SCALE, unit="seconds", ge=0, shown="300"),
     _s("GPUFLEX_REDIS_PREFIX", "text", "gpuflex", "prefix of every key GPUFlex writes to "
