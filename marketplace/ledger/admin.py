@@ -13,6 +13,7 @@ from marketplace.ledger.models import (
     ChainDeposit,
     EarningsHold,
     Entry,
+    EscrowFloor,
     NodeRegistration,
     Payout,
     ProvenanceAnchor,
@@ -86,6 +87,12 @@ class WalletAddressAdmin(ReadOnlyAdmin):
     list_display = ["user", "address"]
     list_select_related = ["user"]
     search_fields = ["user__username", "address"]
+
+
+@admin.register(EscrowFloor)
+class EscrowFloorAdmin(ReadOnlyAdmin):
+    list_display = ["job", "free", "entries"]
+    list_select_related = ["job"]
 
 
 @admin.register(Reservation)

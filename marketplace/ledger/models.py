@@ -370,3 +370,21 @@ class NodeRegistration(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["address", "capability_hash"], name="registration_once")
         ]
+
+
+class EscrowFloor(models.Model):
+    """A lower bound of a job's free escrow, so that a claim's reservation need not sum every
+    open reservation and escrow entry of its job (issue 36: that sum grew with the leases out,
+    a claim's largest cost in PostgreSQL). Written only by `gpuflex_reserve` under the job's
+    escrow lock, as exact free escrow less what each claim since reserved: everything else
+    only raises free escrow (releasing, shrinking and converting reservations; a charge
+    takes at most its reservation), except escrow entries, so `entries` is the count of the
+    job's escrow entries it was computed with and a floor counts only while that count
+    holds (an entry is never deleted). A reservation made elsewhere (the bulk lease) deletes
+    it. Never money: `free_escrow` computes the exact figure."""
+
+    job = models.OneToOneField(
+        "jobs.Job", on_delete=models.CASCADE, primary_key=True, related_name="escrow_floor"
+    )
+    free = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    entries = models.PositiveBigIntegerField()

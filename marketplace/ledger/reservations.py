@@ -27,7 +27,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from marketplace.ledger.metering import Meter, Rules, max_charge, speed_factor
-from marketplace.ledger.models import Entry, Reservation, ReservationState
+from marketplace.ledger.models import Entry, EscrowFloor, Reservation, ReservationState
 from marketplace.ledger.money import ZERO, q
 from marketplace.ledger.sums import exact_sums_by
 from marketplace.nodes.models import Node
@@ -205,6 +205,12 @@ def _insert(rows: list[tuple[Any, ...]]) -> None:
             # `released`, which runs the UPDATE to its end), so the new ones never meet
             # them in reservation_one_open
             task, job, node, amount, seconds, speed = (list(c) for c in zip(*rows, strict=True))
+            # reserved here, not by gpuflex_reserve: its jobs' floors (EscrowFloor) no longer
+            # hold; under the same locks, so no claim reads them in between
+            cursor.execute(
+                f"DELETE FROM {EscrowFloor._meta.db_table} WHERE job_id = ANY(%s::uuid[])",
+                [sorted({str(j) for j in job})],
+            )
             cursor.execute(
                 f"""
                 WITH released AS (
