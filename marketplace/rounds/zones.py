@@ -21,6 +21,8 @@ the round's model and stores it, or refuses it and releases its members.
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -170,12 +172,20 @@ def refusal(rnd: Round, aggregator: Node, members: list[Member], tasks: dict[str
     return ""
 
 
+def _task_pks(task_ids: list[str]) -> list[uuid.UUID]:
+    """The ids that can name a task (a UUID): a manifest naming another is refused for the
+    task it does not find, not a server error."""
+    pks = []
+    for task_id in task_ids:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            pks.append(uuid.UUID(task_id))
+    return pks
+
+
 def member_tasks(rnd: Round, task_ids: list[str], *, lock: bool = False) -> dict[str, Task]:
     tasks = Task.objects.select_for_update(of=("self",)) if lock else Task.objects
-    return {
-        str(t.pk): t
-        for t in tasks.filter(round=rnd, pk__in=task_ids).select_related("shard", "result")
-    }
+    named = tasks.filter(round=rnd, pk__in=_task_pks(task_ids))
+    return {str(t.pk): t for t in named.select_related("shard", "result")}
 
 
 @dataclass(frozen=True)
@@ -255,7 +265,7 @@ def release_members(aggregator: Node, task_ids: list[str], reason: str) -> None:
     """Tasks handed to `aggregator` whose update will not count through it: back to the
     queue (not the member's fault: no lost lease on its record), `reason` their last_error."""
     for task in Task.objects.filter(
-        pk__in=task_ids, zone_aggregator=aggregator, status=TaskStatus.LEASED
+        pk__in=_task_pks(task_ids), zone_aggregator=aggregator, status=TaskStatus.LEASED
     ).select_related("round"):
         with transaction.atomic():
             release_task(task, reason)

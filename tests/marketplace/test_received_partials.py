@@ -134,3 +134,20 @@ def test_a_check_that_never_comes_is_sent_again_then_the_partial_dropped(
         assert task.last_error == "zone partial was received but not checked within a lease"
     check_received_partial(received.pk)  # its message, delivered at last: nothing to do
     assert not ZonePartial.objects.exists() and not TaskResult.objects.exists()
+
+
+def test_a_manifest_naming_no_task_at_all_is_refused(make_agent, submit) -> None:
+    from trainer.updates import decode_state
+    from trainer.zones import Member, PartialSum, encode_partial
+
+    zr = zone_round(make_agent, submit)
+    first = zr.members[0]
+    partial = PartialSum()
+    member = Member("not-a-task-id", str(first.agent.node_id), "0" * 64,
+                    first.task["zone"]["samples"], {})  # fmt: skip
+    partial.add(decode_state(first.payload)[0], member)
+    data = encode_partial(partial, job_id=zr.job["id"], round_id=str(zr.round_id), zone="eu")
+    refused = put_partial(zr.aggregator, data)
+    assert refused.status_code == 409, refused.content
+    assert "task not-a-task-id is not a task of round 1" in refused.json()["detail"]
+    assert not ReceivedPartial.objects.exists()
