@@ -27,6 +27,7 @@ from marketplace.rounds.models import (
     ZonePartial,
 )
 from marketplace.rounds.uploads import parse_metrics
+from marketplace.rounds.zone_routes import PARTIAL_FAILED
 from marketplace.rounds.zones import member_tasks, refusal, release_members
 
 if TYPE_CHECKING:  # the worker's side: torch, imported where it is used
@@ -95,7 +96,7 @@ def _conclude(received: ReceivedPartial, refused: str, decoded: Decoded | None =
             tasks = member_tasks(rnd, received.members, lock=True)
             refused = refusal(rnd, aggregator, decoded[0].members, tasks)
         if refused:
-            release_members(aggregator, received.members, f"zone partial refused: {refused}")
+            release_members(aggregator, received.members, f"{PARTIAL_FAILED}refused: {refused}")
         elif decoded is not None:
             _store(rnd, received, tasks, *decoded)
             maybe_close(rnd)

@@ -48,6 +48,7 @@ from marketplace.rounds.queue import enqueue_partial_check
 from marketplace.rounds.sizing import is_far
 from marketplace.rounds.uploads import release_task
 from marketplace.rounds.zone_routes import (
+    PARTIAL_FAILED,
     aggregator_for,
     replicated,
     uses_zones,
@@ -251,7 +252,7 @@ def accept_partial(node: Node, body: bytes) -> tuple[int, Receipt]:
         if refused:  # the state changed between the two looks: nothing refers to the file
             files.delete_tree([name])
     if refused:
-        release_members(aggregator, task_ids, f"zone partial refused: {refused}")
+        release_members(aggregator, task_ids, f"{PARTIAL_FAILED}refused: {refused}")
         raise Conflict(f"The partial was refused: {refused}; its members' tasks were released.")
     return 202, receipt
 
@@ -310,8 +311,8 @@ def recheck_partials() -> int:
             Round.objects.select_for_update().get(pk=received.round_id)  # the check's lock
             if not ReceivedPartial.objects.filter(pk=received.pk).delete()[0]:
                 continue  # the check got there first
-            release_members(received.aggregator, received.members,
-                            "zone partial was received but not checked within a lease")  # fmt: skip
+            why = f"{PARTIAL_FAILED}was received but not checked within a lease"
+            release_members(received.aggregator, received.members, why)
             dropped += 1
         files.delete_tree([received.received_file])
     return dropped

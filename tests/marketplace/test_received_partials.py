@@ -92,6 +92,10 @@ def test_a_sum_the_worker_refuses_releases_its_members_with_why(make_agent, subm
     # the aggregator's failure is not the members'
     members = Node.objects.filter(pk__in=[m.agent.node_id for m in zr.members])
     assert {n.lost_leases for n in members} == {0}
+    # the task goes flat now: the aggregator took its update and would answer its retry
+    # of the same bytes as delivered
+    again = zr.members[0].agent.claim()
+    assert again["id"] in _task_ids(zr) and "zone" not in again
 
 
 def test_a_partial_naming_members_it_may_not_is_refused_at_once(make_agent, submit) -> None:
@@ -132,6 +136,7 @@ def test_a_check_that_never_comes_is_sent_again_then_the_partial_dropped(
     for task in Task.objects.filter(pk__in=_task_ids(zr)):
         assert task.status == TaskStatus.PENDING
         assert task.last_error == "zone partial was received but not checked within a lease"
+    assert "zone" not in zr.members[0].agent.claim()  # flat, as after a refusal
     check_received_partial(received.pk)  # its message, delivered at last: nothing to do
     assert not ZonePartial.objects.exists() and not TaskResult.objects.exists()
 
