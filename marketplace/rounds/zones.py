@@ -138,26 +138,26 @@ def zone_model(node: Node, round_id: object) -> bytes:
     return files.get(_zones_round(round_id).input_model_file)
 
 
-class Refused(Exception):
+class _Refused(Exception):
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
 
 
-def check_member(task: Task | None, member: Member, aggregator: Node, rnd: Round) -> None:
-    """Raise Refused unless `member` may count in `aggregator`'s partial for `rnd`."""
+def _check_member(task: Task | None, member: Member, aggregator: Node, rnd: Round) -> None:
+    """Raise _Refused unless `member` may count in `aggregator`'s partial for `rnd`."""
     if task is None or task.round_id != rnd.pk:
-        raise Refused(f"task {member.task_id} is not a task of round {rnd.number}")
+        raise _Refused(f"task {member.task_id} is not a task of round {rnd.number}")
     if str(task.node_id) != member.node_id or task.status != TaskStatus.LEASED:
-        raise Refused(f"task {member.task_id} is no longer leased to node {member.node_id}")
+        raise _Refused(f"task {member.task_id} is no longer leased to node {member.node_id}")
     if task.zone_aggregator_id != aggregator.pk:
-        raise Refused(f"task {member.task_id} was not handed to this aggregator")
+        raise _Refused(f"task {member.task_id} was not handed to this aggregator")
     if task.zone_update_hash != member.update_hash:
-        raise Refused(f"task {member.task_id}'s update hash is not the one its node handed")
+        raise _Refused(f"task {member.task_id}'s update hash is not the one its node handed")
     if hasattr(task, "result"):
-        raise Refused(f"task {member.task_id} already has a result")
+        raise _Refused(f"task {member.task_id} already has a result")
     if task.shard is None or task.shard.size != member.samples:
-        raise Refused(f"task {member.task_id}'s samples are not its shard's size")
+        raise _Refused(f"task {member.task_id}'s samples are not its shard's size")
 
 
 def refusal(rnd: Round, aggregator: Node, members: list[Member], tasks: dict[str, Task]) -> str:
@@ -165,10 +165,10 @@ def refusal(rnd: Round, aggregator: Node, members: list[Member], tasks: dict[str
     or "": a partial counts whole or not at all."""
     try:
         if rnd.status != RoundStatus.OPEN:
-            raise Refused(f"round {rnd.number} is {rnd.status}")
+            raise _Refused(f"round {rnd.number} is {rnd.status}")
         for member in members:
-            check_member(tasks.get(member.task_id), member, aggregator, rnd)
-    except Refused as exc:
+            _check_member(tasks.get(member.task_id), member, aggregator, rnd)
+    except _Refused as exc:
         return exc.why
     return ""
 
@@ -236,8 +236,11 @@ def accept_partial(node: Node, body: bytes) -> tuple[int, Receipt]:
         files.put(name, body, content_addressed=True)
         with transaction.atomic():
             rnd = Round.objects.select_for_update().get(pk=rnd.pk)
+            # a retry racing this one, or checked and accepted since the first look
             if ReceivedPartial.objects.filter(round=rnd, update_hash=digest).exists():
-                return 202, receipt  # a retry racing this one
+                return 202, receipt
+            if ZonePartial.objects.filter(round=rnd, update_hash=digest).exists():
+                return 200, receipt
             tasks = member_tasks(rnd, task_ids, lock=True)
             refused = refusal(rnd, aggregator, manifest.members, tasks)
             if not refused:
