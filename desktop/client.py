@@ -246,6 +246,9 @@ class MarketplaceClient:
         return Download.of(self._request("GET", f"agent/zone/rounds/{round_id}/model"))
 
     def put_partial(self, data: bytes) -> int:
+        """The zone's partial sum to the coordinator: 202 received (its worker checks the sum
+        and, refusing it, releases the members with the reason in their tasks' last_error),
+        200 the same bytes already accepted; both are success. A 4xx raises ApiError."""
         r = self._request(
             "PUT", "agent/zone/partial", content=data,
             headers={"Content-Type": "application/octet-stream"},

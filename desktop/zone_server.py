@@ -27,9 +27,9 @@ The endpoint faces the network, so a request costs little until it has proved it
 - bad headers are a 4xx naming the problem (a malformed metric: 400 naming it), never a
   dropped connection.
 
-Never unpickles: safetensors and JSON only. Holds each member's decoded update until its
-partial is accepted (a zone's fan-in times the model's size), so a partial can be rebuilt
-without a member that dropped out.
+Never unpickles: safetensors and JSON only. Holds each member's decoded update until the
+coordinator takes its partial (200, or 202: received, its worker checks the sum; a zone's
+fan-in times the model's size), so a partial can be rebuilt without a member that dropped out.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ class _Round:
     reference: dict[str, Tensor] | None = None
     max_bytes: int = MAX_BODY  # the longest update of this round's model (once known)
     held: dict[str, tuple[dict[str, Tensor], Member]] = field(default_factory=dict)
-    done: dict[str, str] = field(default_factory=dict)  # task -> hash, in an accepted partial
+    # task -> hash, in a partial the coordinator took (202 received or 200 accepted)
+    done: dict[str, str] = field(default_factory=dict)
     since: float | None = None  # when the oldest held update came
     zone: str = ""
 
@@ -319,6 +320,8 @@ class ZoneAggregator:
         data = encode_partial(partial, job_id=rnd.job_id, round_id=str(rnd.round_id),
                               zone=rnd.zone)  # fmt: skip
         try:
+            # 202 is success too: the coordinator holds the partial, and its worker's check
+            # releases the members itself should it refuse the sum
             self.client.put_partial(data)
         except Unavailable:
             return False  # kept: the next tick tries again

@@ -22,47 +22,24 @@ Django; the marketplace and the agent both use it. Never pickle: safetensors and
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from trainer.spec import ZONE_INCOMPATIBLE
 from trainer.updates import UpdateRejected, decode_state, encode_state, validate_update
+from trainer.zone_manifest import MAX_MEMBERS, PARTIAL_KIND, ManifestError, Member, parse_manifest
 from trainer.zone_tokens import TOKEN_HEADER, member_token, round_key, token_ok
 
 __all__ = [
     "TOKEN_HEADER", "ZONE_INCOMPATIBLE", "Member", "PartialSum", "decode_partial",
     "encode_partial", "member_token", "round_key", "token_ok",
 ]  # fmt: skip
-PARTIAL_KIND = "zone-partial"
-MAX_MEMBERS = 256  # one partial's manifest must fit the safetensors metadata (64 KiB)
 
 
 # ------------------------------------------------------------------------------- math
-
-
-@dataclass(frozen=True)
-class Member:
-    """One member update an aggregator combined (the manifest's entry)."""
-
-    task_id: str
-    node_id: str
-    update_hash: str  # sha256 of the bytes the member uploaded (the coordinator's key too)
-    samples: int
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "node_id": self.node_id,
-            "update_hash": self.update_hash,
-            "samples": self.samples,
-            "metrics": dict(self.metrics),
-        }
 
 
 class PartialSum:
@@ -122,27 +99,6 @@ class DecodedPartial:
     round_id: str
 
 
-def _member(raw: Any) -> Member:
-    if not isinstance(raw, dict):
-        raise UpdateRejected("metadata", "a manifest member is not an object")
-    try:
-        samples = raw["samples"]
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-            raise UpdateRejected("metadata", "a member's samples must be a whole number >= 1")
-        metrics = raw.get("metrics") or {}
-        if not isinstance(metrics, dict) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            for v in metrics.values()
-        ):
-            raise UpdateRejected("metadata", "a member's metrics must be finite numbers")
-        return Member(
-            str(raw["task_id"]), str(raw["node_id"]), str(raw["update_hash"]), samples,
-            {str(k): float(v) for k, v in metrics.items()},
-        )  # fmt: skip
-    except KeyError as exc:
-        raise UpdateRejected("metadata", f"a manifest member lacks {exc.args[0]!r}") from None
-
-
 def decode_partial(
     data: bytes, reference: Mapping[str, Tensor], max_norm: float | None
 ) -> DecodedPartial:
@@ -151,29 +107,17 @@ def decode_partial(
     inequality), so a partial passes exactly when its members' weighted mean would."""
     tensors, meta = decode_state(data)
     try:
-        manifest = json.loads(meta.get("manifest", ""))
-    except json.JSONDecodeError:
-        raise UpdateRejected("metadata", "the partial's manifest is not JSON") from None
-    if not isinstance(manifest, dict) or manifest.get("kind") != PARTIAL_KIND:
-        raise UpdateRejected("metadata", f"the payload is not a {PARTIAL_KIND}")
-    raw_members = manifest.get("members")
-    if not isinstance(raw_members, list) or not 1 <= len(raw_members) <= MAX_MEMBERS:
-        raise UpdateRejected("metadata", f"a partial names 1 to {MAX_MEMBERS} members")
-    members = [_member(m) for m in raw_members]
-    if len({m.task_id for m in members}) != len(members):
-        raise UpdateRejected("metadata", "a task appears twice in the manifest")
-    samples = sum(m.samples for m in members)
-    if manifest.get("samples") != samples:
-        raise UpdateRejected("metadata", "the manifest's samples are not its members' sum")
+        manifest = parse_manifest(meta)
+    except ManifestError as exc:
+        raise UpdateRejected("metadata", str(exc)) from None
+    samples = manifest.samples
     for name, tensor in tensors.items():
         ref = reference.get(name)
         if ref is not None and tensor.dtype != ref.dtype:
             raise UpdateRejected("dtype", f"tensor '{name}' has dtype {tensor.dtype}", name)
     mean = {k: (v.to(torch.float64) / samples).to(v.dtype) for k, v in tensors.items()}
     validate_update(mean, reference, max_norm)
-    return DecodedPartial(
-        mean, samples, members, str(manifest.get("zone", "")), str(manifest.get("round_id", ""))
-    )
+    return DecodedPartial(mean, samples, manifest.members, manifest.zone, manifest.round_id)
 
 
 def combine(partials: Iterable[tuple[Mapping[str, Tensor], int]]) -> dict[str, Tensor]:

@@ -9,6 +9,7 @@ from django.contrib import admin
 
 from marketplace.rounds.models import (
     ModelCopy,
+    ReceivedPartial,
     ReceivedUpdate,
     Round,
     SecAggRound,
@@ -58,6 +59,12 @@ class ReceivedUpdateAdmin(ReadOnlyAdmin):
     list_select_related = ["task", "node"]
 
 
+# a zone aggregator's partial waiting for the worker's check (rounds.zone_checks)
+class ReceivedPartialAdmin(ReadOnlyAdmin):
+    list_display = ["round", "aggregator", "update_hash", "size", "received_at"]
+    list_select_related = ["round", "aggregator"]
+
+
 class SecAggRoundAdmin(ReadOnlyAdmin):
     list_display = ["round", "phase", "phase_deadline", "threshold"]
     list_filter = ["phase"]
@@ -72,6 +79,7 @@ for model, model_admin in [
     (ModelCopy, ModelCopyAdmin),
     (ShardCopy, ShardCopyAdmin),
     (ReceivedUpdate, ReceivedUpdateAdmin),
+    (ReceivedPartial, ReceivedPartialAdmin),
     (SecAggRound, SecAggRoundAdmin),
 ]:
     if not admin.site.is_registered(model):

@@ -44,7 +44,7 @@ from marketplace.rounds.scheduling import online_candidates
 from marketplace.rounds.secagg import stall_reason
 from marketplace.rounds.sizing import plan_key
 from marketplace.rounds.uploads import release_task
-from marketplace.rounds.zones import release_orphans
+from marketplace.rounds.zones import recheck_partials, release_orphans
 from marketplace.uploads.services import expire_stale_uploads
 from trainer import round_lifecycle as rl
 
@@ -262,6 +262,8 @@ def stop_unaffordable_jobs() -> int:
 def tick() -> dict[str, Any]:
     return {
         "silos": reserve_new_silos(),
+        # before reclaiming: a dropped partial's members are released with its reason
+        "partials": recheck_partials(),
         "reclaimed": reclaim_leases(),
         "unaffordable": stop_unaffordable_jobs(),
         "closed": close_overdue_rounds(),

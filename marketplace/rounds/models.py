@@ -229,6 +229,27 @@ class ReceivedUpdate(models.Model):
     received_at = models.DateTimeField(auto_now_add=True)
 
 
+class ReceivedPartial(models.Model):
+    """A zone aggregator's partial the web process took in but has not checked (issue 36,
+    as ReceivedUpdate for a flat upload): the worker (rounds.zone_checks) decodes it against
+    the round's model and stores it as a ZonePartial with its members' results, or refuses
+    it and releases its members with the reason in their last_error; either way this row
+    goes. Its members' tasks stay leased, in flight, while it waits."""
+
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="received_partials")
+    aggregator = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="+")
+    received_file = models.CharField(max_length=300, help_text="the bytes as sent")
+    update_hash = models.CharField(max_length=64, help_text="sha256 of the uploaded bytes")
+    size = models.PositiveBigIntegerField(default=0, help_text="bytes uploaded")
+    members = models.JSONField(default=list, help_text="the member task ids its manifest names")
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["round", "update_hash"], name="received_partial_once")
+        ]
+
+
 class ModelCopy(models.Model):
     """The version of a job's model a node holds, as far as the server knows: the last one it
     fetched or trained on. A claim sends that node a delta against it (rounds.delivery)."""

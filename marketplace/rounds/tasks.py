@@ -9,7 +9,7 @@ from typing import Any
 
 from celery import shared_task
 
-from marketplace.server.routing import AGGREGATE_ROUND, CHECK_UPDATE
+from marketplace.server.routing import AGGREGATE_ROUND, CHECK_PARTIAL, CHECK_UPDATE
 
 
 @shared_task(
@@ -37,6 +37,19 @@ def check_update(task_id: str) -> None:
     from marketplace.rounds.update_checks import check_received
 
     check_received(task_id)
+
+
+@shared_task(
+    acks_late=True,
+    autoretry_for=(OSError,),
+    retry_backoff=True,
+    max_retries=5,
+    name=CHECK_PARTIAL,
+)
+def check_partial(received_id: int) -> None:
+    from marketplace.rounds.zone_checks import check_received_partial
+
+    check_received_partial(received_id)
 
 
 @shared_task(acks_late=True, name="marketplace.jobs.tasks.tick")

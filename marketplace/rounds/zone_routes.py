@@ -14,6 +14,11 @@ from marketplace.rounds.models import Task
 from marketplace.rounds.sizing import is_far
 from trainer.zone_tokens import member_token, round_key
 
+# the start of the last_error of a task released because its aggregator's partial did not
+# count (rounds.zones, rounds.zone_checks): it goes flat next time, since the aggregator,
+# having passed its update on, answers a retry of the same bytes as delivered
+PARTIAL_FAILED = "zone partial "
+
 
 def uses_zones(task: Task) -> bool:
     return task.round.job.parsed_spec.aggregation.hierarchy == "zones"
@@ -48,6 +53,8 @@ def zone_route(task: Task) -> dict[str, Any] | None:
     if node is None or not node.zone or task.shard is None or not uses_zones(task):
         return None
     if is_far(task.round.plan, node.pk) or replicated(task):
+        return None
+    if task.last_error.startswith(PARTIAL_FAILED):
         return None
     aggregator = aggregator_for(node.zone)
     if aggregator is None or aggregator.pk == node.pk:

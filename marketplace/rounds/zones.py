@@ -12,11 +12,19 @@ partial must be a task leased to that member, handed to this aggregator with thi
 without a result yet: otherwise the whole partial is refused and its members' tasks go back
 to the queue, so no update counts twice and none is lost. An aggregator that goes offline
 has its handed tasks released the same way (maintenance.reclaim_leases).
+
+Like a flat upload (rounds.uploads), a partial is taken in by the web process without torch:
+its header and manifest are read and its members checked here, then the bytes wait as a
+ReceivedPartial for the worker's check (rounds.zone_checks), which decodes the sum against
+the round's model and stores it, or refuses it and releases its members.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -24,28 +32,31 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace.events.services import job_changed
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError, NotFound, UpdateRejectedError
-from marketplace.jobs.models_io import load_model_file
-from marketplace.ledger.reservations import shrink_on_upload
 from marketplace.nodes.models import Node, NodeKind
 from marketplace.nodes.selectors import online_nodes
-from marketplace.rounds.delivery import record_model
-from marketplace.rounds.lifecycle import maybe_close
-from marketplace.rounds.models import Round, RoundStatus, Task, TaskResult, TaskStatus, ZonePartial
+from marketplace.rounds.models import (
+    ReceivedPartial,
+    Round,
+    RoundStatus,
+    Task,
+    TaskStatus,
+    ZonePartial,
+)
+from marketplace.rounds.queue import enqueue_partial_check
 from marketplace.rounds.sizing import is_far
-from marketplace.rounds.uploads import parse_metrics, release_task
+from marketplace.rounds.uploads import release_task
 from marketplace.rounds.zone_routes import (
+    PARTIAL_FAILED,
     aggregator_for,
     replicated,
     uses_zones,
     zone_key,
 )
-from trainer.hashing import bytes_hash
-from trainer.lora import update_part
-from trainer.updates import UpdateRejected, decode_state, encode_state
-from trainer.zones import decode_partial
+from trainer.digest import bytes_hash
+from trainer.tensor_header import HeaderError, split
+from trainer.zone_manifest import ManifestError, Member, parse_manifest
 
 
 def _aggregator(node: Node) -> Node:
@@ -85,9 +96,7 @@ def hand_off(node: Node, task_id: object, aggregator_id: int, update_hash: str) 
         task.save(update_fields=["zone_aggregator", "zone_update_hash", "lease_expires"])
 
 
-def _lease() -> Any:
-    from datetime import timedelta
-
+def _lease() -> timedelta:
     return timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
 
 
@@ -135,7 +144,8 @@ class _Refused(Exception):
         self.why = why
 
 
-def _check_member(task: Task | None, member: Any, aggregator: Node, rnd: Round) -> None:
+def _check_member(task: Task | None, member: Member, aggregator: Node, rnd: Round) -> None:
+    """Raise _Refused unless `member` may count in `aggregator`'s partial for `rnd`."""
     if task is None or task.round_id != rnd.pk:
         raise _Refused(f"task {member.task_id} is not a task of round {rnd.number}")
     if str(task.node_id) != member.node_id or task.status != TaskStatus.LEASED:
@@ -150,102 +160,162 @@ def _check_member(task: Task | None, member: Any, aggregator: Node, rnd: Round) 
         raise _Refused(f"task {member.task_id}'s samples are not its shard's size")
 
 
-def accept_partial(node: Node, body: bytes) -> tuple[int, ZonePartial | None]:
-    """Store a zone's partial sum and one result per member; 201, or 200 for the same bytes
-    again. A partial that names any member it may not is refused whole (409), and the
-    members it could have counted are released to be trained again."""
+def refusal(rnd: Round, aggregator: Node, members: list[Member], tasks: dict[str, Task]) -> str:
+    """Why the partial naming `members` cannot count (its tasks as `member_tasks` read them),
+    or "": a partial counts whole or not at all."""
+    try:
+        if rnd.status != RoundStatus.OPEN:
+            raise _Refused(f"round {rnd.number} is {rnd.status}")
+        for member in members:
+            _check_member(tasks.get(member.task_id), member, aggregator, rnd)
+    except _Refused as exc:
+        return exc.why
+    return ""
+
+
+def _task_pks(task_ids: list[str]) -> list[uuid.UUID]:
+    """The ids that can name a task (a UUID): a manifest naming another is refused for the
+    task it does not find, not a server error."""
+    pks = []
+    for task_id in task_ids:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            pks.append(uuid.UUID(task_id))
+    return pks
+
+
+def member_tasks(rnd: Round, task_ids: list[str], *, lock: bool = False) -> dict[str, Task]:
+    tasks = Task.objects.select_for_update(of=("self",)) if lock else Task.objects
+    named = tasks.filter(round=rnd, pk__in=_task_pks(task_ids))
+    return {str(t.pk): t for t in named.select_related("shard", "result")}
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What the partial's answer says: its job (the aggregator's traffic) and its members."""
+
+    job_id: object
+    members: int
+
+
+def accept_partial(node: Node, body: bytes) -> tuple[int, Receipt]:
+    """Take an aggregator's partial in without torch (issue 36): 202 when it is received and
+    the worker is to check it (rounds.zone_checks), 202 again for the same bytes while it
+    waits, 200 for bytes already checked and accepted. What the header shows is checked
+    here: a file that is no safetensors or has no zone manifest is refused (422), and a
+    partial naming any member it may not is refused whole (409), the members it could have
+    counted released to be trained again. The sum itself (dtypes, shapes, values, the norm
+    bound) is the worker's to check; its refusal releases the members the same way, the
+    reason in each task's last_error. A received partial's members stay leased, in flight,
+    one more lease period while the check is due."""
     aggregator = _aggregator(node)
     limit = settings.GPUFLEX["MAX_UPDATE_BYTES"]
     if len(body) > limit:
         raise MarketplaceError(f"The partial is {len(body)} bytes; the limit is {limit}.")
     try:
-        meta = decode_state(body)[1]
-        round_id = json.loads(meta.get("manifest", "{}")).get("round_id")
-    except (UpdateRejected, json.JSONDecodeError, AttributeError):
-        raise UpdateRejectedError("The partial is not a zone partial.", reason="metadata") from None
-    rnd = _zones_round(round_id)
+        manifest = parse_manifest(split(body)[1])
+    except HeaderError as exc:
+        raise UpdateRejectedError(
+            f"The partial was rejected: it is not a safetensors file: {exc}.", reason="corrupt"
+        ) from None
+    except ManifestError as exc:
+        raise UpdateRejectedError(
+            f"The partial is not a zone partial: {exc}.", reason="metadata"
+        ) from None
+    rnd = _zones_round(manifest.round_id)
     digest = bytes_hash(body)
-    existing = ZonePartial.objects.filter(round=rnd, update_hash=digest).first()
-    if existing is not None:
-        return 200, existing
-    spec = rnd.job.parsed_spec
-    reference = update_part(spec.model, load_model_file(rnd.input_model_file))
-    try:
-        partial = decode_partial(body, reference, spec.aggregation.max_update_norm)
-    except UpdateRejected as exc:
-        raise UpdateRejectedError(f"The partial was rejected: {exc}.", reason=exc.reason) from None
-    metrics = [parse_metrics(json.dumps(m.metrics)) for m in partial.members]
-    name = f"{files.job_dir(rnd.job_id)}/updates/zone-{digest}.safetensors"
-    files.put(name, encode_state(partial.mean), content_addressed=True)
-    refused = ""
-    with transaction.atomic():
-        rnd = Round.objects.select_for_update().get(pk=rnd.pk)
-        tasks = {
-            str(t.pk): t
-            for t in Task.objects.select_for_update(of=("self",))
-            .filter(round=rnd, pk__in=[m.task_id for m in partial.members])
-            .select_related("shard", "result")
-        }
-        try:
-            if rnd.status != RoundStatus.OPEN:
-                raise _Refused(f"round {rnd.number} is {rnd.status}")
-            for member in partial.members:
-                _check_member(tasks.get(member.task_id), member, aggregator, rnd)
-        except _Refused as exc:
-            refused = exc.why
-        if not refused:
-            stored = _store(rnd, aggregator, partial, tasks, metrics, name, digest, len(body))
-            maybe_close(rnd)
-            job_changed(rnd.job_id)
+    receipt = Receipt(rnd.job_id, len(manifest.members))
+    if ZonePartial.objects.filter(round=rnd, update_hash=digest).exists():
+        return 200, receipt
+    if ReceivedPartial.objects.filter(round=rnd, update_hash=digest).exists():
+        return 202, receipt
+    task_ids = [m.task_id for m in manifest.members]
+    # checked before anything is written: a partial refused here leaves no file behind
+    refused = refusal(rnd, aggregator, manifest.members, member_tasks(rnd, task_ids))
+    if not refused:
+        name = received_partial_name(rnd.job_id, digest)
+        files.put(name, body, content_addressed=True)
+        with transaction.atomic():
+            rnd = Round.objects.select_for_update().get(pk=rnd.pk)
+            # a retry racing this one, or checked and accepted since the first look
+            if ReceivedPartial.objects.filter(round=rnd, update_hash=digest).exists():
+                return 202, receipt
+            if ZonePartial.objects.filter(round=rnd, update_hash=digest).exists():
+                return 200, receipt
+            tasks = member_tasks(rnd, task_ids, lock=True)
+            refused = refusal(rnd, aggregator, manifest.members, tasks)
+            if not refused:
+                received = ReceivedPartial.objects.create(
+                    round=rnd, aggregator=aggregator, received_file=name, update_hash=digest,
+                    size=len(body), members=task_ids,
+                )  # fmt: skip
+                # its members wait for the check now, not for the aggregator (as a hand-off
+                # waits for it): one more lease period, then the tick releases them
+                Task.objects.filter(pk__in=task_ids).update(lease_expires=timezone.now() + _lease())
+                enqueue_partial_check(received.pk)
+        if refused:  # the state changed between the two looks: nothing refers to the file
+            files.delete_tree([name])
     if refused:
-        _release_members(aggregator, [m.task_id for m in partial.members])
+        release_members(aggregator, task_ids, f"{PARTIAL_FAILED}refused: {refused}")
         raise Conflict(f"The partial was refused: {refused}; its members' tasks were released.")
-    return 201, stored
+    return 202, receipt
 
 
-def _store(rnd, aggregator, partial, tasks, metrics, name, digest, size) -> ZonePartial:
-    manifest = [
-        m.to_dict() | {"shard_hash": tasks[m.task_id].shard.content_hash} for m in partial.members
-    ]
-    stored = ZonePartial.objects.create(
-        round=rnd, aggregator=aggregator, zone=aggregator.zone, update_file=name,
-        update_hash=digest, size=size, num_samples=partial.samples, manifest=manifest,
-    )  # fmt: skip
-    now = timezone.now()
-    lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
-    for member, member_metrics in zip(partial.members, metrics, strict=True):
-        task = tasks[member.task_id]
-        held_s = (now - task.leased_at).total_seconds() if task.leased_at else 0.0
-        # billing input as for a flat upload: what the member says, capped by its lease
-        result = TaskResult.objects.create(
-            task=task, node_id=task.node_id, update_file="", update_hash=member.update_hash,
-            num_samples=member.samples, metrics=member_metrics, partial=stored,
-            compute_s=min(max(member_metrics.get("compute_s", 0.0), 0.0), held_s, lease_s),
-        )  # fmt: skip
-        task.status = TaskStatus.DONE
-        task.save(update_fields=["status"])
-        shrink_on_upload(task.pk, result.compute_s)
-        record_model(task.node_id, rnd.job_id, rnd)
-    return stored
+def received_partial_name(job_id: object, digest: str) -> str:
+    """Where a partial's bytes as sent wait for the worker (beside received updates)."""
+    return f"{files.job_dir(job_id)}/received/zone-{digest}.safetensors"
 
 
-def _release_members(aggregator: Node, task_ids: list[str]) -> None:
-    """Tasks handed to `aggregator` whose update will not arrive from it: back to the queue
-    (not the member's fault: no lost lease on its record)."""
+def release_members(aggregator: Node, task_ids: list[str], reason: str) -> None:
+    """Tasks handed to `aggregator` whose update will not count through it: back to the
+    queue (not the member's fault: no lost lease on its record), `reason` their last_error."""
     for task in Task.objects.filter(
-        pk__in=task_ids, zone_aggregator=aggregator, status=TaskStatus.LEASED
+        pk__in=_task_pks(task_ids), zone_aggregator=aggregator, status=TaskStatus.LEASED
     ).select_related("round"):
         with transaction.atomic():
-            release_task(task, "zone aggregator did not deliver the update")
+            release_task(task, reason)
 
 
 def release_orphans() -> int:
-    """Tasks handed to an aggregator that is no longer online: released (the tick)."""
+    """Tasks handed to an aggregator that is no longer online: released (the tick). Members
+    of a partial it delivered, waiting for the worker's check, are not orphans: their update
+    is here (`recheck_partials` ends the wait)."""
     online = online_nodes().values_list("pk", flat=True)
     orphans = Task.objects.filter(status=TaskStatus.LEASED, zone_aggregator__isnull=False)
+    delivered = {
+        t for ids in ReceivedPartial.objects.values_list("members", flat=True) for t in ids
+    }
     count = 0
     for task in orphans.exclude(zone_aggregator__in=online).select_related("round"):
+        if str(task.pk) in delivered:
+            continue
         with transaction.atomic():
             release_task(task, "zone aggregator went offline before delivering the update")
             count += 1
     return count
+
+
+def recheck_partials() -> int:
+    """Received partials whose check has not come (the tick): after half a lease the check
+    is sent again (a message lost with its broker or worker; a check that finds its row gone
+    does nothing), and after a lease the partial is dropped and its members released, the
+    reason in their last_error, as a received update's task is reclaimed then. Returns how
+    many were dropped."""
+    now = timezone.now()
+    lease = _lease()
+    for received_id in ReceivedPartial.objects.filter(
+        received_at__lt=now - lease / 2, received_at__gte=now - lease
+    ).values_list("pk", flat=True):
+        enqueue_partial_check(received_id)
+    dropped = 0
+    for received in ReceivedPartial.objects.filter(received_at__lt=now - lease).select_related(
+        "aggregator"
+    ):
+        with transaction.atomic():
+            Round.objects.select_for_update().get(pk=received.round_id)  # the check's lock
+            if not ReceivedPartial.objects.filter(pk=received.pk).delete()[0]:
+                continue  # the check got there first
+            why = f"{PARTIAL_FAILED}was received but not checked within a lease"
+            release_members(received.aggregator, received.members, why)
+            dropped += 1
+        files.delete_tree([received.received_file])
+    return dropped

@@ -21,7 +21,11 @@ ADVANCE_SWEEP = "marketplace.sweeps.tasks.advance_sweep"
 RUN_SEGMENT_CHECK = "marketplace.proofs.tasks.run_segment_check"
 # an upload's check against the round's model (marketplace.rounds.update_checks): torch
 CHECK_UPDATE = "marketplace.rounds.tasks.check_update"
-HEAVY = (AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP, RUN_SEGMENT_CHECK, CHECK_UPDATE)
+# a zone aggregator's partial sum, checked the same way (marketplace.rounds.zone_checks)
+CHECK_PARTIAL = "marketplace.rounds.tasks.check_partial"
+HEAVY = (
+    AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP, RUN_SEGMENT_CHECK, CHECK_UPDATE, CHECK_PARTIAL,
+)  # fmt: skip
 KINDS = ("all", "maintenance", "aggregation")
 
 

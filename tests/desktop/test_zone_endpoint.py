@@ -66,7 +66,7 @@ class CountingCoordinator:
 
     def put_partial(self, data: bytes) -> int:
         self._count("put_partial", None)
-        return 201
+        return 202  # received: the coordinator's worker checks it
 
 
 @pytest.fixture

@@ -75,6 +75,7 @@ def assert_never_requeued(job_id: str, monkeypatch) -> None:
     age_aggregations()
     assert tick() == {
         "silos": 0,
+        "partials": 0,
         "reclaimed": 0,
         "unaffordable": 0,
         "closed": 0,

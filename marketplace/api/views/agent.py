@@ -236,10 +236,14 @@ class ZonePartialView(AgentView):
     def put(self, request: Request) -> Response:
         from marketplace.rounds.zones import accept_partial
 
+        node = self.node(request)
         body = _body(request)
-        code, partial = accept_partial(self.node(request), body)
-        count_traffic(partial.aggregator_id, partial.round.job_id, up=len(body))
-        return Response({"accepted": True, "members": len(partial.manifest)}, status=code)
+        code, receipt = accept_partial(node, body)
+        count_traffic(node.pk, receipt.job_id, up=len(body))
+        # 202: received, the worker checks it (a refusal releases its members, reason kept)
+        return Response(
+            {"accepted": True, "checked": code != 202, "members": receipt.members}, status=code
+        )
 
 
 class TaskFailView(AgentView):
