@@ -21,7 +21,9 @@ ADVANCE_SWEEP = "marketplace.sweeps.tasks.advance_sweep"
 RUN_SEGMENT_CHECK = "marketplace.proofs.tasks.run_segment_check"
 # an upload's check against the round's model (marketplace.rounds.update_checks): torch
 CHECK_UPDATE = "marketplace.rounds.tasks.check_update"
-HEAVY = (AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP, RUN_SEGMENT_CHECK, CHECK_UPDATE)
+# a model's onnx / torchscript / hf export (jobs/export_making.py): built and traced with torch
+EXPORT_MODEL = "marketplace.jobs.tasks.export_model"
+HEAVY = (AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP, RUN_SEGMENT_CHECK, CHECK_UPDATE, EXPORT_MODEL)
 KINDS = ("all", "maintenance", "aggregation")
 
 
@@ -44,8 +46,8 @@ def worker_queues(kind: str = "all", default: str | None = None) -> list[str]:
 
 
 def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any):
-    """Celery's router (CELERY_TASK_ROUTES): aggregation and job preparation to the
-    aggregation queue, the rest default."""
+    """Celery's router (CELERY_TASK_ROUTES): the heavy tasks (HEAVY: aggregation, job
+    preparation, model exports, ...) to the aggregation queue, the rest default."""
     if name not in HEAVY:
         return None
     from celery import current_app
