@@ -182,3 +182,34 @@ def test_the_client_waits_through_202_as_retry_after_says(
     assert not_ready.value.status == 202 and "torchscript export" in not_ready.value.detail
     assert pauses == [5.0]  # one 202, then the export
     assert data == files.get(export_name(job.pk, job.model_hash, "onnx"))
+
+
+def test_the_job_pages_link_says_the_export_is_being_made(
+    job: Job, django_capture_on_commit_callbacks
+) -> None:
+    from django.contrib.messages import get_messages
+    from django.test import Client as WebClient
+
+    web = WebClient()
+    web.force_login(job.buyer)
+    url = f"/jobs/{job.pk}/model/"
+    with django_capture_on_commit_callbacks() as sent:
+        answer = web.get(url, {"format": "onnx"})
+    assert answer.status_code == 302 and answer.url == f"/jobs/{job.pk}/"
+    (message,) = [str(m) for m in get_messages(answer.wsgi_request)]
+    assert "The onnx export of model" in message and "being made" in message
+    assert len(sent) == 1
+    sent[0]()
+    done = web.get(url, {"format": "onnx"})
+    assert done.status_code == 200 and done["Content-Disposition"].endswith('.onnx"')
+
+
+def test_gpuflex_download_refuses_a_wait_that_is_not_seconds(capsys) -> None:
+    from marketplace.cli import parser
+
+    for bad in ("-1", "soon", "nan"):
+        with pytest.raises(SystemExit):
+            parser().parse_args(["download", "JOB", "--wait", bad])
+    err = capsys.readouterr().err
+    assert "'-1': give 0 or more seconds" in err and "'soon' is not a number of seconds" in err
+    assert parser().parse_args(["download", "JOB", "--wait", "30"]).wait == 30.0

@@ -159,7 +159,14 @@ class JobModelView(BuyerView):
                 "zip of config.json and model.safetensors; transformer models only), or pt2 "
                 "(an exported model's program, trained). onnx, torchscript and hf are made by "
                 "a worker on first request: 202 with Retry-After until they are ready",
-            )
+            ),
+            OpenApiParameter(
+                "Retry-After",
+                int,
+                location=OpenApiParameter.HEADER,
+                response=[202],
+                description="seconds to wait before asking again",
+            ),
         ],
         responses={
             (200, "application/octet-stream"): OpenApiTypes.BINARY,
