@@ -4,7 +4,8 @@ so its claim sizes its work through the planner, which takes the model's size fr
 model's header (jobs/model_headers.py) instead of building the model. On the code before this
 change the claim imported torch (rounds/sizing.model_numel, trainer.local.planned_steps), so
 did the model download's module (trainer.export, for the formats' names) and the job page's
-provenance check (trainer.provenance)."""
+provenance check (trainer.provenance). An ONNX or TorchScript download is the worker's to make:
+the web process answers 202 and sends one message per export, and serves the file once made."""
 
 from __future__ import annotations
 
