@@ -120,7 +120,7 @@ def job_model_download(job: Job, fmt: str = "safetensors") -> Download | Pending
         files.put(cached, data, content_addressed=True)
         return Download(data, name, content_type)
     # onnx, torchscript, hf: the model is built and traced with torch, by the worker
-    record = request_export(job, fmt)
+    record = request_export(job, fmt, cached)
     if default_storage.exists(cached):  # made already: a worker was quick, or runs eagerly
         return Download(files.get(cached), name, content_type)
     record.refresh_from_db(fields=["status", "error", "model_hash"])

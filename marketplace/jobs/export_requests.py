@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from celery import current_app
+from django.core.files.storage import default_storage
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,17 +25,18 @@ from marketplace.server.routing import EXPORT_MODEL
 STALE_AFTER = timedelta(minutes=10)
 
 
-def request_export(job: Job, fmt: str) -> ModelExport:
-    """The request for `job`'s current model in `fmt`, whose export is not in storage: sent
-    to the worker where it has to be (a DONE record whose file is gone is made again)."""
+def request_export(job: Job, fmt: str, name: str) -> ModelExport:
+    """The request for `job`'s current model in `fmt`, whose export (stored as `name`) the
+    caller did not find: sent to the worker where it has to be. A DONE record whose file is
+    still missing (the storage restored from an older backup, say) is made again."""
     now = timezone.now()
     with transaction.atomic():
         record, created = ModelExport.objects.select_for_update().get_or_create(
             job=job, format=fmt, defaults={"model_hash": job.model_hash, "requested_at": now}
         )
         send = created
-        if record.model_hash != job.model_hash or record.status == ExportStatus.DONE:
-            # a newer model, or the file lost: made anew
+        lost = record.status == ExportStatus.DONE and not default_storage.exists(name)
+        if record.model_hash != job.model_hash or lost:  # made anew
             record.model_hash, record.status = job.model_hash, ExportStatus.PENDING
             record.error, record.starts, send = "", 0, True
         elif record.status == ExportStatus.PENDING and now - record.requested_at > STALE_AFTER:

@@ -120,7 +120,7 @@ def test_a_failed_export_is_a_400_naming_the_format(
         assert body["detail"].startswith("format: the model file lacks its input shape")
 
 
-def test_a_lost_message_is_sent_again_long_after(
+def test_a_lost_message_or_file_is_sent_again(
     job: Job, buyer, django_capture_on_commit_callbacks
 ) -> None:
     with django_capture_on_commit_callbacks() as sent:
@@ -134,6 +134,14 @@ def test_a_lost_message_is_sent_again_long_after(
         assert buyer.get(_url(job), {"format": "onnx"}).status_code == 202
         assert buyer.get(_url(job), {"format": "onnx"}).status_code == 202
     assert len(sent) == 1  # once more, then waited on again
+    sent[0]()
+    assert buyer.get(_url(job), {"format": "onnx"}).status_code == 200
+
+    # a made export whose file is gone (storage restored from an older backup): made again
+    default_storage.delete(export_name(job.pk, job.model_hash, "onnx"))
+    with django_capture_on_commit_callbacks() as sent:
+        assert buyer.get(_url(job), {"format": "onnx"}).status_code == 202
+    assert len(sent) == 1
     sent[0]()
     assert buyer.get(_url(job), {"format": "onnx"}).status_code == 200
 
