@@ -18,7 +18,13 @@ from typing import Any
 
 import httpx
 
-from marketplace.client import Client, GPUFlexError, missing_spec_files, server_url
+from marketplace.client import (
+    EXPORT_WAIT_S,
+    Client,
+    GPUFlexError,
+    missing_spec_files,
+    server_url,
+)
 
 SETTINGS = "marketplace.server.settings.base"
 
@@ -419,9 +425,21 @@ def cmd_export_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> float:
+    """A non-negative number of seconds (argparse's type for --wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 or more seconds")
+    return value
+
+
 def cmd_download(args: argparse.Namespace) -> int:
     with build_client(args) as client:
-        model, record = client.download(_job_id(client, args.job), args.output, args.format)
+        job = _job_id(client, args.job)
+        model, record = client.download(job, args.output, args.format, wait=args.wait)
     print(f"model: {model}\nprovenance: {record}")
     return 0
 
@@ -687,6 +705,11 @@ def parser() -> argparse.ArgumentParser:
         help="hf: a Hugging Face folder (transformer models only); pt2: an exported model's "
         "program with the trained weights (model.arch: exported only)",
     )
+    d.add_argument(
+        "--wait", type=_seconds, default=EXPORT_WAIT_S, metavar="SECONDS",
+        help="how long to wait for the server to make an onnx, torchscript or hf export on "
+        "first request (default %(default).0f)",
+    )  # fmt: skip
     d.set_defaults(func=cmd_download)
 
     v = sub.add_parser(

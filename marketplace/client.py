@@ -30,17 +30,36 @@ TERMINAL = frozenset({"completed", "failed", "cancelled", "stopped"})
 # datasets larger than this go as a chunked, resumable upload (docs/uploads.md), not inline
 CHUNKED_ABOVE = 16 * 2**20
 CHUNK_BYTES = 8 * 2**20
+# the longest a model download waits for the server's worker to make an onnx / torchscript /
+# hf export (202 answers), and the bounds on the pause between its requests
+EXPORT_WAIT_S = 600.0
+RETRY_AFTER_BOUNDS_S = (0.5, 60.0)
 RETRY_WAIT_S = 1.0  # times the failures in a row: the wait before asking where to resume
 # (bytes the server has, total bytes): called as an upload moves on
 Progress = Callable[[int, int], None]
 
 
 class GPUFlexError(Exception):
-    """A 4xx/5xx answer: `code` and `detail` come from the server's error body."""
+    """A 4xx/5xx answer (or an export still not ready, ExportNotReady): `code` and `detail`
+    come from the server's error body."""
 
     def __init__(self, status: int, code: str, detail: str, body: Any = None) -> None:
         super().__init__(f"{status} {code}: {detail}")
         self.status, self.code, self.detail, self.body = status, code, detail, body
+
+
+class ExportNotReady(GPUFlexError):
+    """The server's worker had not finished a model's export when the client stopped
+    waiting (Client.model_bytes's `wait`): the export goes on; asking later downloads it."""
+
+    def __init__(self, body: dict[str, Any], waited: float) -> None:
+        fmt = body.get("format", "the")
+        super().__init__(
+            202, "export_not_ready",
+            f"the {fmt} export was still being made after {waited:.0f} s; it goes on on the "
+            "server, so download again later",
+            body,
+        )  # fmt: skip
 
 
 class Client:
@@ -330,10 +349,22 @@ class Client:
 
         return fit(self, module, loss, example_inputs, dataset, budget=budget, **options)
 
-    def model_bytes(self, job_id: str, fmt: str = "safetensors") -> bytes:
+    def model_bytes(
+        self, job_id: str, fmt: str = "safetensors", *, wait: float = EXPORT_WAIT_S
+    ) -> bytes:
         """The latest model: safetensors, onnx, torchscript, hf (a zip of the HF folder) or
-        pt2 (an exported model's program, trained)."""
-        return self._request("GET", f"jobs/{job_id}/model", params={"format": fmt}).content
+        pt2 (an exported model's program, trained). The server's worker makes an onnx,
+        torchscript or hf export on first request, answering 202 meanwhile: this asks again
+        as its Retry-After says, for up to `wait` seconds (then ExportNotReady)."""
+        deadline = time.monotonic() + wait
+        while True:
+            response = self._request("GET", f"jobs/{job_id}/model", params={"format": fmt})
+            if response.status_code != 202:
+                return response.content
+            pause = _retry_after(response)
+            if time.monotonic() + pause > deadline:
+                raise ExportNotReady(response.json(), wait)
+            time.sleep(pause)
 
     def predictions(self, job_id: str, path: str | Path | None = None) -> Path:
         """A finished inference job's predictions, one Parquet row per dataset row in its
@@ -390,13 +421,19 @@ class Client:
         return self._json("GET", f"jobs/{job_id}/tracking")
 
     def download(
-        self, job_id: str, directory: str | Path = ".", fmt: str = "safetensors"
+        self,
+        job_id: str,
+        directory: str | Path = ".",
+        fmt: str = "safetensors",
+        *,
+        wait: float = EXPORT_WAIT_S,
     ) -> tuple[Path, Path]:
         """Write the model (JOB.safetensors, JOB.onnx, JOB.torchscript.pt, or the folder
-        JOB-hf/ for hf) and JOB.provenance.json into `directory`."""
+        JOB-hf/ for hf) and JOB.provenance.json into `directory`, waiting up to `wait`
+        seconds for an export the server makes on first request (model_bytes)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        data = self.model_bytes(job_id, fmt)
+        data = self.model_bytes(job_id, fmt, wait=wait)
         if fmt == "hf":
             model = out / f"{job_id}-hf"
             _unzip_flat(data, model)
@@ -471,6 +508,16 @@ def _unzip_flat(data: bytes, folder: Path) -> None:
             if info.is_dir() or not name:
                 continue
             (folder / name).write_bytes(zf.read(info))
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """The pause a 202's Retry-After asks for (seconds; an HTTP date or none: 5 s), bounded."""
+    try:
+        seconds = float(response.headers.get("Retry-After", "5"))
+    except ValueError:
+        seconds = 5.0
+    low, high = RETRY_AFTER_BOUNDS_S
+    return min(max(seconds, low), high)
 
 
 def _raise_for(response: httpx.Response) -> None:

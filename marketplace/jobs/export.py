@@ -2,7 +2,10 @@
 
 `safetensors` is the stored file itself (unchanged, so its hash header still holds); the
 others are made on first request and kept beside the job's models, named by the model's hash,
-so a second download (or another web server) finds them instead of exporting again.
+so a second download (or another web server) finds them instead of exporting again. `pt2` is
+made here (the buyer's program with the trained weights, no torch); onnx, torchscript and hf
+build the model with torch, so a worker makes them (jobs/export_making.py) while the request
+answers Pending (a 202), and the next request after it is done downloads it (issue 36).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from django.core.files.storage import default_storage
 
 from marketplace.jobs import files
 from marketplace.jobs.errors import Conflict, MarketplaceError
-from marketplace.jobs.models import Job
+from marketplace.jobs.export_requests import request_export
+from marketplace.jobs.models import ExportStatus, Job
 from trainer.export_formats import FORMATS, hf_refusal
 
 
@@ -30,11 +34,30 @@ class Download:
     content_type: str
 
 
+@dataclass(frozen=True)
+class Pending:
+    """An export a worker is making: the API answers 202 with Retry-After."""
+
+    format: str
+    model_hash: str
+    retry_after: int
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"The {self.format} export of model {self.model_hash[:12]} is being made; "
+            f"ask again in {self.retry_after} s."
+        )
+
+
 SUFFIX = {"safetensors": ".safetensors", "torchscript": ".torchscript.pt", "onnx": ".onnx",
           "hf": ".hf.zip", "pt2": ".pt2"}  # fmt: skip
 # an exported model (model.arch: exported) is the buyer's program: it goes back as that
 # program with the trained weights (trainer/exported/repack.py), or as its weights
 PROGRAM_FORMATS = ("safetensors", "pt2")
+# how long a buyer waits before asking again for an export being made (Retry-After): a small
+# model's export takes a worker a few seconds
+RETRY_AFTER_S = 5
 
 
 def model_job(job: Job) -> Job:
@@ -72,14 +95,20 @@ def check_format(job: Job, fmt: str) -> None:
         raise BadFormat(f"format: {reason}.", parameter="format")
 
 
-def job_model_download(job: Job, fmt: str = "safetensors") -> Download:
+def export_name(job_id: object, model_hash: str, fmt: str) -> str:
+    """Where an export of the model with this hash is kept, beside the job's models."""
+    return f"{files.job_dir(job_id)}/exports/{model_hash}{SUFFIX[fmt]}"
+
+
+def job_model_download(job: Job, fmt: str = "safetensors") -> Download | Pending:
+    """The model in `fmt`, or Pending while a worker makes it (onnx, torchscript, hf)."""
     check_format(job, fmt)
     if not job.model_file:
         raise Conflict("No round has finished yet, so there is no model to download.")
     name = f"{job.pk}{SUFFIX[fmt]}"
     if fmt == "safetensors":
         return Download(files.get(job.model_file), name, "application/octet-stream")
-    cached = f"{files.job_dir(job.id)}/exports/{job.model_hash}{SUFFIX[fmt]}"
+    cached = export_name(job.pk, job.model_hash, fmt)
     content_type = "application/zip" if fmt == "hf" else "application/octet-stream"
     if default_storage.exists(cached):
         return Download(files.get(cached), name, content_type)
@@ -90,14 +119,11 @@ def job_model_download(job: Job, fmt: str = "safetensors") -> Download:
         data = with_weights(files.get(program_name(model_job(job).pk)), files.get(job.model_file))
         files.put(cached, data, content_addressed=True)
         return Download(data, name, content_type)
-    # onnx, torchscript, hf: the model is built and traced (torch); a safetensors or pt2
-    # download, the common case, keeps the web process torch-free (issue 36)
-    from trainer.export import ExportError, TrainedModel, export_model
-
-    model = TrainedModel.from_bytes(files.get(job.model_file), model_job(job).parsed_spec.model)
-    try:
-        exported = export_model(model, fmt)
-    except ExportError as exc:
-        raise BadFormat(f"format: {exc}.", parameter="format") from None
-    files.put(cached, exported.data, content_addressed=True)
-    return Download(exported.data, name, exported.content_type)
+    # onnx, torchscript, hf: the model is built and traced with torch, by the worker
+    record = request_export(job, fmt, cached)
+    if default_storage.exists(cached):  # made already: a worker was quick, or runs eagerly
+        return Download(files.get(cached), name, content_type)
+    record.refresh_from_db(fields=["status", "error", "model_hash"])
+    if record.status == ExportStatus.FAILED and record.model_hash == job.model_hash:
+        raise BadFormat(f"format: {record.error}.", parameter="format")
+    return Pending(fmt, job.model_hash, RETRY_AFTER_S)

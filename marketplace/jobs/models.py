@@ -141,3 +141,38 @@ class Shard(models.Model):
                 fields=["job", "generation", "index"], name="shard_unique_index"
             )
         ]
+
+
+class ExportStatus(models.TextChoices):
+    PENDING = "pending"  # asked for; a worker makes it (jobs/export_making.py)
+    DONE = "done"  # in storage, exports/{model_hash}{suffix} beside the job's models
+    FAILED = "failed"  # the model cannot be exported to this format: `error` says why
+
+
+class ModelExport(models.Model):
+    """A buyer's request for the job's model in an export format the worker makes (onnx,
+    torchscript, hf: they build the model with torch, which the web process never imports).
+    One row per job and format, for the model whose hash it names: a newer model resets it.
+    The record makes the request idempotent (a second request while it is being made sends
+    nothing) and lets the next request tell the buyer why an export failed."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="exports")
+    format = models.CharField(max_length=16)
+    model_hash = models.CharField(max_length=64)
+    status = models.CharField(
+        max_length=16, choices=ExportStatus.choices, default=ExportStatus.PENDING
+    )
+    error = models.TextField(blank=True)
+    # when a message was last sent: a request long after it sends another (a lost message)
+    requested_at = models.DateTimeField()
+    # how many times a worker began making it: a worker that dies mid-export (out of memory)
+    # has its message redelivered, and a few such starts fail the export instead of looping
+    starts = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "format"], name="model_export_unique_format")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.format} {self.model_hash[:12]} {self.status}"

@@ -8,7 +8,7 @@ from celery import shared_task
 from django.db import transaction
 
 from marketplace.jobs.models import Job
-from marketplace.server.routing import PREPARE_JOB
+from marketplace.server.routing import EXPORT_MODEL, PREPARE_JOB
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +18,13 @@ def prepare_job(job_id: str) -> None:
     from marketplace.jobs.preparation import prepare_job as run
 
     run(job_id)
+
+
+@shared_task(acks_late=True, name=EXPORT_MODEL)
+def export_model(job_id: str, fmt: str) -> None:
+    from marketplace.jobs.export_making import make_export
+
+    make_export(job_id, fmt)
 
 
 @shared_task(acks_late=True, name="marketplace.jobs.tasks.track_round")

@@ -23,8 +23,11 @@ RUN_SEGMENT_CHECK = "marketplace.proofs.tasks.run_segment_check"
 CHECK_UPDATE = "marketplace.rounds.tasks.check_update"
 # a zone aggregator's partial sum, checked the same way (marketplace.rounds.zone_checks)
 CHECK_PARTIAL = "marketplace.rounds.tasks.check_partial"
+# a model's onnx / torchscript / hf export (jobs/export_making.py): built and traced with torch
+EXPORT_MODEL = "marketplace.jobs.tasks.export_model"
 HEAVY = (
     AGGREGATE_ROUND, PREPARE_JOB, ADVANCE_SWEEP, RUN_SEGMENT_CHECK, CHECK_UPDATE, CHECK_PARTIAL,
+    EXPORT_MODEL,
 )  # fmt: skip
 KINDS = ("all", "maintenance", "aggregation")
 
@@ -48,8 +51,8 @@ def worker_queues(kind: str = "all", default: str | None = None) -> list[str]:
 
 
 def route_task(name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any):
-    """Celery's router (CELERY_TASK_ROUTES): aggregation and job preparation to the
-    aggregation queue, the rest default."""
+    """Celery's router (CELERY_TASK_ROUTES): the heavy tasks (HEAVY: aggregation, job
+    preparation, model exports, ...) to the aggregation queue, the rest default."""
     if name not in HEAVY:
         return None
     from celery import current_app

@@ -4,7 +4,8 @@ so its claim sizes its work through the planner, which takes the model's size fr
 model's header (jobs/model_headers.py) instead of building the model. On the code before this
 change the claim imported torch (rounds/sizing.model_numel, trainer.local.planned_steps), so
 did the model download's module (trainer.export, for the formats' names) and the job page's
-provenance check (trainer.provenance)."""
+provenance check (trainer.provenance). An ONNX or TorchScript download is the worker's to make:
+the web process answers 202 and sends one message per export, and serves the file once made."""
 
 from __future__ import annotations
 
@@ -86,3 +87,52 @@ def test_a_finished_jobs_page_checks_its_provenance_without_torch(
     assert out["heavy"] == [], out["first"][0]
     chain = out["provenance"]
     assert chain["ok"] is True and chain["count"] >= 1, chain
+
+
+_EXPORT = """
+from django.test import Client
+
+client = Client(HTTP_AUTHORIZATION="Bearer " + os.environ["KEY"])
+url = f"/api/v1/jobs/{os.environ['JOB']}/model"
+answers = [client.get(url, {"format": f}) for f in os.environ["FORMATS"].split()]
+out = {"answers": [{"status": a.status_code, "retry_after": a.get("Retry-After"),
+                    "body": a.json() if a.status_code != 200 else None,
+                    "size": len(a.content)} for a in answers]}
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.django_db(transaction=True)
+def test_an_onnx_or_torchscript_download_is_left_to_the_worker(tmp_path, own_media, submit) -> None:
+    """The web process records the request and sends the worker one message per export,
+    answering 202 without importing torch; once the worker has made it, the same request
+    downloads it, still without torch (issue 36)."""
+    from django.db import connection
+
+    from marketplace.accounts.services import issue_user_key
+    from marketplace.jobs import files
+    from marketplace.jobs.export import export_name
+    from marketplace.jobs.export_making import make_export
+    from tests.marketplace.test_model_export_requests import with_model
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the web process reads the test database over PostgreSQL")
+    job = with_model(submit()["id"])
+    _, key = issue_user_key(job.buyer, "web")
+    env = {"KEY": key, "JOB": str(job.pk)}
+    out = run_web(_EXPORT, tmp_path, FORMATS="onnx torchscript onnx", **env)
+    assert out["heavy"] == [], out["first"][0]
+    assert [a["status"] for a in out["answers"]] == [202, 202, 202], out
+    assert all(a["retry_after"] == "5" for a in out["answers"])
+    assert [a["body"]["format"] for a in out["answers"]] == ["onnx", "torchscript", "onnx"]
+    # one message per export in the web process's broker, however often it was asked
+    assert len(list((tmp_path / "broker" / "queue").iterdir())) == 2
+
+    make_export(job.pk, "onnx")  # the worker takes the onnx message
+    out = run_web(_EXPORT, tmp_path, FORMATS="onnx torchscript", **env)
+    assert out["heavy"] == [], out["first"][0]
+    onnx, torchscript = out["answers"]
+    assert onnx["status"] == 200
+    assert onnx["size"] == len(files.get(export_name(job.pk, job.model_hash, "onnx")))
+    assert torchscript["status"] == 202  # still its worker's to make
+    assert len(list((tmp_path / "broker" / "queue").iterdir())) == 2

@@ -155,21 +155,48 @@ class JobModelView(BuyerView):
                 str,
                 enum=list(FORMATS),
                 default="safetensors",
-                description="safetensors (the stored state dict), onnx, torchscript, or hf (a "
-                "zip of config.json and model.safetensors; transformer models only)",
-            )
+                description="safetensors (the stored state dict), onnx, torchscript, hf (a "
+                "zip of config.json and model.safetensors; transformer models only), or pt2 "
+                "(an exported model's program, trained). onnx, torchscript and hf are made by "
+                "a worker on first request: 202 with Retry-After until they are ready",
+            ),
+            OpenApiParameter(
+                "Retry-After",
+                int,
+                location=OpenApiParameter.HEADER,
+                response=[202],
+                description="seconds to wait before asking again",
+            ),
         ],
         responses={
             (200, "application/octet-stream"): OpenApiTypes.BINARY,
             (200, "application/zip"): OpenApiTypes.BINARY,
+            202: inline_serializer(
+                "ModelExportPending",
+                {
+                    "status": serializers.CharField(help_text="exporting"),
+                    "format": serializers.CharField(),
+                    "model_hash": serializers.CharField(),
+                    "retry_after": serializers.IntegerField(help_text="seconds"),
+                    "detail": serializers.CharField(),
+                },
+            ),
             **errors(400, 409),
         },
     )
     def get(self, request: Request, pk: str) -> HttpResponse:
-        from marketplace.jobs.export import job_model_download
+        from marketplace.jobs.export import Pending, job_model_download
 
         job = self.job(request, pk)
         download = job_model_download(job, request.query_params.get("format", "safetensors"))
+        if isinstance(download, Pending):  # a worker is making it: ask again later
+            body = {"status": "exporting", "format": download.format,
+                    "model_hash": download.model_hash, "retry_after": download.retry_after,
+                    "detail": download.detail}  # fmt: skip
+            return Response(
+                body, status=status.HTTP_202_ACCEPTED,
+                headers={"Retry-After": str(download.retry_after)},
+            )  # fmt: skip
         response = HttpResponse(download.data, content_type=download.content_type)
         response["Content-Disposition"] = f'attachment; filename="{download.filename}"'
         response["X-GPUFlex-Model-Hash"] = job.model_hash

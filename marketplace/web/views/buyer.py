@@ -235,7 +235,7 @@ def job_action(request: HttpRequest, pk: str, action: str) -> HttpResponse:
 @require_GET
 def job_model(request: HttpRequest, pk: str) -> HttpResponse:
     """The latest global model in a format (?format=), as the API's /jobs/{id}/model gives it."""
-    from marketplace.jobs.export import job_model_download
+    from marketplace.jobs.export import Pending, job_model_download
 
     job = _job(request, pk)
     if job is None:
@@ -244,6 +244,9 @@ def job_model(request: HttpRequest, pk: str) -> HttpResponse:
         download = job_model_download(job, request.GET.get("format", "safetensors"))
     except MarketplaceError as exc:
         messages.error(request, exc.detail)
+        return redirect("web:job", pk=job.pk)
+    if isinstance(download, Pending):  # a worker is making it (onnx, torchscript, hf)
+        messages.info(request, f"{download.detail} The link downloads it once it is made.")
         return redirect("web:job", pk=job.pk)
     response = HttpResponse(download.data, content_type=download.content_type)
     response["Content-Disposition"] = f'attachment; filename="{download.filename}"'
