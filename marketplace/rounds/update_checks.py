@@ -177,7 +177,10 @@ def _refuse(received: ReceivedUpdate, exc: MarketplaceError) -> None:
         rnd = Round.objects.select_for_update().get(pk=received.task.round_id)
         task = Task.objects.select_for_update().get(pk=received.task_id)
         if not _still_received(received):
-            return  # another check ended it first: its file went then
+            # another check ended it first, or its lease went: nothing to count, and its
+            # file left alone (the same node may have sent the same bytes for the task
+            # again, into the same name; job retention removes what is left)
+            return
         if task.node_id == received.node_id and task.status == TaskStatus.LEASED:
             if reason == "privacy":  # too little noise: a bad update, once per upload
                 record_verification(received.node_id, bad=1)
