@@ -7,35 +7,58 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('nodes', '0010_node_speed_figure'),
-        ('rounds', '0008_received_update'),
+        ("nodes", "0010_node_speed_figure"),
+        ("rounds", "0008_received_update"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='receivedupdate',
-            name='check_enqueued_at',
+            model_name="receivedupdate",
+            name="check_enqueued_at",
             field=models.DateTimeField(default=django.utils.timezone.now),
         ),
         migrations.AddField(
-            model_name='receivedupdate',
-            name='checks',
+            model_name="receivedupdate",
+            name="checks",
             field=models.PositiveSmallIntegerField(default=1),
         ),
         migrations.CreateModel(
-            name='RefusedUpdate',
+            name="RefusedUpdate",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('update_hash', models.CharField(help_text='sha256 of the uploaded bytes', max_length=64)),
-                ('reason', models.CharField(max_length=300)),
-                ('refused_at', models.DateTimeField(auto_now_add=True)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='refused', to='nodes.node')),
-                ('task', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='refused', to='rounds.task')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "update_hash",
+                    models.CharField(help_text="sha256 of the uploaded bytes", max_length=64),
+                ),
+                ("reason", models.CharField(max_length=300)),
+                ("refused_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "node",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="refused",
+                        to="nodes.node",
+                    ),
+                ),
+                (
+                    "task",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="refused",
+                        to="rounds.task",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['node', 'task'], name='rounds_refu_node_id_72e113_idx')],
+                "indexes": [
+                    models.Index(fields=["node", "task"], name="rounds_refu_node_id_72e113_idx")
+                ],
             },
         ),
     ]
