@@ -166,4 +166,7 @@ class AgentStatus:
         )  # fmt: skip
 
 
-Event = tuple[str, Any]  # ("log", LogEntry) | ("state", AgentStatus) | ("task_done", dict)
+# ("log", LogEntry) | ("state", AgentStatus) | ("task_done", dict): a task uploaded ("ok")
+# may be followed by one more task_done, outcome "refused" with its "reason", when the
+# server's check refuses the upload it had received (desktop.upload_outcomes)
+Event = tuple[str, Any]

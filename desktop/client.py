@@ -191,6 +191,11 @@ class MarketplaceClient:
         )
         return r.status_code
 
+    def upload_outcome(self, task_id: str) -> dict[str, Any]:
+        """What became of an upload answered 202: `{status: checking | accepted | refused,
+        update_hash, reason}` (desktop.upload_outcomes); 404 when the server knows of none."""
+        return dict(self._request("GET", f"agent/tasks/{task_id}/update", attempts=2).json())
+
     def proof_requests(self) -> list[dict[str, Any]]:
         """The segment checks asking this node for checkpoints (desktop.proof_keeper)."""
         return list(self._request("GET", "agent/proofs", attempts=2).json()["requests"])

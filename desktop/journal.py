@@ -29,9 +29,15 @@ class TaskRecord:
     task: dict[str, Any]
     update_sha256: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
-    outcome: str = ""  # for done: "uploaded" | "failed:<reason>" | "lost"
+    outcome: str = ""  # for done: "uploaded" | "failed:<reason>" | "lost" | "refused"
     attempts: int = 0  # training runs started, to give up on a task that keeps killing us
     downloads: int = 0  # times its inputs were fetched: a corrupt download is fetched once more
+    # an upload answered 202 (received, checked later by the server: desktop.upload_outcomes):
+    # "checking" while asked about, then "accepted", "refused" (outcome "refused" too, the
+    # server's reason in `refusal`) or "unknown" (no answer in time); "" for any other
+    check: str = ""
+    check_asks: int = 0
+    refusal: str = ""
     updated: float = 0.0
 
 
@@ -64,7 +70,8 @@ class Journal:
         if rec is None:
             rec = self.tasks[tid] = TaskRecord(id=tid, state=e["state"], task=e.get("task", {}))
         rec.state = e["state"]
-        for key in ("update_sha256", "metrics", "outcome", "attempts", "downloads", "task"):
+        for key in ("update_sha256", "metrics", "outcome", "attempts", "downloads", "task",
+                    "check", "check_asks", "refusal"):  # fmt: skip
             if key in e:
                 setattr(rec, key, e[key])
         rec.updated = float(e.get("t", 0.0))
@@ -89,7 +96,8 @@ class Journal:
         return {
             "id": r.id, "state": r.state, "task": r.task, "update_sha256": r.update_sha256,
             "metrics": r.metrics, "outcome": r.outcome, "attempts": r.attempts,
-            "downloads": r.downloads, "t": r.updated,
+            "downloads": r.downloads, "check": r.check, "check_asks": r.check_asks,
+            "refusal": r.refusal, "t": r.updated,
         }  # fmt: skip
 
     def record(self, task_id: str, state: str, **fields: Any) -> TaskRecord:

@@ -65,6 +65,7 @@ from desktop.task_runner import (
     PROGRESS,
     STOP,
 )
+from desktop.upload_outcomes import UploadOutcomes
 
 # the agent that wires this part (desktop.agent.Agent), named but not imported: the agent
 # imports its parts, and a part importing it back, even for typing, is an import circle
@@ -97,6 +98,7 @@ class TaskPipeline:
         self.node = node
         self.continuation: Continuation | None = None
         self.uploading: set[str] = set()  # overlap tasks whose upload runs in the background
+        self.outcomes = UploadOutcomes(node)
 
     def step(self) -> None:
         """One pass of the agent's loop while it may work: the journal's open task (one not
@@ -110,6 +112,8 @@ class TaskPipeline:
         proofs = getattr(self.node, "proofs", None)
         if proofs is not None:  # segment checks asking for kept checkpoints (marketplace/proofs)
             proofs.reveal_pending(client)
+        # uploads the server received (202) and checks later: accepted or refused, and why
+        self.outcomes.ask_due(client)
         if not self.overlap_shown():  # else the status shows the continuation
             self.node._set(state=State.IDLE, reason="", task=None)
         task = client.claim(self.node.claim_wait_s)
@@ -118,22 +122,24 @@ class TaskPipeline:
             if not self.hand_back_if_too_big(task):
                 self.accept(task)
 
-    def _deliver(self, rec: TaskRecord, data: bytes) -> int:
+    def _deliver(self, rec: TaskRecord, data: bytes) -> tuple[int, bool]:
         """The update to the coordinator, or, for a task routed through its zone (`zone`),
         to the zone's aggregator after telling the coordinator its hash. Anything wrong on
-        the zone's path (the aggregator gone, a refusal) falls back to the coordinator."""
+        the zone's path (the aggregator gone, a refusal) falls back to the coordinator.
+        Returns the status code, and whether the coordinator itself took the update."""
         assert self.node.client is not None
         zone = rec.task.get("zone")
         node_id = self.node.status().node_id
         if zone and node_id:
             try:
                 self.node.client.hand_off(rec.id, int(zone["aggregator"]), rec.update_sha256)
-                return self.node.client.zone_upload(zone, rec.id, node_id, data, rec.metrics)
+                code = self.node.client.zone_upload(zone, rec.id, node_id, data, rec.metrics)
+                return code, False
             except (ApiError, KeyError, ValueError, TypeError) as exc:
                 if isinstance(exc, ApiError) and exc.status == 404:
                     raise  # the task is not ours any more: the flat upload would say the same
                 self.node._warn(f"task {rec.id}: zone aggregator unusable ({exc}); uploading here")
-        return self.node.client.put_update(rec.id, data, rec.metrics)
+        return self.node.client.put_update(rec.id, data, rec.metrics), True
 
     def accept(self, task: dict[str, Any]) -> None:
         tid = str(task.get("id", ""))
@@ -557,7 +563,7 @@ class TaskPipeline:
         t0 = time.monotonic()
         try:
             self.node._trace(rec.id, "upload_started")
-            code = self._deliver(rec, data)
+            code, direct = self._deliver(rec, data)
             self.node._trace(rec.id, "uploaded")
         except ApiError as exc:
             if isinstance(exc, Unavailable):
@@ -591,7 +597,9 @@ class TaskPipeline:
                 copy_output(residual.parent, residual.name, self._residual_file(rec))
             except UnsafeOutput as exc:
                 self.node._warn(f"task {rec.id}: its residual is dropped ({exc})")
-        self._done(rec, "uploaded", ok=True, background=background)
+        # received, not yet checked by the server's worker: asked about later (it may refuse)
+        check = "checking" if code == 202 and direct else ""
+        self._done(rec, "uploaded", ok=True, background=background, check=check)
 
     def _finish_failed(self, rec: TaskRecord, reason: str, detail: str) -> None:
         assert self.node.client is not None
@@ -604,8 +612,10 @@ class TaskPipeline:
             self.node._warn(f"task {rec.id}: failure report refused ({exc})")
         self._done(rec, f"failed:{reason}", ok=False)
 
-    def _done(self, rec: TaskRecord, outcome: str, ok: bool, background: bool = False) -> None:
-        self.node.journal.record(rec.id, "done", outcome=outcome)
+    def _done(
+        self, rec: TaskRecord, outcome: str, ok: bool, background: bool = False, check: str = ""
+    ) -> None:
+        self.node.journal.record(rec.id, "done", outcome=outcome, check=check, check_asks=0)
         shutil.rmtree(self._folder(rec.id), ignore_errors=True)
         st = self.node.status()
         counts = {"completed": st.completed + (1 if ok else 0),

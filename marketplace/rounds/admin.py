@@ -11,6 +11,7 @@ from marketplace.rounds.models import (
     ModelCopy,
     ReceivedPartial,
     ReceivedUpdate,
+    RefusedUpdate,
     Round,
     SecAggRound,
     ShardCopy,
@@ -55,7 +56,14 @@ class ShardCopyAdmin(ReadOnlyAdmin):
 
 # an upload the web process took in and the worker has yet to check (rounds.update_checks)
 class ReceivedUpdateAdmin(ReadOnlyAdmin):
-    list_display = ["task", "node", "update_hash", "num_samples", "compute_s", "received_at"]
+    list_display = ["task", "node", "update_hash", "num_samples", "compute_s", "received_at",
+                    "checks", "check_enqueued_at"]  # fmt: skip
+    list_select_related = ["task", "node"]
+
+
+# a node's received upload that ended without a result, and why (what the agent reads back)
+class RefusedUpdateAdmin(ReadOnlyAdmin):
+    list_display = ["task", "node", "reason", "refused_at"]
     list_select_related = ["task", "node"]
 
 
@@ -80,6 +88,7 @@ for model, model_admin in [
     (ShardCopy, ShardCopyAdmin),
     (ReceivedUpdate, ReceivedUpdateAdmin),
     (ReceivedPartial, ReceivedPartialAdmin),
+    (RefusedUpdate, RefusedUpdateAdmin),
     (SecAggRound, SecAggRoundAdmin),
 ]:
     if not admin.site.is_registered(model):

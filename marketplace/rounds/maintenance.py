@@ -3,8 +3,9 @@
 Everything the server promises after a crash hangs off this: leases of silent nodes and
 expired leases go back to the queue, rounds past their deadline close with what they
 have, aggregations whose worker died are enqueued again (a bounded number of times: then
-the job fails), and running jobs without a round in flight (a crash between checkpoint and
-next round) continue from their checkpoint.
+the job fails), received uploads whose check message was lost are checked again, and
+running jobs without a round in flight (a crash between checkpoint and next round) continue
+from their checkpoint.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from marketplace.rounds.lifecycle import (
     two_round,
     unit_states,
 )
-from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
-from marketplace.rounds.queue import enqueue_aggregation
+from marketplace.rounds.models import ReceivedUpdate, Round, RoundStatus, Task, TaskStatus
+from marketplace.rounds.queue import enqueue_aggregation, enqueue_update_check
 from marketplace.rounds.retention import prune_ended_jobs
 from marketplace.rounds.scheduling import online_candidates
 from marketplace.rounds.secagg import stall_reason
@@ -178,6 +179,29 @@ def restart_stuck_aggregations() -> int:
     return restarted
 
 
+def recheck_received_updates() -> int:
+    """Received uploads whose check was enqueued more than STUCK_AGGREGATION_S ago are
+    enqueued again: a worker killed holding the message returns it to the broker only after
+    the broker's visibility timeout (an hour on Redis), and reclaim_leases would release the
+    task as lost (the node's fault) after a lease's time. Each is enqueued again once per
+    period, not on every tick; a check that did run meanwhile finds it gone, and two checks
+    of one upload end it once (rounds.update_checks.check)."""
+    cutoff = timezone.now() - timedelta(seconds=settings.GPUFLEX["STUCK_AGGREGATION_S"])
+    waiting = list(
+        ReceivedUpdate.objects.filter(check_enqueued_at__lt=cutoff).values_list("pk", "task_id")
+    )
+    enqueued = 0
+    for pk, task_id in waiting:
+        with transaction.atomic():
+            # only if no other tick took it meanwhile; enqueued once this commits
+            if ReceivedUpdate.objects.filter(pk=pk, check_enqueued_at__lt=cutoff).update(
+                check_enqueued_at=timezone.now(), checks=F("checks") + 1
+            ):
+                enqueue_update_check(task_id)
+                enqueued += 1
+    return enqueued
+
+
 def resume_orphaned_jobs() -> int:
     """Running jobs with no round open or aggregating continue from their checkpoint."""
     from marketplace.jobs.models_io import load_model_file
@@ -268,6 +292,7 @@ def tick() -> dict[str, Any]:
         "unaffordable": stop_unaffordable_jobs(),
         "closed": close_overdue_rounds(),
         "restarted": restart_stuck_aggregations(),
+        "rechecked": recheck_received_updates(),
         "resumed": resume_orphaned_jobs(),
         "pruned": prune_ended_jobs(),
         "uploads": expire_stale_uploads(),

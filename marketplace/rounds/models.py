@@ -9,6 +9,7 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from marketplace.jobs.models import Job, Shard
 
@@ -227,6 +228,26 @@ class ReceivedUpdate(models.Model):
     # what the node says, capped by the time it held the lease when the bytes arrived
     compute_s = models.FloatField(default=0.0)
     received_at = models.DateTimeField(auto_now_add=True)
+    # when its check was last enqueued, and how many times: a message lost with a killed
+    # worker is enqueued again by the tick after STUCK_AGGREGATION_S (rounds.maintenance)
+    check_enqueued_at = models.DateTimeField(default=timezone.now)
+    checks = models.PositiveSmallIntegerField(default=1)
+
+
+class RefusedUpdate(models.Model):
+    """A node's received upload that ended without a result: the worker's check refused it,
+    or its lease was released before the check (rounds.uploads.release_task). Kept per node,
+    since the task itself forgets its node on release; the agent reads it back (GET
+    agent/tasks/<id>/update) to tell its contributor why."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="refused")
+    node = models.ForeignKey("nodes.Node", on_delete=models.CASCADE, related_name="refused")
+    update_hash = models.CharField(max_length=64, help_text="sha256 of the uploaded bytes")
+    reason = models.CharField(max_length=300)
+    refused_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["node", "task"])]
 
 
 class ReceivedPartial(models.Model):

@@ -3,11 +3,15 @@ done."""
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 from django.db.models import Count, Q, QuerySet, Sum
 
+from marketplace.jobs.errors import NotFound
 from marketplace.jobs.models import Job
 from marketplace.nodes.models import Node
-from marketplace.rounds.models import Round, Task, TaskResult
+from marketplace.rounds.models import ReceivedUpdate, RefusedUpdate, Round, Task, TaskResult
 
 
 def rounds_of(job: Job) -> QuerySet[Round]:
@@ -49,3 +53,26 @@ def tasks_done_by_node(nodes: QuerySet[Node]) -> dict[int, int]:
         .order_by()
     )
     return {r["node_id"]: r["n"] for r in rows}
+
+
+def upload_outcome(node: Node, task_id: object) -> dict[str, Any]:
+    """What became of this node's upload for the task (the agent's GET agent/tasks/<id>/update):
+    `checking` while the worker has yet to check it, `accepted`, or `refused` with the
+    reason. A refused upload's task has forgotten its node (it went back to the queue), so
+    the answer comes from the node's own rows; another node's task, or one it uploaded
+    nothing for, is NotFound, as for every agent path."""
+    try:
+        pk = uuid.UUID(str(task_id))
+    except ValueError:
+        pk = None
+    mine = {"task_id": pk, "node": node}
+    if pk is not None:
+        if result := TaskResult.objects.filter(**mine).only("update_hash").first():
+            return {"status": "accepted", "update_hash": result.update_hash, "reason": ""}
+        if received := ReceivedUpdate.objects.filter(**mine).only("update_hash").first():
+            return {"status": "checking", "update_hash": received.update_hash, "reason": ""}
+        refused = RefusedUpdate.objects.filter(**mine).order_by("-refused_at", "-pk").first()
+        if refused is not None:
+            return {"status": "refused", "update_hash": refused.update_hash,
+                    "reason": refused.reason}  # fmt: skip
+    raise NotFound("This node has no upload for such a task.")

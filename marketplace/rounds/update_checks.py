@@ -35,13 +35,27 @@ def check_received(task_id: object) -> None:
         .filter(task_id=task_id)
         .first()
     )
-    if received is None:
-        return
+    if received is not None:
+        check(received)
+
+
+def check(received: ReceivedUpdate) -> None:
+    """Check `received`, read before the check began. Idempotent: two checks of one upload
+    (a message redelivered, or enqueued again by the tick, while the first still runs) both
+    decode it, but only the one that finds the row still there under the task's lock
+    accepts or refuses it; the other changes nothing."""
     try:
-        result, meta = _accept(received)
+        outcome = _accept(received)
     except MarketplaceError as exc:  # refused: as the request's 409/422 used to refuse it
         _refuse(received, exc)
         return
+    except OSError:
+        if not ReceivedUpdate.objects.filter(pk=received.pk).exists():
+            return  # another check ended it meanwhile, and deleted its file
+        raise  # storage failing: the Celery task retries
+    if outcome is None:  # another check ended it first
+        return
+    result, meta = outcome
     files.delete_tree([received.received_file])
     job = result.task.round.job
     spec = job.parsed_spec
@@ -54,7 +68,13 @@ def check_received(task_id: object) -> None:
         after_upload(result, meta)
 
 
-def _accept(received: ReceivedUpdate) -> tuple[TaskResult, dict[str, str]]:
+def _still_received(received: ReceivedUpdate) -> bool:
+    """Under the task's row lock: every path that ends a received upload (a check, a lease
+    released) holds that lock, so a row still there is this check's to end."""
+    return ReceivedUpdate.objects.filter(pk=received.pk).exists()
+
+
+def _accept(received: ReceivedUpdate) -> tuple[TaskResult, dict[str, str]] | None:
     from marketplace.rounds.scoring import check_result
     from marketplace.rounds.secagg import check_masked, secure
     from marketplace.rounds.verification import verify_unit
@@ -84,6 +104,8 @@ def _accept(received: ReceivedUpdate) -> tuple[TaskResult, dict[str, str]]:
     with transaction.atomic():
         rnd = Round.objects.select_for_update().get(pk=task.round_id)
         task = Task.objects.select_for_update().get(pk=task.pk)
+        if not _still_received(received):
+            return None
         if task.node_id != node.pk:
             raise Conflict("The task is no longer leased to this node.")
         late = rnd.status != RoundStatus.OPEN
@@ -136,8 +158,7 @@ def _store_update(
         precision, device = claimed_precision(meta), claimed_device(meta)
     except UpdateRejected as exc:
         raise UpdateRejectedError(f"The update was rejected: {exc}.", reason=exc.reason) from None
-    if (problem := noise_problem(delta, spec.privacy)) is not None:
-        record_verification(node.pk, bad=1)
+    if (problem := noise_problem(delta, spec.privacy)) is not None:  # counted by _refuse
         raise UpdateRejectedError(f"The update was rejected: {problem}.", reason="privacy")
     # Stored decoded, so verification and aggregation read plain deltas whatever the codec;
     # the name keys the bytes the node sent, which is what makes a retried upload idempotent.
@@ -149,13 +170,22 @@ def _store_update(
 def _refuse(received: ReceivedUpdate, exc: MarketplaceError) -> None:
     """The upload is refused: the lease ends as a refused upload's always ended (it was
     reclaimed as lost once it expired, the node having moved on), only now, with the reason
-    on the task for the agent and the buyer; the round may close without it."""
+    on the task for the buyer and in a RefusedUpdate for the agent (release_task writes it);
+    the round may close without it."""
+    reason = exc.extra.get("reason", exc.code)
     with transaction.atomic():
         rnd = Round.objects.select_for_update().get(pk=received.task.round_id)
         task = Task.objects.select_for_update().get(pk=received.task_id)
-        ReceivedUpdate.objects.filter(pk=received.pk).delete()
+        if not _still_received(received):
+            # another check ended it first, or its lease went: nothing to count, and its
+            # file left alone (the same node may have sent the same bytes for the task
+            # again, into the same name; job retention removes what is left)
+            return
         if task.node_id == received.node_id and task.status == TaskStatus.LEASED:
-            reason = exc.extra.get("reason", exc.code)
+            if reason == "privacy":  # too little noise: a bad update, once per upload
+                record_verification(received.node_id, bad=1)
             release_task(task, f"upload refused ({reason}): {exc.detail}", lost=True)
             maybe_close(rnd)
+        else:  # cannot happen while release_task deletes it with the lease; kept safe
+            ReceivedUpdate.objects.filter(pk=received.pk).delete()
     files.delete_tree([received.received_file])

@@ -24,6 +24,7 @@ from marketplace.observability import metrics as obs
 from marketplace.rounds.lifecycle import maybe_close, two_round
 from marketplace.rounds.models import (
     ReceivedUpdate,
+    RefusedUpdate,
     Round,
     RoundStatus,
     Task,
@@ -156,7 +157,7 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
             f"The update was rejected: it is not a safetensors file: {exc}.", reason="corrupt"
         ) from None
     check_layout(task, entries, metadata)
-    name = received_name(task.round.job_id, digest)
+    name = received_name(task.round.job_id, task.pk, digest)
     files.put(name, body, content_addressed=True)
     lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
     with transaction.atomic():
@@ -232,10 +233,12 @@ def check_layout(task: Task, entries: dict[str, Entry], metadata: dict[str, str]
             )
 
 
-def received_name(job_id: object, digest: str) -> str:
-    """Where the bytes as sent wait for the worker: named by their hash, apart from the
-    checked updates (a compressed one is stored decoded under its digest)."""
-    return f"{files.job_dir(job_id)}/received/{digest}.safetensors"
+def received_name(job_id: object, task_id: object, digest: str) -> str:
+    """Where the bytes as sent wait for the worker: named by their task and hash, apart from
+    the checked updates (a compressed one is stored decoded under its digest). The task is
+    in the name because each check deletes its file: two tasks may send the same bytes (a
+    deterministic run on two nodes), and one's check must not take the other's file away."""
+    return f"{files.job_dir(job_id)}/received/{task_id}-{digest}.safetensors"
 
 
 def takes_late(rnd: Round, task: Task) -> bool:
@@ -263,8 +266,13 @@ def release_task(task: Task, reason: str, *, lost: bool = False) -> None:
         last_error=reason[:300],
     )
     if updated:
-        # an upload received but unchecked goes with the lease: a later check finds nothing
-        ReceivedUpdate.objects.filter(task_id=task.pk).delete()
+        # an upload received but unchecked goes with the lease: a later check finds nothing,
+        # and its node reads why (GET agent/tasks/<id>/update: rounds.selectors)
+        for received in ReceivedUpdate.objects.filter(task_id=task.pk):
+            RefusedUpdate.objects.create(task_id=task.pk, node_id=received.node_id,
+                                         update_hash=received.update_hash,
+                                         reason=reason[:300])  # fmt: skip
+            received.delete()
         release_tasks([task.pk])  # nothing will be charged for this lease
         obs.lease_released("lost" if lost else "released")
     if updated and lost and node_id is not None:

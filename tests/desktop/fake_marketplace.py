@@ -8,6 +8,7 @@ closes connections without answering.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -40,6 +41,9 @@ class FakeTask:
     failed: list[dict[str, Any]] = field(default_factory=list)
     corrupt_models: int = 0  # serve this many model downloads with a flipped data byte
     model_gets: int = 0
+    # what GET …/update answers once an upload was received to be checked later (see
+    # FakeMarketplace.check_later); None: nothing received
+    outcome: dict[str, Any] | None = None
 
 
 def digits_task(task_id: str, steps: int = 20, rows: int = 200, seed: int = 1) -> FakeTask:
@@ -74,6 +78,9 @@ class FakeMarketplace:
         self._fail: list[int] = []
         self._drop = 0
         self.max_wait_s = 0.5  # long polls are cut short so tests stay fast
+        # as the real server: a valid update is answered 202 (received) and "checked later",
+        # its outcome `checking` until a test calls decide()
+        self.check_later = False
         self.earnings = {"today": "0.00", "total": "0.00"}
         handler = type("Handler", (_Handler,), {"market": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -107,6 +114,13 @@ class FakeMarketplace:
         with self.lock:
             self.nodes[key] = f"node-{len(self.nodes) + 1}"
         return key
+
+    def decide(self, task_id: str, status: str, reason: str = "") -> None:
+        """The server's worker checked the received update: accepted or refused."""
+        with self.lock:
+            t = self.tasks[task_id]
+            assert t.outcome is not None, "nothing was received for it"
+            t.outcome = t.outcome | {"status": status, "reason": reason}
 
     def accepted(self) -> dict[str, bytes]:
         with self.lock:
@@ -219,6 +233,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(200, raw=t.shard)
             if self.command == "PUT" and what == "update":
                 return self._update(t, body)
+            if self.command == "GET" and what == "update":
+                with m.lock:
+                    outcome = t.outcome
+                if outcome is None:
+                    return self._error(404, "not_found", "this node has no upload for it")
+                return self._reply(200, outcome)
             if self.command == "POST" and what == "fail":
                 with m.lock:
                     t.failed.append(json.loads(body))
@@ -243,7 +263,14 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(422, "update_rejected", str(exc), reason=exc.reason)
         with m.lock:
             t.accepted = body
-            m.puts.append((t.task["id"], 201))
+            if m.check_later:
+                m.puts.append((t.task["id"], 202))
+                digest = hashlib.sha256(body).hexdigest()
+                t.outcome = {"status": "checking", "update_hash": digest, "reason": ""}
+            else:
+                m.puts.append((t.task["id"], 201))
+        if m.check_later:
+            return self._reply(202, {"accepted": True, "checked": False})
         self._reply(201, {"accepted": True})
 
     do_GET = do_POST = do_PUT = _handle

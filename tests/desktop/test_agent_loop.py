@@ -44,6 +44,59 @@ def make_agent(settings: Settings, paths: Paths, bench: BenchmarkResult, **kw: o
                  idle_sleep_s=0.1, **kw)  # type: ignore[arg-type]  # fmt: skip
 
 
+def test_an_upload_refused_after_its_202_is_recorded_and_shown(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    """The server takes the update in (202) and its worker refuses it later: the agent asks,
+    learns why, and says so in its journal, its status and its log; it stops asking."""
+    market.check_later = True
+    market.add(digits_task("t-1"))
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.pipeline.outcomes.gaps_s = (0.05, 0.05, 0.05)  # asked soon: the test stays short
+    events = []
+    agent.subscribe(events.append)
+    agent.start()
+    try:
+        wait_for(lambda: market.puts == [("t-1", 202)], what="the upload")
+        wait_for(lambda: agent.status().completed == 1, what="counted uploaded")
+        asked = ("GET", "/api/v1/agent/tasks/t-1/update", 200)
+        wait_for(lambda: asked in market.requests, what="the agent to ask")
+        reason = "upload refused (norm): The update was rejected: its norm is 1e6, over 1e4."
+        market.decide("t-1", "refused", reason)
+        wait_for(lambda: agent.status().failed == 1, what="the refusal")
+    finally:
+        agent.stop()
+    st = agent.status()
+    assert st.completed == 0 and reason in st.last_error
+    assert any(e.level == "error" and reason in e.message for e in agent.logs(500))
+    refused = {"id": "t-1", "outcome": "refused", "ok": False, "reason": reason}
+    assert ("task_done", refused) in events
+    rec = Journal(isolated_dirs.journal).get("t-1")
+    assert rec is not None and rec.outcome == "refused" and rec.check == "refused"
+    assert rec.refusal == reason
+    assert agent.pipeline.outcomes.waiting() == []  # no more asking
+
+
+def test_an_upload_never_decided_is_asked_about_a_bounded_number_of_times(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    market.check_later = True
+    market.add(digits_task("t-1"))
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.pipeline.outcomes.gaps_s = (0.05, 0.05, 0.05)
+    agent.start()
+    try:
+        wait_for(lambda: Journal(isolated_dirs.journal).get("t-1") is not None
+                 and Journal(isolated_dirs.journal).get("t-1").check == "unknown",
+                 what="the agent to give up asking")  # fmt: skip
+    finally:
+        agent.stop()
+    asks = [r for r in market.requests if r[:2] == ("GET", "/api/v1/agent/tasks/t-1/update")]
+    assert len(asks) == 3  # one per gap, then no more
+    assert agent.status().completed == 1  # uploaded, as far as anyone knows
+    assert any("no longer asking" in e.message for e in agent.logs(500))
+
+
 def test_claims_trains_and_uploads_through_outages(market, logged_in, isolated_dirs, fake_bench):
     """One real task end to end, with 5xx answers and dropped connections along the way."""
     market.add(digits_task("t-1"))

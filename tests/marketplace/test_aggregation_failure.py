@@ -80,6 +80,7 @@ def assert_never_requeued(job_id: str, monkeypatch) -> None:
         "unaffordable": 0,
         "closed": 0,
         "restarted": 0,
+        "rechecked": 0,
         "resumed": 0,
         "pruned": 0,
         "uploads": 0,

@@ -35,6 +35,8 @@ for name in ("cut", "good", "good", "other"):
     )
     out["status"].append([response.status_code, response.json()])
 out["sent"] = sent
+# what the agent asks after a 202 (desktop.upload_outcomes): the same process, no torch
+out["outcome"] = client.get("/api/v1/agent/tasks/" + os.environ["TASK"] + "/update").json()
 """
 
 
@@ -67,6 +69,7 @@ def test_a_web_process_takes_updates_without_torch(tmp_path, own_media, make_age
     assert (good, again, other) == (202, 202, 409), out["status"]
     assert conflict["error"] == "conflict"
     assert out["sent"] == [task["id"]]  # one check sent, for the first receipt
+    assert out["outcome"]["status"] == "checking", out["outcome"]
     received = ReceivedUpdate.objects.get(task_id=task["id"])
     assert Task.objects.get(pk=task["id"]).status == TaskStatus.LEASED  # still in flight
     # what the worker does with the message: decoded, accepted, the task done

@@ -177,6 +177,14 @@ class FailSerializer(serializers.Serializer):
     detail = serializers.CharField(required=False, allow_blank=True, default="", max_length=1000)
 
 
+class UploadOutcomeSerializer(serializers.Serializer):
+    """What became of the node's upload (rounds.selectors.upload_outcome)."""
+
+    status = serializers.ChoiceField(choices=["checking", "accepted", "refused"])
+    update_hash = serializers.CharField(help_text="sha256 of the bytes it is about")
+    reason = serializers.CharField(allow_blank=True, help_text="why it was refused")
+
+
 class EarningsSerializer(serializers.Serializer):
     today = serializers.CharField()
     total = serializers.CharField()

@@ -28,6 +28,7 @@ from marketplace.api.serializers.agent import (
     HeartbeatSerializer,
     MeSerializer,
     ProbeQuerySerializer,
+    UploadOutcomeSerializer,
     claim_reply,
 )
 from marketplace.api.serializers.nodes import LocalDatasetsSerializer
@@ -45,6 +46,7 @@ from marketplace.nodes.services import (
 from marketplace.rounds.delivery import model_bytes, record_model, record_shard
 from marketplace.rounds.lifecycle import close_after_far_leases
 from marketplace.rounds.scheduling import claim_with_wait, task_payloads
+from marketplace.rounds.selectors import upload_outcome
 from marketplace.rounds.uploads import accept_update, fail_task, task_for_node
 
 SAFETENSORS = "application/octet-stream"
@@ -182,6 +184,12 @@ class TaskUpdateView(AgentView):
         code = accept_update(node, task_id, body, request.headers.get("X-GPUFlex-Metrics"))
         # 202: received, the worker checks it (a refusal releases the task, reason kept)
         return Response({"accepted": True, "checked": code != 202}, status=code)
+
+    @extend_schema(responses={200: UploadOutcomeSerializer, **errors(404)})
+    def get(self, request: Request, task_id: str) -> Response:
+        """What became of the node's upload: a 202 said only that it was received."""
+        outcome = upload_outcome(self.node(request), task_id)
+        return Response(UploadOutcomeSerializer(outcome).data)
 
 
 def _body(request: Request) -> bytes:

@@ -221,7 +221,8 @@ TABLE: tuple[Setting, ...] = (
     _s("GPUFLEX_TICK_S", "float", rl.TICK_S, "the periodic tick's period (offline detection, "
        "expiry, presence flush)", SCHEDULE, unit="seconds", gt=0, shown="5"),
     _s("GPUFLEX_STUCK_AGGREGATION_S", "float", 120.0, "an aggregating round untouched this "
-       "long is assumed lost with its worker", SCHEDULE, unit="seconds", gt=0, shown="120"),
+       "long, or a received upload's check sent this long ago, is assumed lost with its "
+       "worker and sent again", SCHEDULE, unit="seconds", gt=0, shown="120"),
     _s("GPUFLEX_EVENT_STREAM_MAX_S", "float", 300.0, "a live-push stream's lifetime; "
        "clients reconnect", SCHEDULE, unit="seconds", gt=0, shown="300"),
     _s("GPUFLEX_UPLOAD_STALE_S", "float", float(24 * 3600), "an upload session without a "
