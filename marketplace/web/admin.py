@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from marketplace.accounts.models import ApiKey, User
-from marketplace.jobs.models import Job, Shard
+from marketplace.jobs.models import Job, ModelExport, Shard
 from marketplace.nodes.models import Node
 from marketplace.sweeps.models import SweepTrial
 from marketplace.uploads.models import Upload
@@ -63,6 +63,12 @@ class UploadAdmin(ReadOnlyAdmin):
     search_fields = ["filename", "owner__username", "sha256"]
 
 
+class ModelExportAdmin(ReadOnlyAdmin):
+    list_display = ["job", "format", "status", "model_hash", "requested_at", "starts", "error"]
+    list_filter = ["format", "status"]
+    list_select_related = ["job"]
+
+
 class SweepTrialAdmin(ReadOnlyAdmin):
     list_display = ["sweep", "number", "job", "state", "value", "updated_at"]
     list_filter = ["state"]
@@ -75,6 +81,7 @@ for model, model_admin in [
     (Node, NodeAdmin),
     (Job, JobAdmin),
     (Shard, ShardAdmin),
+    (ModelExport, ModelExportAdmin),
     (Upload, UploadAdmin),
     (SweepTrial, SweepTrialAdmin),
 ]:
