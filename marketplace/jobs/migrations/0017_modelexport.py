@@ -6,26 +6,48 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0016_job_runtime_needs'),
+        ("jobs", "0016_job_runtime_needs"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ModelExport',
+            name="ModelExport",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('format', models.CharField(max_length=16)),
-                ('model_hash', models.CharField(max_length=64)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('done', 'Done'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('error', models.TextField(blank=True)),
-                ('requested_at', models.DateTimeField()),
-                ('starts', models.PositiveIntegerField(default=0)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='exports', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("format", models.CharField(max_length=16)),
+                ("model_hash", models.CharField(max_length=64)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("pending", "Pending"), ("done", "Done"), ("failed", "Failed")],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("error", models.TextField(blank=True)),
+                ("requested_at", models.DateTimeField()),
+                ("starts", models.PositiveIntegerField(default=0)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="exports",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('job', 'format'), name='model_export_unique_format')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("job", "format"), name="model_export_unique_format"
+                    )
+                ],
             },
         ),
     ]

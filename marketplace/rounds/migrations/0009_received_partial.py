@@ -6,27 +6,57 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('nodes', '0010_node_speed_figure'),
-        ('rounds', '0008_received_update'),
+        ("nodes", "0010_node_speed_figure"),
+        ("rounds", "0008_received_update"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ReceivedPartial',
+            name="ReceivedPartial",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('received_file', models.CharField(help_text='the bytes as sent', max_length=300)),
-                ('update_hash', models.CharField(help_text='sha256 of the uploaded bytes', max_length=64)),
-                ('size', models.PositiveBigIntegerField(default=0, help_text='bytes uploaded')),
-                ('members', models.JSONField(default=list, help_text='the member task ids its manifest names')),
-                ('received_at', models.DateTimeField(auto_now_add=True)),
-                ('aggregator', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='nodes.node')),
-                ('round', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='received_partials', to='rounds.round')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("received_file", models.CharField(help_text="the bytes as sent", max_length=300)),
+                (
+                    "update_hash",
+                    models.CharField(help_text="sha256 of the uploaded bytes", max_length=64),
+                ),
+                ("size", models.PositiveBigIntegerField(default=0, help_text="bytes uploaded")),
+                (
+                    "members",
+                    models.JSONField(
+                        default=list, help_text="the member task ids its manifest names"
+                    ),
+                ),
+                ("received_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "aggregator",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="nodes.node",
+                    ),
+                ),
+                (
+                    "round",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="received_partials",
+                        to="rounds.round",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('round', 'update_hash'), name='received_partial_once')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("round", "update_hash"), name="received_partial_once"
+                    )
+                ],
             },
         ),
     ]
