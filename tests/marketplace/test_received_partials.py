@@ -121,11 +121,13 @@ def test_a_check_that_never_comes_is_sent_again_then_the_partial_dropped(
     received = ReceivedPartial.objects.get()
     lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
     assert recheck_partials() == 0  # just received: nothing to do
-    # past half a lease: its check is sent again (once per tick until it comes)
-    half = timezone.now() - timedelta(seconds=lease_s * 0.6)
-    ReceivedPartial.objects.filter(pk=received.pk).update(received_at=half)
+    # its check sent longer than a stuck period ago: sent again, once a period
+    stuck_s = settings.GPUFLEX["STUCK_AGGREGATION_S"]
+    earlier = timezone.now() - timedelta(seconds=stuck_s + 1)
+    ReceivedPartial.objects.filter(pk=received.pk).update(check_sent_at=earlier)
     with django_capture_on_commit_callbacks(execute=False) as sent:
         assert recheck_partials() == 0
+        assert recheck_partials() == 0  # the next tick: not again
     assert len(sent) == 1
     assert {t.status for t in Task.objects.filter(pk__in=_task_ids(zr))} == {TaskStatus.LEASED}
     # past a lease: dropped, its members released with the reason
