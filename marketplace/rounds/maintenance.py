@@ -39,7 +39,11 @@ from marketplace.rounds.lifecycle import (
     unit_states,
 )
 from marketplace.rounds.models import ReceivedUpdate, Round, RoundStatus, Task, TaskStatus
-from marketplace.rounds.queue import enqueue_aggregation, enqueue_update_check
+from marketplace.rounds.queue import (
+    enqueue_aggregation,
+    enqueue_update_check,
+    send_checks_again,
+)
 from marketplace.rounds.retention import prune_ended_jobs
 from marketplace.rounds.scheduling import online_candidates
 from marketplace.rounds.secagg import stall_reason
@@ -180,26 +184,11 @@ def restart_stuck_aggregations() -> int:
 
 
 def recheck_received_updates() -> int:
-    """Received uploads whose check was enqueued more than STUCK_AGGREGATION_S ago are
-    enqueued again: a worker killed holding the message returns it to the broker only after
-    the broker's visibility timeout (an hour on Redis), and reclaim_leases would release the
-    task as lost (the node's fault) after a lease's time. Each is enqueued again once per
-    period, not on every tick; a check that did run meanwhile finds it gone, and two checks
-    of one upload end it once (rounds.update_checks.check)."""
-    cutoff = timezone.now() - timedelta(seconds=settings.GPUFLEX["STUCK_AGGREGATION_S"])
-    waiting = list(
-        ReceivedUpdate.objects.filter(check_enqueued_at__lt=cutoff).values_list("pk", "task_id")
-    )
-    enqueued = 0
-    for pk, task_id in waiting:
-        with transaction.atomic():
-            # only if no other tick took it meanwhile; enqueued once this commits
-            if ReceivedUpdate.objects.filter(pk=pk, check_enqueued_at__lt=cutoff).update(
-                check_enqueued_at=timezone.now(), checks=F("checks") + 1
-            ):
-                enqueue_update_check(task_id)
-                enqueued += 1
-    return enqueued
+    """Received uploads whose check message was lost are checked again
+    (rounds.queue.send_checks_again); otherwise reclaim_leases would release the task as
+    lost (the node's fault) after a lease's time. Two checks of one upload end it once
+    (rounds.update_checks.check)."""
+    return send_checks_again(ReceivedUpdate.objects.all(), "task_id", enqueue_update_check)
 
 
 def resume_orphaned_jobs() -> int:

@@ -264,8 +264,9 @@ class ReceivedPartial(models.Model):
     size = models.PositiveBigIntegerField(default=0, help_text="bytes uploaded")
     members = models.JSONField(default=list, help_text="the member task ids its manifest names")
     received_at = models.DateTimeField(auto_now_add=True)
-    # when its check was last sent: the tick sends a lost one again once a period, not a tick
-    check_sent_at = models.DateTimeField(default=timezone.now)
+    # when its check was last enqueued, and how many times (as ReceivedUpdate's)
+    check_enqueued_at = models.DateTimeField(default=timezone.now)
+    checks = models.PositiveSmallIntegerField(default=1)
 
     class Meta:
         constraints = [

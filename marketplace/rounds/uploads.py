@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -159,7 +160,6 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     check_layout(task, entries, metadata)
     name = received_name(task.round.job_id, task.pk, digest)
     files.put(name, body, content_addressed=True)
-    lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task.pk)
         if task.node_id != node.pk:
@@ -171,7 +171,6 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
             if earlier.update_hash == digest:
                 return 202
             raise Conflict("A different update was already accepted for this task.")
-        held_s = (timezone.now() - task.leased_at).total_seconds() if task.leased_at else 0.0
         ReceivedUpdate.objects.create(
             task=task,
             node=node,
@@ -179,11 +178,18 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
             update_hash=digest,
             num_samples=num_samples,
             metrics=metrics,
-            # billing input: what the node says, never more than the time it held the lease
-            compute_s=min(max(metrics.get("compute_s", 0.0), 0.0), held_s, lease_s),
+            compute_s=billed_seconds(metrics, task, timezone.now()),
         )
         enqueue_update_check(task.pk)
     return 202
+
+
+def billed_seconds(metrics: dict[str, float], task: Task, now: datetime) -> float:
+    """Billing input for an update of `task` arriving `now`: the compute seconds its node
+    says (`metrics["compute_s"]`), never more than the time it held the lease, nor a lease."""
+    held_s = (now - task.leased_at).total_seconds() if task.leased_at else 0.0
+    lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
+    return min(max(metrics.get("compute_s", 0.0), 0.0), held_s, lease_s)
 
 
 def check_layout(task: Task, entries: dict[str, Entry], metadata: dict[str, str]) -> None:

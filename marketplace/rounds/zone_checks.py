@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -26,7 +25,7 @@ from marketplace.rounds.models import (
     TaskStatus,
     ZonePartial,
 )
-from marketplace.rounds.uploads import parse_metrics
+from marketplace.rounds.uploads import billed_seconds, parse_metrics
 from marketplace.rounds.zone_routes import PARTIAL_FAILED
 from marketplace.rounds.zones import member_tasks, refusal, release_members
 
@@ -118,15 +117,12 @@ def _store(
         manifest=manifest,
     )  # fmt: skip
     now = timezone.now()
-    lease_s = settings.GPUFLEX["LEASE_TIMEOUT_S"]
     for member, member_metrics in zip(partial.members, metrics, strict=True):
         task = tasks[member.task_id]
-        held_s = (now - task.leased_at).total_seconds() if task.leased_at else 0.0
-        # billing input as for a flat upload: what the member says, capped by its lease
         result = TaskResult.objects.create(
             task=task, node_id=task.node_id, update_file="", update_hash=member.update_hash,
             num_samples=member.samples, metrics=member_metrics, partial=stored,
-            compute_s=min(max(member_metrics.get("compute_s", 0.0), 0.0), held_s, lease_s),
+            compute_s=billed_seconds(member_metrics, task, now),  # as a flat upload's
         )  # fmt: skip
         task.status = TaskStatus.DONE
         task.save(update_fields=["status"])

@@ -44,7 +44,7 @@ from marketplace.rounds.models import (
     TaskStatus,
     ZonePartial,
 )
-from marketplace.rounds.queue import enqueue_partial_check
+from marketplace.rounds.queue import enqueue_partial_check, send_checks_again
 from marketplace.rounds.sizing import is_far
 from marketplace.rounds.uploads import release_task
 from marketplace.rounds.zone_routes import (
@@ -295,21 +295,14 @@ def release_orphans() -> int:
 
 
 def recheck_partials() -> int:
-    """Received partials whose check has not come (the tick): a check sent more than
-    GPUFLEX_STUCK_AGGREGATION_S ago is sent again, once a period (a message lost with its
-    broker or worker; a check that finds its row gone does nothing), and after a lease the
-    partial is dropped and its members released, the reason in their last_error, as a
-    received update's task is reclaimed then. Returns how many were dropped."""
+    """Received partials whose check has not come (the tick): a lost check is sent again as
+    a received update's is (rounds.queue.send_checks_again), and after a lease the partial
+    is dropped and its members released, the reason in their last_error, as a received
+    update's task is reclaimed then. Returns how many were dropped."""
     now = timezone.now()
     lease = _lease()
-    cutoff = now - timedelta(seconds=settings.GPUFLEX["STUCK_AGGREGATION_S"])
-    waiting = ReceivedPartial.objects.filter(check_sent_at__lt=cutoff, received_at__gte=now - lease)
-    for received_id in waiting.values_list("pk", flat=True):
-        with transaction.atomic():  # only if no other tick took it meanwhile
-            if ReceivedPartial.objects.filter(pk=received_id, check_sent_at__lt=cutoff).update(
-                check_sent_at=now
-            ):
-                enqueue_partial_check(received_id)
+    waiting = ReceivedPartial.objects.filter(received_at__gte=now - lease)
+    send_checks_again(waiting, "pk", enqueue_partial_check)
     dropped = 0
     for received in ReceivedPartial.objects.filter(received_at__lt=now - lease).select_related(
         "aggregator"

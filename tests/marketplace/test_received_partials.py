@@ -124,7 +124,7 @@ def test_a_check_that_never_comes_is_sent_again_then_the_partial_dropped(
     # its check sent longer than a stuck period ago: sent again, once a period
     stuck_s = settings.GPUFLEX["STUCK_AGGREGATION_S"]
     earlier = timezone.now() - timedelta(seconds=stuck_s + 1)
-    ReceivedPartial.objects.filter(pk=received.pk).update(check_sent_at=earlier)
+    ReceivedPartial.objects.filter(pk=received.pk).update(check_enqueued_at=earlier)
     with django_capture_on_commit_callbacks(execute=False) as sent:
         assert recheck_partials() == 0
         assert recheck_partials() == 0  # the next tick: not again

@@ -35,7 +35,8 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("received_at", models.DateTimeField(auto_now_add=True)),
-                ("check_sent_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("check_enqueued_at", models.DateTimeField(default=django.utils.timezone.now)),
+                ("checks", models.PositiveSmallIntegerField(default=1)),
                 (
                     "aggregator",
                     models.ForeignKey(
