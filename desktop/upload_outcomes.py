@@ -51,23 +51,32 @@ class UploadOutcomes:
         for rec in self.waiting():
             if now < rec.updated + self.gaps_s[min(rec.check_asks, len(self.gaps_s) - 1)]:
                 continue
-            try:
-                outcome = client.upload_outcome(rec.id)
-            except Unavailable:
+            if not self.ask(client, rec):
                 return  # the loop's next request says so; nothing is lost by waiting
-            except ApiError as exc:
-                if exc.status == 404:
-                    self.node.journal.record(rec.id, "done", check="unknown")
-                else:
-                    self._asked(rec)
-                continue
-            status = outcome.get("status")
-            if status == "accepted":
-                self.node.journal.record(rec.id, "done", check="accepted")
-            elif status == "refused":
-                self._refused(rec, str(outcome.get("reason") or "no reason given"))
-            else:  # still checking
+
+    def ask(self, client: MarketplaceClient, rec: TaskRecord) -> bool:
+        """Ask once about `rec`'s upload and record the answer; False when the server is
+        away. Also asked at once when a claim hands the agent a task it is still waiting on:
+        the server leased it anew, so the upload it holds was refused (or lost), and the new
+        claim's record must not bury why."""
+        try:
+            outcome = client.upload_outcome(rec.id)
+        except Unavailable:
+            return False
+        except ApiError as exc:
+            if exc.status == 404:
+                self.node.journal.record(rec.id, "done", check="unknown")
+            else:
                 self._asked(rec)
+            return True
+        status = outcome.get("status")
+        if status == "accepted":
+            self.node.journal.record(rec.id, "done", check="accepted")
+        elif status == "refused":
+            self._refused(rec, str(outcome.get("reason") or "no reason given"))
+        else:  # still checking
+            self._asked(rec)
+        return True
 
     def _asked(self, rec: TaskRecord) -> None:
         asks = rec.check_asks + 1

@@ -122,6 +122,14 @@ class FakeMarketplace:
             assert t.outcome is not None, "nothing was received for it"
             t.outcome = t.outcome | {"status": status, "reason": reason}
 
+    def requeue(self, task_id: str) -> None:
+        """The task goes back to the queue, as the real server releases a refused upload's
+        task: the upload is dropped, what was decided about it kept (the server keeps it per
+        node)."""
+        with self.lock:
+            self.tasks[task_id].accepted = None
+            self.queue.append(task_id)
+
     def accepted(self) -> dict[str, bytes]:
         with self.lock:
             return {tid: t.accepted for tid, t in self.tasks.items() if t.accepted is not None}

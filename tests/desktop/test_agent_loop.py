@@ -77,6 +77,44 @@ def test_an_upload_refused_after_its_202_is_recorded_and_shown(
     assert agent.pipeline.outcomes.waiting() == []  # no more asking
 
 
+def test_a_refused_task_leased_again_is_asked_about_before_it_runs(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    """The server releases a refused upload's task; the same agent may claim it again before
+    its next ask is due. The new claim must not bury the refusal: the agent asks at once."""
+    market.check_later = True
+    market.add(digits_task("t-1"))
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.pipeline.outcomes.gaps_s = (3600.0,)  # never due here: only the claim asks
+    events = []
+    agent.subscribe(events.append)
+    agent.start()
+    try:
+        wait_for(lambda: market.puts == [("t-1", 202)], what="the upload")
+        reason = "upload refused (norm): The update was rejected: its norm is 1e6, over 1e4."
+        market.decide("t-1", "refused", reason)
+        market.requeue("t-1")
+        wait_for(lambda: len(market.puts) == 2 and _check(isolated_dirs, "t-1") == "checking",
+                 what="the task run again and its new upload watched")  # fmt: skip
+    finally:
+        agent.stop()
+    asks = [r for r in market.requests if r[:2] == ("GET", "/api/v1/agent/tasks/t-1/update")]
+    assert len(asks) == 1
+    refused = {"id": "t-1", "outcome": "refused", "ok": False, "reason": reason}
+    assert ("task_done", refused) in events
+    entries = [json.loads(line) for line in isolated_dirs.journal.read_text().splitlines()]
+    told = [i for i, e in enumerate(entries) if e.get("refusal") == reason]
+    claims = [i for i, e in enumerate(entries) if e["state"] == "claimed" and e.get("task")]
+    assert len(told) == 1 and len(claims) == 2 and claims[0] < told[0] < claims[1]
+    rec = Journal(isolated_dirs.journal).get("t-1")
+    assert rec is not None and rec.check_asks == 0 and not rec.refusal  # the new upload's
+
+
+def _check(dirs: Paths, task_id: str) -> str | None:
+    rec = Journal(dirs.journal, readonly=True).get(task_id)
+    return None if rec is None else rec.check
+
+
 def test_an_upload_never_decided_is_asked_about_a_bounded_number_of_times(
     market, logged_in, isolated_dirs, fake_bench
 ):
@@ -86,8 +124,7 @@ def test_an_upload_never_decided_is_asked_about_a_bounded_number_of_times(
     agent.pipeline.outcomes.gaps_s = (0.05, 0.05, 0.05)
     agent.start()
     try:
-        wait_for(lambda: Journal(isolated_dirs.journal).get("t-1") is not None
-                 and Journal(isolated_dirs.journal).get("t-1").check == "unknown",
+        wait_for(lambda: _check(isolated_dirs, "t-1") == "unknown",
                  what="the agent to give up asking")  # fmt: skip
     finally:
         agent.stop()
