@@ -34,6 +34,18 @@ import sys
 from typing import Any
 
 READY = {"zygote": "ready"}
+# what every task needs, imported once: the heavy part of a cold start. torch._dynamo is what
+# an optimizer's first step imports lazily (1.5 s here); importing runs no torch op, so no
+# thread pool exists yet to be broken by fork. Not Opacus and the SciPy under it (65 MB, 2 s):
+# only DP-SGD jobs (`privacy.mode: sample`) need them, and their tasks import them.
+WARM_IMPORTS = (
+    "torch",
+    "torch._dynamo",
+    "desktop.task_runner",
+    "trainer.compression",
+    "trainer.local",
+    "trainer.models",
+)
 
 
 def _say(event: dict[str, Any]) -> None:
@@ -133,17 +145,10 @@ def _clear(folder: str, dev: int) -> None:
 
 
 def main() -> int:
-    # what every task needs, imported once; the heavy part of a cold start. torch._dynamo is
-    # what an optimizer's first step imports lazily (1.5 s here); importing runs no torch op,
-    # so no thread pool exists yet to be broken by fork
-    import torch
-    import torch._dynamo  # noqa: F401
+    import importlib
 
-    import desktop.task_runner  # noqa: F401
-    import trainer.compression
-    import trainer.local
-    import trainer.models  # noqa: F401
-
+    for name in WARM_IMPORTS:
+        importlib.import_module(name)
     _say(READY)
     for line in sys.stdin:
         try:

@@ -19,7 +19,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from trainer.datasets import IGNORE_INDEX, Dataset
-from trainer.dp_sgd import train_dp_sgd
 from trainer.exported.runtime import is_program, loss_and_logits
 from trainer.lora import update_keys
 from trainer.privacy import privatize_update
@@ -302,6 +301,10 @@ def _train_sample_private(
     """`privacy.mode: sample`: Opacus's DP-SGD (trainer/dp_sgd.py), in fp32, then the whole
     update clipped as for every private job. Not deterministic, by design: its batches and
     noise come from the OS's randomness."""
+    # Opacus, and SciPy under it, only for these jobs: 65 MB and 2 s a warm task runner
+    # (desktop/task_zygote.py) does not carry for every other job
+    from trainer.dp_sgd import train_dp_sgd
+
     model.load_state_dict(global_state)
     model.train()
     batch = batch_size or spec.local.batch_size

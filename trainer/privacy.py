@@ -23,8 +23,6 @@ import os
 from dataclasses import dataclass
 
 import torch
-from opacus.accountants import RDPAccountant
-from opacus.accountants.utils import get_noise_multiplier
 
 from trainer.spec import JobSpec, PrivacySpec
 
@@ -34,8 +32,16 @@ from trainer.spec import JobSpec, PrivacySpec
 NOISE_CHECK_SIGMAS = 6.0
 # Rényi orders the accountant tries: Opacus's defaults stop at 63, and a job with much noise
 # over few releases (large noise multipliers, every shard every round) is bounded tightest
-# at higher orders; more orders only ever tighten the bound
-ALPHAS = [*RDPAccountant.DEFAULT_ALPHAS, *range(64, 256, 4), *range(256, 1025, 32)]
+# at higher orders; more orders only ever tighten the bound. Opacus (and the SciPy under it,
+# some 65 MB and 2 s to import) is imported by the accountant's functions only: a
+# contributor's task runner noises updates with torch alone (privatize_update).
+HIGH_ALPHAS = [*range(64, 256, 4), *range(256, 1025, 32)]
+
+
+def _alphas() -> list[float]:
+    from opacus.accountants import RDPAccountant
+
+    return [*RDPAccountant.DEFAULT_ALPHAS, *HIGH_ALPHAS]
 
 
 def csprng_normal(shape: torch.Size | tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -139,13 +145,17 @@ def epsilon_after(plan: Plan, rounds: int, delta: float) -> float:
     """ε spent after `rounds` rounds (Opacus's RDP accountant)."""
     if rounds <= 0 or plan.noise_multiplier <= 0:
         return 0.0 if rounds <= 0 else math.inf
+    from opacus.accountants import RDPAccountant
+
     accountant = RDPAccountant()
     accountant.history = [(plan.noise_multiplier, plan.sample_rate, plan.steps_per_round * rounds)]
-    return float(accountant.get_epsilon(delta, alphas=ALPHAS))
+    return float(accountant.get_epsilon(delta, alphas=_alphas()))
 
 
 def noise_for_budget(plan: Plan, rounds: int, epsilon: float, delta: float) -> float:
     """The smallest noise multiplier that keeps `rounds` rounds within (ε, δ)."""
+    from opacus.accountants.utils import get_noise_multiplier
+
     return float(
         get_noise_multiplier(
             target_epsilon=epsilon,
@@ -154,7 +164,7 @@ def noise_for_budget(plan: Plan, rounds: int, epsilon: float, delta: float) -> f
             steps=plan.steps_per_round * rounds,
             accountant="rdp",
             epsilon_tolerance=0.01 * epsilon,
-            alphas=ALPHAS,
+            alphas=_alphas(),
         )
     )
 
