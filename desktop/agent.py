@@ -243,6 +243,16 @@ class Agent:
         with self._lock:
             return [e for e in self._log if e.seq > after][-n:] if n > 0 else []
 
+    def tasks(self, n: int = 50) -> list[dict[str, Any]]:
+        """The last `n` tasks this machine took, newest first, with what became of each
+        (Journal.summary; a multi-GPU host's lanes' together, each with its GPU's index)."""
+        rows = [
+            Journal.summary(r) | {"gpu": a._lane.index if a._lane is not None else None}
+            for a in self.members()
+            for r in a.journal.recent(n)
+        ]
+        return sorted(rows, key=lambda row: row["updated"], reverse=True)[:n]
+
     @property
     def settings(self) -> Settings:
         return self._settings

@@ -294,6 +294,37 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return _control(logs)
 
 
+def cmd_tasks(args: argparse.Namespace) -> int:
+    def tasks(c: Any) -> None:
+        rows = c.tasks(args.n)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return
+        if not rows:
+            print("no tasks yet")
+        for row in rows:
+            print(task_line(row))
+
+    return _control(tasks)
+
+
+# what an upload answered 202 is shown as while and after the worker checks it
+_CHECKS = {"checking": "being checked", "accepted": "accepted", "unknown": "check unknown"}
+
+
+def task_line(row: dict[str, Any]) -> str:
+    """One task of `gpuflex-node tasks`: when, which, and what became of it."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row.get("updated") or 0))
+    gpu = f"GPU {row['gpu']}: " if row.get("gpu") is not None else ""
+    what = row.get("outcome") or row.get("state") or "?"
+    if row.get("check") in _CHECKS:
+        what += f" ({_CHECKS[row['check']]})"
+    if row.get("refusal"):
+        what += f": {row['refusal']}"
+    which = f"task {row.get('id')}, job {row.get('job_id')} round {row.get('round')}"
+    return f"{when}  {gpu}{which}  {what}"
+
+
 def cmd_settings(args: argparse.Namespace) -> int:
     def settings(c: Any) -> None:
         changes: dict[str, Any] = {}
@@ -457,7 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpuflex-node", description="GPUFlex contributor agent")
     p.add_argument("--version", action="version", version=f"gpuflex-node {__version__}")
     commands = (
-        "info,bench,login,run,status,pause,resume,stop,logs,settings,datasets,service,update,"
+        "info,bench,login,run,status,pause,resume,stop,logs,tasks,settings,datasets,service,"
+        "update,"
         "runtime"
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="{" + commands + "}")
@@ -529,6 +561,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("logs", help="the running agent's recent log lines")
     s.add_argument("-n", type=int, default=50, help="how many (at most 500)")
     s.set_defaults(fn=cmd_logs)
+    s = sub.add_parser("tasks", help="the tasks taken last, and what became of each")
+    s.add_argument("-n", type=int, default=20, help="how many (at most 200)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_tasks)
     s = sub.add_parser("settings", help="show or change the running agent's settings")
     s.add_argument("--set", action="append", metavar="NAME=VALUE")
     s.set_defaults(fn=cmd_settings)

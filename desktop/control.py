@@ -173,6 +173,9 @@ class ControlClient:
     def logs(self, n: int = 100, after: int = 0) -> list[dict[str, Any]]:
         return list(self.request("GET", "/logs?" + urlencode({"n": n, "after": after})))
 
+    def tasks(self, n: int = 50) -> list[dict[str, Any]]:
+        return list(self.request("GET", "/tasks?" + urlencode({"n": n})))
+
     def stop(self) -> dict[str, Any]:
         return dict(self.request("POST", "/stop", {}))
 

@@ -92,6 +92,15 @@ class Journal:
         tmp.replace(self.path)
 
     @staticmethod
+    def summary(r: TaskRecord) -> dict[str, Any]:
+        """What the owner is told of a task (the local API's /tasks): not its spec or data."""
+        return {
+            "id": r.id, "job_id": r.task.get("job_id"), "round": r.task.get("round"),
+            "state": r.state, "outcome": r.outcome, "check": r.check, "refusal": r.refusal,
+            "attempts": r.attempts, "updated": r.updated,
+        }  # fmt: skip
+
+    @staticmethod
     def _entry(r: TaskRecord) -> dict[str, Any]:
         return {
             "id": r.id, "state": r.state, "task": r.task, "update_sha256": r.update_sha256,
@@ -119,6 +128,12 @@ class Journal:
     def open(self) -> list[TaskRecord]:
         with self._lock:
             return [r for r in self.tasks.values() if r.state != "done"]
+
+    def recent(self, n: int) -> list[TaskRecord]:
+        """The `n` records changed last, newest first (the journal keeps every unfinished
+        task and the last 200 finished)."""
+        with self._lock:
+            return sorted(self.tasks.values(), key=lambda r: r.updated, reverse=True)[:n]
 
     def finished(self) -> list[TaskRecord]:
         with self._lock:

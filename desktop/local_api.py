@@ -49,6 +49,7 @@ log = logging.getLogger("gpuflex.local_api")
 MAX_BODY = 64 * 1024
 DRAIN_LIMIT = 1024 * 1024  # a too-large body up to this is read and dropped, then answered
 MAX_LOG_LINES = 500
+MAX_TASKS = 200  # what the journal keeps of finished tasks
 # sun_path holds 108 bytes on Linux, 104 on macOS: a longer data path falls back to TCP
 MAX_SOCKET_PATH = 100
 
@@ -178,6 +179,7 @@ class LocalApi:
             "/settings": {"GET": self._settings, "PATCH": self._change_settings},
             "/login": {"POST": self._login},
             "/logs": {"GET": self._logs},
+            "/tasks": {"GET": self._tasks},
             "/stop": {"POST": self._stop},
             "/datasets": {
                 "GET": self._datasets,
@@ -289,6 +291,17 @@ class LocalApi:
         if not 0 <= n <= MAX_LOG_LINES:
             raise _BadRequest(400, f"n must be 0 to {MAX_LOG_LINES}")
         return [e.to_dict() for e in self.agent.logs(n, after)]
+
+    def _tasks(self, body: Any, query: dict[str, list[str]]) -> Any:
+        """The last tasks taken, newest first, with what became of each: a refusal the
+        worker made after its 202 among them (desktop.upload_outcomes)."""
+        try:
+            n = int(query.get("n", ["50"])[0])
+        except ValueError:
+            raise _BadRequest(400, "n must be a whole number") from None
+        if not 0 <= n <= MAX_TASKS:
+            raise _BadRequest(400, f"n must be 0 to {MAX_TASKS}")
+        return self.agent.tasks(n)
 
     def _datasets(self, body: Any, query: dict[str, list[str]]) -> Any:
         return [d.to_dict() for d in self.agent.datasets()]

@@ -144,8 +144,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # threads: long polls (claim?wait=30) park a thread each, not a whole worker
         "--worker-class", "gthread",
         "--threads", str(args.threads),
-        "--access-logfile", "-" if args.access_log else "/dev/null",
     ]  # fmt: skip
+    if args.access_log:  # else none at all: a log sent to /dev/null is still formatted
+        cmd += ["--access-logfile", "-"]
     return _exec(cmd, env)
 
 

@@ -117,6 +117,36 @@ def test_logs_are_a_bounded_tail(daemon, isolated_dirs) -> None:
         client.logs(501)
 
 
+def test_tasks_say_what_became_of_each_newest_first(daemon, isolated_dirs, capsys) -> None:
+    """`/tasks` and `gpuflex-node tasks`: the journal's last tasks, a refusal's reason among
+    them, never the task's spec or data."""
+    journal = daemon.agent.journal
+    task = {"job_id": "job-1", "round": 2, "spec": {"name": "private"}}
+    journal.record("t-1", "claimed", task=task)
+    journal.record("t-1", "done", outcome="uploaded", check="accepted")
+    journal.record("t-2", "claimed", task=task)
+    journal.record("t-2", "done", outcome="refused", check="refused",
+                   refusal="upload refused (norm): too large")  # fmt: skip
+    journal.record("t-3", "claimed", task=task)
+    client = ControlClient(isolated_dirs)
+    rows = client.tasks(2)
+    assert [r["id"] for r in rows] == ["t-3", "t-2"]
+    assert rows[1] | {"updated": 0} == {
+        "id": "t-2", "job_id": "job-1", "round": 2, "state": "done", "outcome": "refused",
+        "check": "refused", "refusal": "upload refused (norm): too large", "attempts": 0,
+        "updated": 0, "gpu": None,
+    }  # fmt: skip
+    assert "spec" not in json.dumps(client.tasks(200))
+    with pytest.raises(ControlError, match="n must be 0 to 200"):
+        client.tasks(201)
+    assert raw(isolated_dirs, "GET", "/tasks?n=many")[0] == 400
+    assert main(["tasks", "-n", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and "task t-3, job job-1 round 2  claimed" in out[0]
+    assert out[1].endswith("refused: upload refused (norm): too large")
+    assert out[2].endswith("uploaded (accepted)")
+
+
 def test_login_through_the_api_is_the_one_login(daemon, isolated_dirs) -> None:
     client = ControlClient(isolated_dirs)
     assert client.login("gfx_u_other")["ok"]

@@ -39,6 +39,12 @@ def test_serve_migrates_then_runs_gunicorn_threads(calls, monkeypatch) -> None:
     assert serve[serve.index("--worker-class") + 1] == "gthread"
     assert kwargs["env"]["DJANGO_SETTINGS_MODULE"]
     assert kwargs["env"]["GPUFLEX_TRUSTED_PROXIES"] == "1"  # nginx's forwarded headers believed
+    # no access log unless asked for (one sent to /dev/null is still formatted per request)
+    assert "--access-logfile" not in serve
+    calls.clear()
+    assert cli.main([*argv, "--access-log"]) == 0
+    serve = calls[-1][0]
+    assert serve[serve.index("--access-logfile") + 1] == "-"
 
 
 @pytest.mark.parametrize("bind", ["0.0.0.0:8000", "[::]:8000", "10.0.0.5:8000", "8000",
