@@ -489,8 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"gpuflex-node {__version__}")
     commands = (
         "info,bench,login,run,status,pause,resume,stop,logs,tasks,settings,datasets,service,"
-        "update,"
-        "runtime"
+        "update,runtime"
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="{" + commands + "}")
 

@@ -147,10 +147,10 @@ class TaskPipeline:
             self.node._error(f"the marketplace sent a task with an unusable id {tid[:40]!r}")
             return
         known = self.node.journal.get(tid)
-        if known is not None and known.state == "done" and known.check == "checking":
-            assert self.node.client is not None  # leased anew: the upload held was refused
-            self.outcomes.ask(self.node.client, known)
         if known is None or known.state == "done":  # done before: the server leased it anew
+            if known is not None and known.check == "checking":  # so the upload was refused
+                assert self.node.client is not None
+                self.outcomes.ask(self.node.client, known)
             self.node.journal.record(tid, "claimed", task=task, attempts=0, outcome="",
                                      check="", check_asks=0, refusal="")  # fmt: skip
             self.node._info(

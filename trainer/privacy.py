@@ -18,6 +18,7 @@ Two levels (docs/privacy.md):
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ NOISE_CHECK_SIGMAS = 6.0
 HIGH_ALPHAS = [*range(64, 256, 4), *range(256, 1025, 32)]
 
 
+@functools.cache  # rounds_within asks epsilon_after a dozen times a plan
 def _alphas() -> list[float]:
     from opacus.accountants import RDPAccountant
 
