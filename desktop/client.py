@@ -13,6 +13,7 @@ import json
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,7 @@ class MarketplaceClient:
         self.stop = stop or threading.Event()
         self.on_retry = on_retry
         self._rng = random.Random(seed)
+        self._claims = threading.local()  # a claim's Idempotency-Key until it is answered
         # claims long-poll up to 30 s: the read timeout must outlast them
         self._http = httpx.Client(
             transport=transport, timeout=httpx.Timeout(timeout_s, read=timeout_s + 35)
@@ -147,7 +149,24 @@ class MarketplaceClient:
         return dict(self._request("POST", "agent/heartbeat", json_body=body, attempts=2).json())
 
     def claim(self, wait_s: int = 20) -> dict[str, Any] | None:
-        r = self._request("POST", "agent/claim", params={"wait": min(max(wait_s, 0), 30)})
+        """One claim (long poll). Its Idempotency-Key is kept until an answer comes: re-sent
+        after a lost answer (a server that died as it answered, a dropped connection), here
+        or on the loop's next claim, the claim is answered with the tasks it leased rather
+        than leaving them leased to nobody until their lease runs out. Per thread: two
+        threads' claims never share a key (each would be answered the other's tasks)."""
+        pending = self._claims.__dict__
+        key = pending.setdefault("key", uuid.uuid4().hex)
+        try:
+            r = self._request(
+                "POST", "agent/claim", params={"wait": min(max(wait_s, 0), 30)},
+                headers={"Idempotency-Key": key},
+            )  # fmt: skip
+        except Unavailable:
+            raise  # no answer: the key stays for the claim's next try
+        except ApiError:
+            pending.pop("key", None)  # answered (a refusal): nothing was leased under it
+            raise
+        pending.pop("key", None)
         if r.status_code == 204 or not r.content:
             return None
         return dict(r.json()["task"])

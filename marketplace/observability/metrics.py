@@ -37,7 +37,8 @@ HEARTBEATS = Counter(
 )
 CLAIMS = Counter(
     "gpuflex_claims",
-    "Agent claims answered: `leased` when at least one task was leased, else `empty`.",
+    "Agent claims answered: `leased` when at least one task was leased, `again` when a "
+    "re-sent claim (its Idempotency-Key seen before) got its lost answer again, else `empty`.",
     ["outcome"],
 )
 LEASES = Counter("gpuflex_leases", "Tasks leased to nodes (a claim may lease several).")
@@ -85,9 +86,10 @@ def heartbeat(state: str) -> None:
     HEARTBEATS.labels(state).inc()
 
 
-def claimed(leased: int) -> None:
-    """A claim request answered (a long poll counts once, however often it looked)."""
-    CLAIMS.labels("leased" if leased else "empty").inc()
+def claimed(leased: int, again: bool = False) -> None:
+    """A claim request answered (a long poll counts once, however often it looked); `again`:
+    with the tasks an earlier try of it leased."""
+    CLAIMS.labels("again" if again else "leased" if leased else "empty").inc()
 
 
 def lease_released(reason: str) -> None:

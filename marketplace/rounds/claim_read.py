@@ -7,7 +7,9 @@ apart they were two round trips and two ORM queries to build per claim (issue 36
 the node's row 8 % of a claim's CPU, the rounds' read more). Here the statement's text and
 each column's converters are made once per process; a row is the node's columns, then a
 round's and its job's (NULL when no round is open), so a node with no work to look at still
-gets its row.
+gets its row. The row's last column holds the ids of the tasks the node has leased under the
+claim's Idempotency-Key (`scheduling.claim_batch`): a re-sent claim is answered with those,
+found in the same round trip (the `task_leased_claim` index: the node's few leases).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from django.db.models import Model
 
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.nodes.models import Node
-from marketplace.rounds.models import Round, RoundStatus
+from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
 from marketplace.server.prepared import prepared_cursor
 
 
@@ -52,7 +54,9 @@ class _Reader:
 def _statement() -> tuple[str, _Reader, _Reader, _Reader]:
     node, rnd, job = _Reader(Node, "n"), _Reader(Round, "r"), _Reader(Job, "j")
     sql = f"""
-        SELECT {node.sql}, {rnd.sql}, {job.sql}
+        SELECT {node.sql}, {rnd.sql}, {job.sql},
+               ARRAY(SELECT t.id FROM {Task._meta.db_table} t
+                     WHERE t.node_id = n.id AND t.status = %s AND t.claim_key = %s)
         FROM {Node._meta.db_table} n
         LEFT JOIN ({Round._meta.db_table} r
                    JOIN {Job._meta.db_table} j ON j.id = r.job_id AND j.status = %s)
@@ -62,17 +66,20 @@ def _statement() -> tuple[str, _Reader, _Reader, _Reader]:
     return sql, node, rnd, job
 
 
-def node_and_open_rounds(node_id: int) -> tuple[Node, list[Round]]:
-    """The node's row and every open round of a running job, each with its job (one Job
-    instance per job); Node.DoesNotExist when the node is gone."""
+def node_and_open_rounds(node_id: int, key: str | None = None) -> tuple[Node, list[Round], list]:
+    """The node's row, every open round of a running job, each with its job (one Job
+    instance per job), and the ids of the tasks it holds leased under the claim key `key`
+    (none without one); Node.DoesNotExist when the node is gone."""
     sql, node_r, round_r, job_r = _statement()
     with prepared_cursor() as cursor:
-        cursor.execute(sql, [JobStatus.RUNNING, RoundStatus.OPEN, node_id])
+        # a NULL key matches no task (`claim_key = NULL` is never true)
+        cursor.execute(sql, [TaskStatus.LEASED, key, JobStatus.RUNNING, RoundStatus.OPEN, node_id])
         rows = cursor.fetchall()
     if not rows:
         raise Node.DoesNotExist(f"node {node_id} does not exist")
     a, b = node_r.width, node_r.width + round_r.width
     node = node_r.build(rows[0][:a])
+    again = list(rows[0][-1] or ())
     rounds: list[Round] = []
     jobs: dict[Any, Job] = {}
     for row in rows:
@@ -80,6 +87,8 @@ def node_and_open_rounds(node_id: int) -> tuple[Node, list[Round]]:
             continue
         rnd = round_r.build(row[a:b])
         job_id = row[b]
-        rnd.job = jobs[job_id] if job_id in jobs else jobs.setdefault(job_id, job_r.build(row[b:]))
+        if job_id not in jobs:
+            jobs[job_id] = job_r.build(row[b:-1])
+        rnd.job = jobs[job_id]
         rounds.append(rnd)
-    return node, rounds
+    return node, rounds, again

@@ -113,6 +113,9 @@ class Task(models.Model):
         "nodes.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     zone_update_hash = models.CharField(max_length=64, blank=True, default="")
+    # the Idempotency-Key of the claim that leased it (none for a lease the server made on
+    # its own): a claim re-sent with that key, its answer lost, is answered these tasks again
+    claim_key = models.CharField(max_length=64, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     @property
@@ -145,6 +148,12 @@ class Task(models.Model):
                 fields=["replica", "round", "shard"],
                 condition=Q(status="pending"),
                 name="task_pending_order",
+            ),
+            # a re-sent claim's lookup: the few tasks leased to the node, by claim key
+            models.Index(
+                fields=["node", "claim_key"],
+                condition=Q(status="leased"),
+                name="task_leased_claim",
             ),
         ]
 

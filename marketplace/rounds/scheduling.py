@@ -303,9 +303,9 @@ def _lease_rows(task: Task, node: Node) -> int | None:
     return _declared_rows(node, task.round.job.federated_dataset)
 
 
-def _lease(task: Task, node: Node, sized: dict | None = None) -> bool:
-    """Lease one task to `node` with a compare-and-set UPDATE (the path without row locks);
-    whether it was won."""
+def _lease(task: Task, node: Node, sized: dict | None = None, key: str | None = None) -> bool:
+    """Lease one task to `node` under the claim key `key` with a compare-and-set UPDATE (the
+    path without row locks); whether it was won."""
     now = timezone.now()
     steps, batch, codec, replicate = _lease_terms(task, node, sized)
     won = Task.objects.filter(pk=task.pk, status=TaskStatus.PENDING).update(
@@ -321,6 +321,7 @@ def _lease(task: Task, node: Node, sized: dict | None = None) -> bool:
         # federated: the silo's size as declared now, frozen for this lease (uploads.py); 0
         # for none, which no later declaration changes
         declared_rows=_lease_rows(task, node),
+        claim_key=key,
     )
     if won != 1:
         return False
@@ -426,42 +427,66 @@ def claim_next(node: Node) -> Task | None:
     return tasks[0] if tasks else None
 
 
-def claim_batch(node: Node | int, count: int) -> list[Task]:
-    """Lease up to `count` eligible tasks to `node` (a node or its id) in one transaction,
-    best first: one round trip, one read of the open rounds' plans and one locked scan for a
-    node that runs or prefetches several (a server with many GPUs). Never two replicas of
-    one unit. Given an id on PostgreSQL, the node's row comes with the open rounds, in one
-    statement (`claim_read`)."""
+def claim_batch(node: Node | int, count: int, key: str | None = None) -> list[Task]:
+    """`_claim`'s tasks."""
+    return _claim(node, count, key)[0]
+
+
+def _claim(node: Node | int, count: int, key: str | None = None) -> tuple[list[Task], bool]:
+    """(tasks, whether they are a re-sent claim's answer again). Lease up to `count` eligible
+    tasks to `node` (a node or its id) in one transaction, best first: one round trip, one
+    read of the open rounds' plans and one locked scan for a node that runs or prefetches
+    several (a server with many GPUs). Never two replicas of one unit. Given an id on
+    PostgreSQL, the node's row comes with the open rounds, in one statement (`claim_read`).
+
+    `key`: the claim's Idempotency-Key, written on what it leases. When the node still holds
+    leases made under that key (a claim whose answer was lost, sent again), those tasks are
+    the answer and nothing more is leased: a lost answer costs no orphaned lease."""
     locked = connection.features.has_select_for_update_skip_locked
     known = None
+    again: list[Any] = []
     if isinstance(node, int):
         if locked:
-            node, opened = node_and_open_rounds(node)
+            node, opened, again = node_and_open_rounds(node, key)
             known = eligibility(node, opened)
         else:
             node = Node.objects.get(pk=node)
+    if key and not locked:
+        again = list(leased_under(node.pk, key))
+    if again:
+        held = Task.objects.select_related("round__job", "shard").filter(pk__in=again)
+        order = sorted(held, key=lambda t: (t.replica, t.round_id, t.shard_id or 0))
+        return share_related(order), True
     if node.reliability < settings.GPUFLEX["MIN_RELIABILITY"] or count < 1:
-        return []
+        return [], False
     if locked:
-        return _claim_locked(node, count, known)
+        return _claim_locked(node, count, known, key), False
     for _ in range(8):  # only SQLite can lose the compare-and-set; retry a few times
         try:
             with transaction.atomic():
-                won, lost = _lease_best(node, count, skip_locked=False)
+                won, lost = _lease_best(node, count, skip_locked=False, key=key)
             if won or not lost:
                 obs.leased(len(won))  # counted once this claim's transaction has committed
                 by_id = Task.objects.select_related("round__job", "shard").in_bulk(won)
-                return share_related([by_id[pk] for pk in won])
+                return share_related([by_id[pk] for pk in won]), False
         except IntegrityError:
             continue  # raced into a unit this node already holds; pick another
-    return []
+    return [], False
 
 
 class _Short(Exception):
     """The optimistic claim found a job's free escrow short of its leases: roll it back."""
 
 
-def _claim_locked(node: Node, count: int, known: Eligibility | None = None) -> list[Task]:
+def leased_under(node_id: int, key: str) -> QuerySet[Task, Any]:
+    """The ids of the tasks `node_id` holds leased under the claim key `key`."""
+    leased = Task.objects.filter(node_id=node_id, status=TaskStatus.LEASED, claim_key=key)
+    return leased.values_list("pk", flat=True)
+
+
+def _claim_locked(
+    node: Node, count: int, known: Eligibility | None = None, key: str | None = None
+) -> list[Task]:
     """The PostgreSQL claim: the candidates are row-locked (SKIP LOCKED), so nothing can win
     them from us. First optimistically: choose and lease as if every job could pay, and only
     then lock the jobs' escrow (`Funds.load`), read it and write the reservations, so every
@@ -475,10 +500,10 @@ def _claim_locked(node: Node, count: int, known: Eligibility | None = None) -> l
         try:
             with transaction.atomic():
                 if careful:
-                    won, _ = _lease_best(node, count, skip_locked=True)
+                    won, _ = _lease_best(node, count, skip_locked=True, key=key)
                     tasks = won
                 else:
-                    tasks = _lease_optimistic(node, count, known)
+                    tasks = _lease_optimistic(node, count, known, key)
         except _Short:
             continue
         except IntegrityError:
@@ -488,13 +513,15 @@ def _claim_locked(node: Node, count: int, known: Eligibility | None = None) -> l
     return []
 
 
-def _lease_optimistic(node: Node, count: int, known: Eligibility | None = None) -> list[Task]:
+def _lease_optimistic(
+    node: Node, count: int, known: Eligibility | None = None, key: str | None = None
+) -> list[Task]:
     """Lease the best `count` candidates, then reserve their escrow; `_Short` if a job's
     free escrow does not cover its share (the caller's transaction is then rolled back)."""
     chosen = _choose(node, count, known or eligibility(node), None)
     if not chosen:
         return []
-    _lease_locked(node, chosen)
+    _lease_locked(node, chosen, key)
     # the jobs' escrow locks, waited, the check and the reservations in one round trip
     if not reserve_all([(task.pk, task.round.job_id) for task, _ in chosen], node):
         raise _Short
@@ -544,7 +571,9 @@ def share_related(tasks: list[Task]) -> list[Task]:
     return tasks
 
 
-def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], bool]:
+def _lease_best(
+    node: Node, count: int, skip_locked: bool, key: str | None = None
+) -> tuple[list[Any], bool]:
     """(what was leased, whether a compare-and-set was lost) within the caller's
     transaction, each lease checked against its job's escrow as it is chosen.
 
@@ -556,7 +585,7 @@ def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], b
     if skip_locked:
         chosen = _choose(node, count, eligibility(node), funds)
         if chosen:
-            _lease_locked(node, chosen)
+            _lease_locked(node, chosen, key)
         funds.save()
         return [task for task, _ in chosen], False
     pool = eligible_tasks(node)  # once: building it reads the open rounds' plans
@@ -574,7 +603,7 @@ def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], b
                 break
             if unit in units or not funds.affords(task.round.job_id, node):
                 continue
-            if _lease(task, node, sized):
+            if _lease(task, node, sized, key):
                 won.append(task.pk)
             else:
                 lost = True
@@ -585,16 +614,19 @@ def _lease_best(node: Node, count: int, skip_locked: bool) -> tuple[list[Any], b
     return won, lost
 
 
-def _lease_locked(node: Node, chosen: list[tuple[Task, tuple[int, int, str, bool]]]) -> None:
-    """Lease rows this transaction holds locked (FOR UPDATE) to `node`: one UPDATE for all
-    of them, then the replicas the terms ask for, and one ring per job."""
+def _lease_locked(
+    node: Node, chosen: list[tuple[Task, tuple[int, int, str, bool]]], key: str | None = None
+) -> None:
+    """Lease rows this transaction holds locked (FOR UPDATE) to `node` under the claim key
+    `key`: one UPDATE for all of them, then the replicas the terms ask for, and one ring per
+    job."""
     now = timezone.now()
     expires = now + timedelta(seconds=settings.GPUFLEX["LEASE_TIMEOUT_S"])
     leases = [
         (task.pk, node.pk, steps, batch, codec, node.price_per_gpu_hour, _lease_rows(task, node))
         for task, (steps, batch, codec, _) in chosen
     ]
-    if _bulk_lease_postgres(leases, now, expires) != len(leases):
+    if _bulk_lease_postgres(leases, now, expires, key) != len(leases):
         # cannot happen while the rows are locked; if it did, nothing of this claim stays
         raise IntegrityError("a locked candidate was no longer pending")
     for (task, _), (_, _, steps, batch, codec, price, rows) in zip(chosen, leases, strict=True):
@@ -606,6 +638,7 @@ def _lease_locked(node: Node, chosen: list[tuple[Task, tuple[int, int, str, bool
         task.attempts += 1
         task.steps, task.batch_size, task.codec = steps, batch, codec
         task.price_per_gpu_hour, task.declared_rows = price, rows
+        task.claim_key = key
     add_replicas([(task, *terms[:3]) for task, terms in chosen if terms[3]])
     job_changed(*{task.round.job_id for task, _ in chosen})
 
@@ -754,8 +787,11 @@ def _with_rounds(tasks: list[Task]) -> list[Task]:
     return tasks
 
 
-def claim_with_wait(node: Node | int, wait: float, count: int = 1) -> list[Task]:
+def claim_with_wait(
+    node: Node | int, wait: float, count: int = 1, key: str | None = None
+) -> list[Task]:
     """Long poll: try, then sleep with backoff until new work is signalled or `wait` ends.
+    `key`: the claim's Idempotency-Key (`claim_batch`).
 
     Between tries the database is only asked again when the work-generation counter moved
     (a cache read) or every couple of seconds, so idle nodes cost the database little.
@@ -764,7 +800,7 @@ def claim_with_wait(node: Node | int, wait: float, count: int = 1) -> list[Task]
     delay = 0.05
     seen = work_generation()
     last_db = time.monotonic()
-    tasks = claim_batch(node, count)
+    tasks, again = _claim(node, count, key)
     while not tasks:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -775,8 +811,8 @@ def claim_with_wait(node: Node | int, wait: float, count: int = 1) -> list[Task]
         generation = work_generation()
         if generation != seen or time.monotonic() - last_db >= _FALLBACK_POLL_S:
             seen, last_db = generation, time.monotonic()
-            tasks = claim_batch(node, count)
-    obs.claimed(len(tasks))
+            tasks, again = _claim(node, count, key)
+    obs.claimed(len(tasks), again)
     return tasks
 
 
@@ -972,7 +1008,7 @@ def _bulk_lease_guarded(leases: list[tuple], now: datetime, expires: datetime) -
     sql = (
         f"UPDATE {table} SET status = %s, node_id = %s, leased_at = %s, lease_expires = %s, "
         "steps = %s, batch_size = %s, codec = %s, price_per_gpu_hour = %s, "
-        "attempts = attempts + 1 "
+        "attempts = attempts + 1, claim_key = NULL "
         "WHERE id = %s AND status = %s"
     )
     with connection.cursor() as cursor:
@@ -980,9 +1016,12 @@ def _bulk_lease_guarded(leases: list[tuple], now: datetime, expires: datetime) -
         return cursor.rowcount
 
 
-def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) -> int:
+def _bulk_lease_postgres(
+    leases: list[tuple], now: datetime, expires: datetime, key: str | None = None
+) -> int:
     """One UPDATE ... FROM unnest(arrays): Django's bulk_update builds a CASE per row and
-    field, which costs seconds of Python for thousands of rows. Returns the rows leased."""
+    field, which costs seconds of Python for thousands of rows. Returns the rows leased,
+    each under the claim key `key` (None: leased by the server's own schedule)."""
     if not leases:
         return 0
     ids, nodes, steps, batches, codecs, prices, rows = (
@@ -994,7 +1033,8 @@ def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) 
             UPDATE {Task._meta.db_table} AS t
             SET status = %s, node_id = v.node_id, steps = v.steps, batch_size = v.batch_size,
                 codec = v.codec, price_per_gpu_hour = v.price, attempts = t.attempts + 1,
-                declared_rows = v.declared_rows, leased_at = %s, lease_expires = %s
+                declared_rows = v.declared_rows, leased_at = %s, lease_expires = %s,
+                claim_key = %s
             FROM unnest(%s::uuid[], %s::bigint[], %s::int[], %s::int[], %s::text[],
                         %s::numeric[], %s::bigint[])
                 AS v(id, node_id, steps, batch_size, codec, price, declared_rows)
@@ -1004,6 +1044,7 @@ def _bulk_lease_postgres(leases: list[tuple], now: datetime, expires: datetime) 
                 TaskStatus.LEASED,
                 now,
                 expires,
+                key,
                 *map(array_literal, (ids, nodes, steps, batches, codecs, prices, rows)),
                 TaskStatus.PENDING,
             ],

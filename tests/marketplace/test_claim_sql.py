@@ -38,7 +38,7 @@ def _both(node_id: int, n: int = 30) -> list[tuple[list[str], list[str]]]:
         orm = _candidates(eligible_tasks(node).filter(group), node, n, skip_locked=False)
         raw = _candidates_sql(eligibility(node), replicas, n)
         # the live claim's way: the node's row and the open rounds in one statement
-        read = _candidates_sql(eligibility(*node_and_open_rounds(node_id)), replicas, n)
+        read = _candidates_sql(eligibility(*node_and_open_rounds(node_id)[:2]), replicas, n)
         assert [t.pk for t in read] == [t.pk for t in raw]
         out.append(([str(t.pk) for t in orm], [str(t.pk) for t in raw]))
         assert all(t.round.job_id and t.shard_id == (t.shard.pk if t.shard else None)
@@ -71,11 +71,11 @@ def test_the_claims_sql_answers_what_the_queryset_rule_answers(make_agent, submi
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the PostgreSQL claim's read")
 def test_the_claims_first_read_is_the_orms(make_agent, submit) -> None:
     agent = make_agent()
-    node, rounds = node_and_open_rounds(agent.node_id)
+    node, rounds, _ = node_and_open_rounds(agent.node_id)
     assert rounds == []  # no open round: the node's row all the same
     submit(SPEC, tier="hybrid")
     submit(SPEC, tier="volunteer")
-    node, rounds = node_and_open_rounds(agent.node_id)
+    node, rounds, _ = node_and_open_rounds(agent.node_id)
     orm = Node.objects.get(pk=agent.node_id)
     fields = [f.attname for f in Node._meta.concrete_fields]
     assert [getattr(node, f) for f in fields] == [getattr(orm, f) for f in fields]

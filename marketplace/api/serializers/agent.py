@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 from rest_framework import serializers
 
 from marketplace.api.serializers import numbers
@@ -79,6 +82,23 @@ class ClaimQuerySerializer(serializers.Serializer):
         required=False, default=1, min_value=1, max_value=MAX_CLAIM_BATCH,
         help_text="lease up to this many tasks in one claim",
     )  # fmt: skip
+
+
+# what a claim's Idempotency-Key may be: a random token (the agent sends a UUID's hex)
+CLAIM_KEY = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+
+def claim_key(headers: Mapping[str, str]) -> str | None:
+    """The claim's `Idempotency-Key` header, None when absent; a malformed one is a 400 that
+    says what it wants."""
+    value = headers.get("Idempotency-Key")
+    if value is None:
+        return None
+    if not CLAIM_KEY.fullmatch(value):
+        raise serializers.ValidationError({"Idempotency-Key": [
+            f"must be 8 to 64 letters, digits, '-' or '_' (a random token); got {value[:80]!r}"
+        ]})  # fmt: skip
+    return value
 
 
 class ProbeQuerySerializer(serializers.Serializer):

@@ -29,6 +29,7 @@ from marketplace.api.serializers.agent import (
     MeSerializer,
     ProbeQuerySerializer,
     UploadOutcomeSerializer,
+    claim_key,
     claim_reply,
 )
 from marketplace.api.serializers.nodes import LocalDatasetsSerializer
@@ -79,16 +80,25 @@ class ClaimView(AgentView):
         parameters=[
             OpenApiParameter("wait", float, description="long poll seconds, at most 30"),
             OpenApiParameter("max", int, description="lease up to this many tasks, at most 8"),
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="a random token (8 to 64 of A-Z a-z 0-9 - _), the same on every "
+                "re-send of one claim: a claim whose answer was lost, sent again with its key, "
+                "is answered with the tasks it leased, and nothing more is leased",
+            ),
         ],
         responses={200: ClaimReplySerializer, 204: OpenApiResponse(description="no work came")},
     )
     def post(self, request: Request) -> Response:
         query = ClaimQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
+        key = claim_key(request.headers)
         touch(request.auth.node_id)
         wait = min(query.validated_data["wait"], settings.GPUFLEX["MAX_CLAIM_WAIT_S"])
         # the node's id: its row is read with the open rounds, in the claim's first statement
-        tasks = claim_with_wait(request.auth.node_id, wait, query.validated_data["max"])
+        tasks = claim_with_wait(request.auth.node_id, wait, query.validated_data["max"], key)
         if not tasks:
             return Response(status=status.HTTP_204_NO_CONTENT)
         close_after_far_leases(tasks)
