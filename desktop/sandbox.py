@@ -442,6 +442,9 @@ class Sandbox:
         self.gpu = gpu
         self.env: dict[str, str] = {}  # extra variables for the task (e.g. the GPU memory cap)
         self.packages: list[Path] = []  # a runtime pack's site-packages (use_runtime)
+        # the next task's modules for the warm worker to import before it forks that task
+        # (task_zygote.ON_DEMAND, chosen by task_zygote.imports_for)
+        self.imports: tuple[str, ...] = ()
         self.pause_grace_s = PAUSE_GRACE_S  # tests on a loaded machine give a task longer
         self._running: psutil.Process | None = None
         # bubblewrap on Linux, Seatbelt (sandbox-exec) on macOS: desktop/seatbelt.py
@@ -748,6 +751,7 @@ class Sandbox:
             "data_mb": self.limits.memory_mb if cap_data else None,
             "file_mb": self.limits.file_mb,
             "procs": self.limits.procs,
+            "imports": list(self.imports),
             # inside its own pid namespace and tmpfs the zygote clears what a task left behind
             "sweep": self.isolated,
         }

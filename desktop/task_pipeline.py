@@ -65,6 +65,7 @@ from desktop.task_runner import (
     PROGRESS,
     STOP,
 )
+from desktop.task_zygote import imports_for
 from desktop.upload_outcomes import UploadOutcomes
 
 # the agent that wires this part (desktop.agent.Agent), named but not imported: the agent
@@ -434,6 +435,7 @@ class TaskPipeline:
         )
         self.node._sandbox.env["GPUFLEX_GPU_MEMORY_FRACTION"] = str(s.gpu_memory_fraction)
         self.node._sandbox.env[DUTY_ENV] = str(s.max_gpu_busy_pct / 100)
+        self.node._sandbox.imports = imports_for(rec.task)  # DP-SGD's Opacus, kept warm
         if self.node.byzantine:
             self.node._sandbox.env[BYZANTINE_ENV] = self.node.byzantine
             from desktop.cheat_sources import put_source  # test hooks: only when attacking

@@ -6,6 +6,7 @@ a small model trains in a tenth of that. The zygote pays the start once. For eac
 agent sends one JSON line on stdin:
 
     {"folder": "/…/tasks/.warm/<id>", "argv": ["-m", "desktop.task_runner", FOLDER],
+     "imports": ["trainer.dp_sgd"],
      "env": {...}, "cpu_s": 3600, "data_mb": 8192 | null, "file_mb": 4096, "procs": 1024,
      "sweep": true}
 
@@ -37,7 +38,7 @@ READY = {"zygote": "ready"}
 # what every task needs, imported once: the heavy part of a cold start. torch._dynamo is what
 # an optimizer's first step imports lazily (1.5 s here); importing runs no torch op, so no
 # thread pool exists yet to be broken by fork. Not Opacus and the SciPy under it (65 MB, 2 s):
-# only DP-SGD jobs (`privacy.mode: sample`) need them, and their tasks import them.
+# only DP-SGD jobs (`privacy.mode: sample`) need them (ON_DEMAND).
 WARM_IMPORTS = (
     "torch",
     "torch._dynamo",
@@ -46,6 +47,33 @@ WARM_IMPORTS = (
     "trainer.local",
     "trainer.models",
 )
+# what only some jobs need: imported by the zygote when a task's command asks ("imports"),
+# before it forks that task, and kept for the tasks after it; a worker that never runs such
+# a task never holds them. Nothing else is imported on a command's word.
+ON_DEMAND = frozenset({"trainer.dp_sgd"})
+
+
+def imports_for(task: dict[str, Any]) -> tuple[str, ...]:
+    """The ON_DEMAND modules `task` (a claimed task, its spec as JSON) will import: DP-SGD's
+    for `privacy.mode: sample`. Read off the JSON: the agent imports no trainer."""
+    spec = task.get("spec")
+    privacy = spec.get("privacy") if isinstance(spec, dict) else None
+    if isinstance(privacy, dict) and privacy.get("mode") == "sample":
+        return ("trainer.dp_sgd",)
+    return ()
+
+
+def _import_on_demand(names: object) -> None:
+    """The command's ON_DEMAND modules, once each; a failure is the task's to meet (its own
+    import raises with the whole traceback), so the zygote goes on."""
+    import importlib
+
+    for name in names if isinstance(names, list) else ():
+        if name in ON_DEMAND and name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # an import error, a broken install: the task says so
+                sys.stderr.write(f"zygote: could not import {name}: {exc}\n")
 
 
 def _say(event: dict[str, Any]) -> None:
@@ -160,6 +188,7 @@ def main() -> int:
         except ValueError as exc:
             _say({"zygote": "error", "detail": str(exc)[:300]})
             continue
+        _import_on_demand(cmd.get("imports"))
         sys.stdout.flush()
         sys.stderr.flush()
         # the collector leaves what is here now alone: a child's collections would otherwise

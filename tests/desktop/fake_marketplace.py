@@ -46,10 +46,13 @@ class FakeTask:
     outcome: dict[str, Any] | None = None
 
 
-def digits_task(task_id: str, steps: int = 20, rows: int = 200, seed: int = 1) -> FakeTask:
+def digits_task(
+    task_id: str, steps: int = 20, rows: int = 200, seed: int = 1, **spec_extra: Any
+) -> FakeTask:
     spec = parse_spec(
         {"name": "digits-mlp", "model": {"arch": "mlp", "hidden": [32]},
          "optimizer": {"name": "sgd", "lr": 0.2}, "local": {"steps": steps, "batch_size": 32}}
+        | spec_extra
     )  # fmt: skip
     data = load_dataset(spec.dataset)
     model = build_model(spec.model, data.input_shape, data.num_classes, seed=spec.seed)

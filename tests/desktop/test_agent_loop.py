@@ -614,3 +614,21 @@ def test_an_emulated_gpu_reports_the_compute_its_work_fixes(
     rec = Journal(isolated_dirs.journal).get("t-e")
     assert rec is not None and rec.metrics["steps"] == 20
     assert rec.metrics["compute_s"] >= 20 * 32 * 0.001
+
+
+def test_a_dp_sgd_task_trains_in_the_warm_worker_with_opacus_imported_for_it(
+    market, logged_in, isolated_dirs, fake_bench
+):
+    """A DP-SGD task (`privacy.mode: sample`) asks the warm worker for Opacus before it is
+    forked (desktop.task_zygote.ON_DEMAND), and trains and uploads as any task does."""
+    privacy = {"clip_norm": 0.5, "mode": "sample", "noise_multiplier": 0.5}
+    market.add(digits_task("dp-1", steps=4, privacy=privacy))
+    agent = make_agent(logged_in, isolated_dirs, fake_bench)
+    agent.start()
+    try:
+        wait_for(lambda: "dp-1" in market.accepted(), what="the DP-SGD update")
+    finally:
+        agent.stop()
+    assert agent._sandbox.imports == ("trainer.dp_sgd",)
+    rec = Journal(isolated_dirs.journal, readonly=True).get("dp-1")
+    assert rec is not None and rec.outcome == "uploaded"
