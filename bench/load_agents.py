@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import time
+import uuid
 from typing import Any
 
 import gevent.event
@@ -85,7 +86,8 @@ class Agent(FastHttpUser):
         if want <= 0:
             raise StopUser()
         started = time.time()
-        with self.client.post(f"/api/v1/agent/claim?max={want}", headers=self.auth,
+        headers = self.auth | {"Idempotency-Key": uuid.uuid4().hex}  # as the agent claims
+        with self.client.post(f"/api/v1/agent/claim?max={want}", headers=headers,
                               catch_response=True, name="claim") as r:  # fmt: skip
             if r.status_code == 200:
                 self.held.extend(t["id"] for t in r.json()["tasks"])

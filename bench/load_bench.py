@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -274,6 +275,8 @@ def _requests_cpu(
         with httpx.Client(base_url=url, timeout=60) as http:
             for method, path, key in chunk:
                 headers = {"Authorization": f"Bearer {key}"} if key else {}
+                if "/claim" in path:  # as the agent claims: a fresh key per claim
+                    headers["Idempotency-Key"] = uuid.uuid4().hex
                 body = BEAT if path.endswith("heartbeat") else None
                 code = http.request(method, path, headers=headers, json=body).status_code
                 seen[code] = seen.get(code, 0) + 1
@@ -383,7 +386,11 @@ def _cpu_per_request(
         with httpx.Client(base_url=url, timeout=120) as http:
             for j in range(i, len(keys), 64):
                 for method, path, key in (first[j], *(rest[j : j + 1])):
-                    r = http.request(method, path, headers={"Authorization": f"Bearer {key}"})
+                    headers = {
+                        "Authorization": f"Bearer {key}",
+                        "Idempotency-Key": uuid.uuid4().hex,
+                    }
+                    r = http.request(method, path, headers=headers)
                     if r.status_code == 200:
                         claimed.setdefault(str(j), []).extend(t["id"] for t in r.json()["tasks"])
 

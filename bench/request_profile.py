@@ -25,6 +25,7 @@ import secrets
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ BEAT = json.dumps(
 ).encode()
 
 
-def _call(app: Callable, method: str, path: str, key: str | None, body: bytes = b"") -> int:
+def _call(
+    app: Callable, method: str, path: str, key: str | None, body: bytes = b"", **headers: str
+) -> int:
     """One request through the WSGI application, as gunicorn hands it over."""
     path, _, query = path.partition("?")
     environ = {
@@ -56,6 +59,7 @@ def _call(app: Callable, method: str, path: str, key: str | None, body: bytes = 
     }  # fmt: skip
     if key:
         environ["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+    environ |= {f"HTTP_{name.upper()}": value for name, value in headers.items()}
     status: list[str] = []
     result = app(environ, lambda s, h, exc_info=None: status.append(s))
     b"".join(result)
@@ -111,8 +115,9 @@ def run(
             "heartbeat": lambda i: _call(app, "POST", "/api/v1/agent/heartbeat",
                                          keys[i % len(keys)], BEAT),
             "heartbeat_drf": drf_heartbeat,
+            # as the agent claims: a fresh Idempotency-Key per claim
             "claim": lambda i: _call(app, "POST", "/api/v1/agent/claim?max=8",
-                                     keys[i % len(keys)]),
+                                     keys[i % len(keys)], IDEMPOTENCY_KEY=uuid.uuid4().hex),
             "401": lambda i: _call(app, "GET", "/api/v1/nodes/", None),
             "healthz": lambda i: _call(app, "GET", "/healthz", None),
         }  # fmt: skip
