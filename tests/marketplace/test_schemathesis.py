@@ -128,8 +128,11 @@ def _runner(
 
 
 def test_every_operation_answers_as_its_schema_says(
-    roles: dict[str, tuple[dict[str, str], dict[str, Any]]],
+    roles: dict[str, tuple[dict[str, str], dict[str, Any]]], settings: Any
 ) -> None:
+    # a job's event stream ends after its first frame: otherwise each case reading one waits
+    # out its keep-alives (45 s of this test's 100, all of it idle)
+    settings.GPUFLEX = settings.GPUFLEX | {"EVENT_STREAM_MAX_S": 0.0}
     with wsgi_app() as app:
         _every_operation(app, roles)
 

@@ -3,18 +3,32 @@ from __future__ import annotations
 import shutil
 import socket
 import uuid
+from pathlib import Path
 
 import pytest
 
 from tests.system.harness import System
 
 
+@pytest.fixture(scope="session")
+def measured(tmp_path_factory) -> Path:
+    """This machine's hardware and benchmark, measured once (a child process, as the demo
+    does) for every cluster of the session."""
+    from desktop.probe import probe, save_measured
+
+    cache = tmp_path_factory.mktemp("benchmark-cache")
+    hw, result, _ = probe(cache, quick=True)
+    assert result is not None
+    save_measured(cache / "measured.json", hw, result)
+    return cache / "measured.json"
+
+
 @pytest.fixture
-def system(tmp_path):
+def system(tmp_path, measured):
     made: list[System] = []
 
     def make(**kwargs) -> System:
-        s = System(tmp_path / "cluster", **kwargs)
+        s = System(tmp_path / "cluster", measured=measured, **kwargs)
         made.append(s)
         return s
 

@@ -42,6 +42,27 @@ def wait_for(cond: Callable[[], Any], timeout: float, what: str, every: float = 
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+# The cluster's accounts, credit and platform nodes' enrollment tokens, made by the real
+# management commands in one process: each `manage` process costs Django's start (seconds on
+# a loaded CI machine), and a test made five to nine of them before its cluster started
+SETUP = """
+import io, json
+from django.core.management import call_command
+
+def run(*args):
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue().strip()
+
+call_command("migrate", "--noinput", verbosity=0)
+buyer = run("create_account", "buyer")
+provider = run("create_account", "prov", "--role", "provider")
+run("grant_credit", "buyer", "50")
+tokens = [run("create_enrollment_token", "--memo", "system test") for _ in range({tokens})]
+print(json.dumps({{"buyer": buyer, "provider": provider, "tokens": tokens}}))
+"""
+
+
 def manage(cluster: Cluster, *args: str) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "marketplace.manage", *args],
@@ -54,7 +75,17 @@ def manage(cluster: Cluster, *args: str) -> str:
 class System:
     """Set up accounts, start everything, submit the job; `report()` reads the outcome."""
 
-    def __init__(self, root: Path, nodes: tuple[NodePlan, ...] = NODES, **env: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        nodes: tuple[NodePlan, ...] = NODES,
+        measured: Path | None = None,
+        **env: str,
+    ) -> None:
+        """`measured`: this machine's figures (`gpuflex-node run --measured`), measured once
+        for the session's clusters, as `gpuflex demo` measures once for its five agents: else
+        every agent of every test benchmarks the machine as it starts (9 s each, all at
+        once on two cores)."""
         # every CPU node counts as the fastest GPU, so each task costs whole micro-credits
         # no platform spot checks: these tests count each unit's one update (no replicas)
         env = {
@@ -62,12 +93,20 @@ class System:
             "GPUFLEX_PLATFORM_SPOT_CHECK_RATE": "0",
         } | env
         self.cluster = Cluster(root, extra_env=env, inherit_services=False)
+        self.cluster.measured = measured
         self.nodes = nodes
-        manage(self.cluster, "migrate", "--noinput", "-v", "0")
-        self.buyer_key = manage(self.cluster, "create_account", "buyer").strip()
-        self.provider_key = manage(self.cluster, "create_account", "prov", "--role", "provider")
-        self.provider_key = self.provider_key.strip()
-        manage(self.cluster, "grant_credit", "buyer", "50")
+        platform = sum(plan.kind == "platform" for plan in nodes)
+        out = manage(self.cluster, "shell", "-v", "0", "-c", SETUP.format(tokens=platform))
+        made = json.loads(out.strip().splitlines()[-1])
+        self.buyer_key, self.provider_key = made["buyer"], made["provider"]
+        self._tokens: list[str] = made["tokens"]
+        self.cluster.enroll = self._enrollment_token
+
+    def _enrollment_token(self) -> str:
+        """One of the tokens made with the accounts; past those, from its own command."""
+        if self._tokens:
+            return self._tokens.pop()
+        return manage(self.cluster, "create_enrollment_token", "--memo", "system test").strip()
 
     def start(self) -> None:
         self.cluster.start_web()
@@ -124,7 +163,11 @@ class System:
             return {}
 
     def close(self) -> None:
-        self.cluster.close()
+        """Everything killed at once: the test has read what it asserts, and a graceful stop
+        waits out each agent's long-polled claim and the worker's warm shutdown (5 s each;
+        `gpuflex demo` and the agent's own tests stop them gracefully)."""
+        for name in list(self.cluster.procs):
+            self.cluster.kill(name)
 
 
 def log_tail(cluster: Cluster, name: str, lines: int = 40) -> str:
