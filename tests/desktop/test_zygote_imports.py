@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from desktop.task_zygote import WARM_IMPORTS, imports_for
 
@@ -29,28 +31,35 @@ def test_the_zygote_warms_torch_and_the_trainer_without_opacus_or_scipy() -> Non
     assert not {"opacus", "scipy", "sklearn"} & loaded
 
 
+@contextmanager
+def zygote() -> Iterator[subprocess.Popen]:
+    """A real warm worker (no sandbox around it), ready for commands."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "desktop.task_zygote"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert json.loads(proc.stdout.readline()) == {"zygote": "ready"}
+        yield proc
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
 def test_a_task_forked_from_the_zygote_leaves_the_imported_objects_to_the_zygote(
     tmp_path,
 ) -> None:
     """The zygote freezes what it imported before it forks: the child's collections skip
     those objects instead of writing to each (which copied some 70 MB of pages a task)."""
-    zygote = subprocess.Popen(
-        [sys.executable, "-m", "desktop.task_zygote"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert zygote.stdin is not None and zygote.stdout is not None
-    try:
-        assert json.loads(zygote.stdout.readline()) == {"zygote": "ready"}
+    with zygote() as worker:
         code = "import gc; print('frozen', gc.get_freeze_count(), gc.isenabled(), flush=True)"
         command = {"folder": str(tmp_path), "argv": ["-c", code], "cpu_s": 60, "file_mb": 16}
-        zygote.stdin.write(json.dumps(command) + "\n")
-        zygote.stdin.flush()
-        said, frozen, enabled = zygote.stdout.readline().split()
+        worker.stdin.write(json.dumps(command) + "\n")
+        worker.stdin.flush()
+        said, frozen, enabled = worker.stdout.readline().split()
         assert said == "frozen" and int(frozen) > 50_000 and enabled == "True"
-        assert json.loads(zygote.stdout.readline()) == {"zygote": "exited", "code": 0}
-    finally:
-        zygote.stdin.close()
-        zygote.wait(timeout=60)
+        assert json.loads(worker.stdout.readline()) == {"zygote": "exited", "code": 0}
 
 
 DP_TASK = """
@@ -72,14 +81,14 @@ print(json.dumps({"already": already, "steps": result.steps, "finite": math.isfi
 """
 
 
-def _task(zygote: subprocess.Popen, folder, imports: list[str] | None) -> dict:
+def _task(worker: subprocess.Popen, folder, imports: list[str] | None) -> dict:
     command = {"folder": str(folder), "argv": ["-c", DP_TASK], "cpu_s": 300, "file_mb": 64}
     if imports is not None:
         command["imports"] = imports
-    zygote.stdin.write(json.dumps(command) + "\n")
-    zygote.stdin.flush()
-    said = json.loads(zygote.stdout.readline())
-    assert json.loads(zygote.stdout.readline()) == {"zygote": "exited", "code": 0}
+    worker.stdin.write(json.dumps(command) + "\n")
+    worker.stdin.flush()
+    said = json.loads(worker.stdout.readline())
+    assert json.loads(worker.stdout.readline()) == {"zygote": "exited", "code": 0}
     return said
 
 
@@ -94,19 +103,10 @@ def test_a_dp_sgd_task_has_the_zygote_import_opacus_once_for_it_and_those_after(
     )
     assert imports_for({"spec": {"privacy": {"mode": "update"}}}) == ()
     assert imports_for({"spec": "not a spec"}) == imports_for({}) == ()
-    zygote = subprocess.Popen(
-        [sys.executable, "-m", "desktop.task_zygote"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert zygote.stdin is not None and zygote.stdout is not None
-    try:
-        assert json.loads(zygote.stdout.readline()) == {"zygote": "ready"}
-        plain = _task(zygote, tmp_path, None)  # before any DP task: imports it itself
+    with zygote() as worker:
+        plain = _task(worker, tmp_path, None)  # before any DP task: imports it itself
         assert plain == {"already": False, "steps": 4, "finite": True, "stranger": False}
-        first = _task(zygote, tmp_path, ["trainer.dp_sgd", "http.server"])
+        first = _task(worker, tmp_path, ["trainer.dp_sgd", "http.server"])
         assert first == {"already": True, "steps": 4, "finite": True, "stranger": False}
-        after = _task(zygote, tmp_path, [])
+        after = _task(worker, tmp_path, [])
         assert after["already"] is True and after["steps"] == 4
-    finally:
-        zygote.stdin.close()
-        zygote.wait(timeout=60)
