@@ -154,8 +154,8 @@ class MarketplaceClient:
         or on the loop's next claim, the claim is answered with the tasks it leased rather
         than leaving them leased to nobody until their lease runs out. Per thread: two
         threads' claims never share a key (each would be answered the other's tasks)."""
-        pending = self._claims.__dict__
-        key = pending.setdefault("key", uuid.uuid4().hex)
+        key = getattr(self._claims, "key", None) or uuid.uuid4().hex
+        self._claims.key = key
         try:
             r = self._request(
                 "POST", "agent/claim", params={"wait": min(max(wait_s, 0), 30)},
@@ -164,9 +164,9 @@ class MarketplaceClient:
         except Unavailable:
             raise  # no answer: the key stays for the claim's next try
         except ApiError:
-            pending.pop("key", None)  # answered (a refusal): nothing was leased under it
+            self._claims.key = None  # answered (a refusal): nothing was leased under it
             raise
-        pending.pop("key", None)
+        self._claims.key = None
         if r.status_code == 204 or not r.content:
             return None
         return dict(r.json()["task"])

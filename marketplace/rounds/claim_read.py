@@ -56,7 +56,8 @@ def _statement() -> tuple[str, _Reader, _Reader, _Reader]:
     sql = f"""
         SELECT {node.sql}, {rnd.sql}, {job.sql},
                ARRAY(SELECT t.id FROM {Task._meta.db_table} t
-                     WHERE t.node_id = n.id AND t.status = %s AND t.claim_key = %s)
+                     WHERE t.node_id = n.id AND t.status = %s AND t.claim_key = %s
+                     ORDER BY t.replica, t.round_id, t.shard_id)
         FROM {Node._meta.db_table} n
         LEFT JOIN ({Round._meta.db_table} r
                    JOIN {Job._meta.db_table} j ON j.id = r.job_id AND j.status = %s)

@@ -444,19 +444,17 @@ def _claim(node: Node | int, count: int, key: str | None = None) -> tuple[list[T
     the answer and nothing more is leased: a lost answer costs no orphaned lease."""
     locked = connection.features.has_select_for_update_skip_locked
     known = None
-    again: list[Any] = []
+    again: list[Any] | None = None  # looked up with the node's row, where it is read
     if isinstance(node, int):
         if locked:
             node, opened, again = node_and_open_rounds(node, key)
             known = eligibility(node, opened)
         else:
             node = Node.objects.get(pk=node)
-    if key and not locked:
+    if key and again is None:
         again = list(leased_under(node.pk, key))
     if again:
-        held = Task.objects.select_related("round__job", "shard").filter(pk__in=again)
-        order = sorted(held, key=lambda t: (t.replica, t.round_id, t.shard_id or 0))
-        return share_related(order), True
+        return _by_ids(again), True
     if node.reliability < settings.GPUFLEX["MIN_RELIABILITY"] or count < 1:
         return [], False
     if locked:
@@ -467,8 +465,7 @@ def _claim(node: Node | int, count: int, key: str | None = None) -> tuple[list[T
                 won, lost = _lease_best(node, count, skip_locked=False, key=key)
             if won or not lost:
                 obs.leased(len(won))  # counted once this claim's transaction has committed
-                by_id = Task.objects.select_related("round__job", "shard").in_bulk(won)
-                return share_related([by_id[pk] for pk in won]), False
+                return _by_ids(won), False
         except IntegrityError:
             continue  # raced into a unit this node already holds; pick another
     return [], False
@@ -479,9 +476,16 @@ class _Short(Exception):
 
 
 def leased_under(node_id: int, key: str) -> QuerySet[Task, Any]:
-    """The ids of the tasks `node_id` holds leased under the claim key `key`."""
+    """The ids of the tasks `node_id` holds leased under the claim key `key`, in claim order
+    (as `claim_read` reads them on PostgreSQL)."""
     leased = Task.objects.filter(node_id=node_id, status=TaskStatus.LEASED, claim_key=key)
-    return leased.values_list("pk", flat=True)
+    return leased.order_by("replica", "round_id", "shard_id").values_list("pk", flat=True)
+
+
+def _by_ids(ids: list[Any]) -> list[Task]:
+    """The tasks of `ids` in that order, with their rounds, jobs and shards (shared)."""
+    by_id = Task.objects.select_related("round__job", "shard").in_bulk(ids)
+    return share_related([by_id[pk] for pk in ids if pk in by_id])
 
 
 def _claim_locked(
