@@ -74,6 +74,12 @@ def beats_key() -> str:
     return _keys()[0]
 
 
+def seen_key() -> str:
+    """The hash of "seen" marks: a node's id → when it was last heard, as `encode_seen`
+    writes it (the lean claim's script, api/claim_fast.py, writes there too)."""
+    return _keys()[1]
+
+
 def record(mark: Beat | Seen) -> None:
     """Note a heartbeat or a sign of life: in Redis if configured, else (or if Redis cannot
     be reached) straight to the database."""
@@ -84,7 +90,7 @@ def record(mark: Beat | Seen) -> None:
             if isinstance(mark, Beat):
                 r.hset(beats, str(mark.node_id), encode(mark))
             else:
-                r.hset(seen, str(mark.node_id), repr(mark.at.timestamp()))
+                r.hset(seen, str(mark.node_id), encode_seen(mark.at))
             return
         except redis.RedisError as exc:
             log.warning("presence: Redis unreachable (%s); writing to the database", exc)
@@ -191,6 +197,11 @@ def encode(beat: Beat) -> str:
          "n": beat.network, "k": list(beat.tasks)},
         separators=(",", ":"),
     )  # fmt: skip
+
+
+def encode_seen(at: datetime) -> str:
+    """A "seen" mark as the hash holds it: when the node was heard, a POSIX timestamp."""
+    return repr(at.timestamp())
 
 
 def _decode_beat(node_id: bytes, raw: bytes) -> Beat | None:

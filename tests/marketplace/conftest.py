@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import socket
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from rest_framework.test import APIClient
 
 from marketplace.accounts.services import create_user, issue_user_key
@@ -90,3 +93,22 @@ def own_media(tmp_path, settings) -> str:
         }
     }
     return settings.MEDIA_ROOT
+
+
+@pytest.fixture
+def with_redis(settings):
+    """Redis presence and key cache on (the lean agent path with them), under a prefix no
+    other test uses; its keys deleted afterwards. Skipped where no Redis runs."""
+    try:
+        socket.create_connection(("127.0.0.1", 6379), timeout=1).close()
+    except OSError:
+        pytest.skip("Redis is not running on 127.0.0.1:6379")
+    prefix = f"test-{uuid.uuid4().hex}"
+    settings.REDIS_URL = "redis://127.0.0.1:6379/11"
+    settings.GPUFLEX = settings.GPUFLEX | {
+        "REDIS_PREFIX": prefix, "PRESENCE_IN_REDIS": True, "KEY_CACHE_S": 300.0,
+    }  # fmt: skip
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    yield r
+    for k in r.scan_iter(f"{prefix}:*"):
+        r.delete(k)

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import socket
-import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -27,7 +25,6 @@ from marketplace.api.throttles import HeartbeatThrottle
 from marketplace.nodes import presence
 from marketplace.server import shared_redis
 
-REDIS_URL = "redis://127.0.0.1:6379/11"
 URL = "/api/v1/agent/heartbeat"
 
 BEAT = {
@@ -141,29 +138,6 @@ def test_the_reply_is_written_as_drf_writes_it() -> None:
 # -- through the server ----------------------------------------------------------------------
 
 pytestmark_db = pytest.mark.django_db(transaction=True)
-
-
-def _redis_up() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def with_redis(settings):
-    if not _redis_up():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
-    prefix = f"test-{uuid.uuid4().hex}"
-    settings.REDIS_URL = REDIS_URL
-    settings.GPUFLEX = settings.GPUFLEX | {
-        "REDIS_PREFIX": prefix, "PRESENCE_IN_REDIS": True, "KEY_CACHE_S": 300.0,
-    }  # fmt: skip
-    r = redis.Redis.from_url(REDIS_URL)
-    yield r
-    for k in r.scan_iter(f"{prefix}:*"):
-        r.delete(k)
 
 
 @pytest.fixture

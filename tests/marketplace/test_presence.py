@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import socket
 import threading
-import uuid
 from collections import Counter
 from datetime import timedelta
 
 import pytest
-import redis
 from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -31,33 +29,6 @@ from tests.marketplace.helpers import SMALL_SPEC, client_for
 
 # transactional: commits are real, as in the server (and threads claim concurrently)
 pytestmark = pytest.mark.django_db(transaction=True)
-
-REDIS_URL = "redis://127.0.0.1:6379/11"
-
-
-def _redis_up() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-@pytest.fixture
-def with_redis(settings):
-    """Redis presence and key cache on, under a prefix no other test uses; its keys deleted
-    afterwards."""
-    if not _redis_up():
-        pytest.skip("Redis is not running on 127.0.0.1:6379")
-    prefix = f"test-{uuid.uuid4().hex}"
-    settings.REDIS_URL = REDIS_URL
-    settings.GPUFLEX = settings.GPUFLEX | {
-        "REDIS_PREFIX": prefix, "PRESENCE_IN_REDIS": True, "KEY_CACHE_S": 300.0,
-    }  # fmt: skip
-    r = redis.Redis.from_url(REDIS_URL)
-    yield r
-    for k in r.scan_iter(f"{prefix}:*"):
-        r.delete(k)
 
 
 def _row(agent) -> Node:

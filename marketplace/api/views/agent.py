@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from marketplace.api.claim_fast import claimed
 from marketplace.api.encoding import encoded_response
 from marketplace.api.permissions import IsNode
 from marketplace.api.schema import errors
@@ -30,7 +31,6 @@ from marketplace.api.serializers.agent import (
     ProbeQuerySerializer,
     UploadOutcomeSerializer,
     claim_key,
-    claim_reply,
 )
 from marketplace.api.serializers.nodes import LocalDatasetsSerializer
 from marketplace.api.throttles import HeartbeatThrottle, ProbeThrottle
@@ -45,8 +45,6 @@ from marketplace.nodes.services import (
     touch,
 )
 from marketplace.rounds.delivery import model_bytes, record_model, record_shard
-from marketplace.rounds.lifecycle import close_after_far_leases
-from marketplace.rounds.scheduling import claim_with_wait, task_payloads
 from marketplace.rounds.selectors import upload_outcome
 from marketplace.rounds.uploads import accept_update, fail_task, task_for_node
 
@@ -96,22 +94,13 @@ class ClaimView(AgentView):
         query.is_valid(raise_exception=True)
         key = claim_key(request.headers)
         touch(request.auth.node_id)
-        wait = min(query.validated_data["wait"], settings.GPUFLEX["MAX_CLAIM_WAIT_S"])
         # the node's id: its row is read with the open rounds, in the claim's first statement
-        tasks = claim_with_wait(request.auth.node_id, wait, query.validated_data["max"], key)
-        if not tasks:
+        reply = claimed(
+            request.auth.node_id, query.validated_data["wait"], query.validated_data["max"], key
+        )
+        if reply is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
-        close_after_far_leases(tasks)
-        payloads = [with_zone(p, t) for p, t in zip(task_payloads(tasks), tasks, strict=True)]
-        return Response(claim_reply({"task": payloads[0], "tasks": payloads}))
-
-
-def with_zone(payload: dict, task: object) -> dict:
-    """A zones job's task names the aggregator its update goes to (rounds.zones)."""
-    from marketplace.rounds.zone_routes import zone_route
-
-    route = zone_route(task)
-    return payload | {"zone": route} if route else payload
+        return Response(reply)
 
 
 class TaskModelView(AgentView):

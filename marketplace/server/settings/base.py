@@ -69,9 +69,9 @@ MIDDLEWARE = [
     # first: the id is on every log line, including those of the middleware below
     "marketplace.server.request_id.RequestIdMiddleware",
     *OBSERVABILITY_MIDDLEWARE,
-    # a plain heartbeat (the most frequent request) answered here, with the site's rules
-    # below applied to it, not the whole chain (api/heartbeat_fast.py)
-    "marketplace.api.heartbeat_fast.LeanHeartbeatMiddleware",
+    # a plain heartbeat and a plain claim (the most frequent requests) answered here, with
+    # the site's rules below applied to them, not the whole chain (api/lean_path.py)
+    "marketplace.api.lean_path.LeanAgentMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
