@@ -23,7 +23,7 @@ from django.db.models import Model
 from marketplace.jobs.models import Job, JobStatus
 from marketplace.nodes.models import Node
 from marketplace.rounds.models import Round, RoundStatus, Task, TaskStatus
-from marketplace.server.prepared import prepared_cursor
+from marketplace.server.prepared import constant, prepared_cursor
 
 
 class _Reader:
@@ -56,12 +56,14 @@ def _statement() -> tuple[str, _Reader, _Reader, _Reader]:
     sql = f"""
         SELECT {node.sql}, {rnd.sql}, {job.sql},
                ARRAY(SELECT t.id FROM {Task._meta.db_table} t
-                     WHERE t.node_id = n.id AND t.status = %s AND t.claim_key = %s
+                     WHERE t.node_id = n.id AND t.status = {constant(TaskStatus.LEASED)}
+                       AND t.claim_key = %s
                      ORDER BY t.replica, t.round_id, t.shard_id)
         FROM {Node._meta.db_table} n
         LEFT JOIN ({Round._meta.db_table} r
-                   JOIN {Job._meta.db_table} j ON j.id = r.job_id AND j.status = %s)
-            ON r.status = %s
+                   JOIN {Job._meta.db_table} j
+                     ON j.id = r.job_id AND j.status = {constant(JobStatus.RUNNING)})
+            ON r.status = {constant(RoundStatus.OPEN)}
         WHERE n.id = %s
     """
     return sql, node, rnd, job
@@ -74,7 +76,7 @@ def node_and_open_rounds(node_id: int, key: str | None = None) -> tuple[Node, li
     sql, node_r, round_r, job_r = _statement()
     with prepared_cursor() as cursor:
         # a NULL key matches no task (`claim_key = NULL` is never true)
-        cursor.execute(sql, [TaskStatus.LEASED, key, JobStatus.RUNNING, RoundStatus.OPEN, node_id])
+        cursor.execute(sql, [key, node_id])
         rows = cursor.fetchall()
     if not rows:
         raise Node.DoesNotExist(f"node {node_id} does not exist")

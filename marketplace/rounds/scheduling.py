@@ -41,7 +41,7 @@ from marketplace.rounds.planning import (
 )
 from marketplace.rounds.signals import bump_work_generation, work_generation
 from marketplace.rounds.sizing import is_far, plan_key, plan_works, planned_work, size_work
-from marketplace.server.prepared import array_literal, prepared_cursor
+from marketplace.server.prepared import array_literal, constant, prepared_cursor
 from trainer.proof_commitment import provable
 from trainer.schedule import round_lr
 
@@ -699,7 +699,7 @@ def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> Sequence[Task
     task_f = [f.column for f in Task._meta.concrete_fields]
     shard_f = [f.column for f in Shard._meta.concrete_fields]
     where = f"""
-        t.status = %(pending)s AND t.round_id = ANY(%(rounds)s::bigint[])
+        t.status = {constant(TaskStatus.PENDING)} AND t.round_id = ANY(%(rounds)s::bigint[])
         AND (t.reserved_for_id IS NULL OR t.reserved_for_id = %(node)s)
         AND NOT EXISTS (SELECT 1 FROM {Task._meta.db_table} m WHERE m.round_id = t.round_id
                         AND m.shard_id = t.shard_id AND m.node_id = %(node)s)
@@ -710,7 +710,6 @@ def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> Sequence[Task
         "WHERE c.node_id = %(node)s)"
     )
     params = {
-        "pending": TaskStatus.PENDING,
         "rounds": array_literal(sorted(allowed)),
         "node": node.pk,
     }

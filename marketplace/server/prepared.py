@@ -21,6 +21,7 @@ array's type, which was a tenth of a claim's CPU for its fifteen short arrays.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from decimal import Decimal
 from functools import cache
@@ -89,3 +90,19 @@ def array_literal(values: Iterable[Any]) -> str:
             text = str(value).replace("\\", "\\\\").replace('"', '\\"')
             parts.append(f'"{text}"')
     return "{" + ",".join(parts) + "}"
+
+
+_CONSTANT = re.compile(r"[a-z_]+")
+
+
+def constant(value: str) -> str:
+    """A status (a choice's value: lower-case letters and '_') as an SQL string literal,
+    for a prepared statement's own text. A partial index (`task_pending_order`: WHERE status
+    = 'pending') serves a generic plan only where the statement's text implies its
+    predicate; with the status a parameter PostgreSQL cannot know it, and the claim's
+    candidate read walked every leased task of the round before the first pending one
+    (2.4 ms of PostgreSQL's CPU with 5,000 leased, against 0.8 ms on the partial index)."""
+    text = str(value)
+    if not _CONSTANT.fullmatch(text):
+        raise ValueError(f"{text!r} is not a status's value")
+    return f"'{text}'"
