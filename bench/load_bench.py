@@ -252,43 +252,6 @@ BEAT = {
 }
 
 
-class _Http:
-    """One keep-alive HTTP/1.1 connection of the standard library's, for the CPU section's
-    clients: they share the server's two cores, so they should cost as little CPU as a client
-    can (httpx cost about 3 ms a request here, a third of the schedule's CPU; this about a
-    sixth of that). A connection the server closed is opened again and the request sent once
-    more, as an agent does: a claim's with the same Idempotency-Key, so it leases nothing
-    twice."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        import http.client
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(url)
-        self._make = lambda: http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
-        self._conn = self._make()
-
-    def request(
-        self, method: str, path: str, headers: dict[str, str], body: bytes | None = None
-    ) -> tuple[int, bytes]:
-        import http.client
-
-        for attempt in range(2):
-            try:
-                self._conn.request(method, path, body=body, headers=headers)
-                response = self._conn.getresponse()
-                return response.status, response.read()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self._conn.close()
-                self._conn = self._make()
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        self._conn.close()
-
-
 def _requests_cpu(
     url: str,
     server: subprocess.Popen,
@@ -302,26 +265,21 @@ def _requests_cpu(
     and every worker, from /proc) before and after, divided by the requests. The client's
     own CPU is not in it, nor is the rest of the machine's load; PostgreSQL's and Redis's
     CPU is not either (they are other processes)."""
+    import httpx
+
     chunks = [make[i::threads] for i in range(threads)]
     codes: dict[int, int] = {}
-    beat = json.dumps(BEAT).encode()
 
     def send(chunk: list[tuple[str, str, str | None]]) -> dict[int, int]:
         seen: dict[int, int] = {}
-        http = _Http(url, timeout=60)
-        try:
+        with httpx.Client(base_url=url, timeout=60) as http:
             for method, path, key in chunk:
                 headers = {"Authorization": f"Bearer {key}"} if key else {}
                 if "/claim" in path:  # as the agent claims: a fresh key per claim
                     headers["Idempotency-Key"] = uuid.uuid4().hex
-                body = None
-                if path.endswith("heartbeat"):
-                    body = beat
-                    headers["Content-Type"] = "application/json"
-                code, _ = http.request(method, path, headers, body)
+                body = BEAT if path.endswith("heartbeat") else None
+                code = http.request(method, path, headers=headers, json=body).status_code
                 seen[code] = seen.get(code, 0) + 1
-        finally:
-            http.close()
         return seen
 
     from concurrent.futures import ThreadPoolExecutor
@@ -422,22 +380,19 @@ def _cpu_per_request(
     first = [("POST", f"/api/v1/agent/claim?max={min(8, share)}", k) for k in keys]
     rest = [("POST", f"/api/v1/agent/claim?max={share - 8}", k) for k in keys] if share > 8 else []
     claimed: dict[str, list[str]] = {}
+    import httpx
 
     def node_claims(i: int) -> None:
-        http = _Http(url, timeout=120)
-        try:
+        with httpx.Client(base_url=url, timeout=120) as http:
             for j in range(i, len(keys), 64):
                 for method, path, key in (first[j], *(rest[j : j + 1])):
                     headers = {
                         "Authorization": f"Bearer {key}",
                         "Idempotency-Key": uuid.uuid4().hex,
                     }
-                    code, body = http.request(method, path, headers)
-                    if code == 200:
-                        tasks = json.loads(body)["tasks"]
-                        claimed.setdefault(str(j), []).extend(t["id"] for t in tasks)
-        finally:
-            http.close()
+                    r = http.request(method, path, headers=headers)
+                    if r.status_code == 200:
+                        claimed.setdefault(str(j), []).extend(t["id"] for t in r.json()["tasks"])
 
     from concurrent.futures import ThreadPoolExecutor
 
