@@ -66,7 +66,7 @@ def single_process(x: np.ndarray) -> tuple[float, Any]:
 
 def marketplace(tmp: Path, data: Path, checkpoint: Path) -> dict[str, Any]:
     from marketplace.demo.cluster import Cluster, NodePlan
-    from marketplace.demo.run import AGENTS_READY_S, _benchmark, _setup_django, _wait_for_agents
+    from marketplace.demo.run import AGENTS_READY_S, _benchmark, _setup, _wait_for_agents
 
     os.environ.setdefault("GPUFLEX_WARM_TASKS", "1")
     nodes = [NodePlan(f"platform-{i}", kind="platform", profile="lan", price="3.00")
@@ -75,17 +75,15 @@ def marketplace(tmp: Path, data: Path, checkpoint: Path) -> dict[str, Any]:
     cluster = Cluster(tmp / "cluster")
     try:
         cluster.extra_env["GPUFLEX_REFERENCE_FP32_TFLOPS"] = f"{_benchmark(cluster):.6g}"
-        _setup_django(cluster)
+        people = _setup(cluster, nodes)
         from marketplace.client import Client
-        from marketplace.demo.accounts import create_people
 
-        people = create_people()
         cluster.start_web()
         cluster.start_worker()
         for plan in nodes:
             cluster.configure_agent(plan, people["provider"].key)
             cluster.start_agent(plan)
-        online = _wait_for_agents(len(nodes), AGENTS_READY_S)
+        online = _wait_for_agents(cluster.url, people["provider"].key, len(nodes), AGENTS_READY_S)
         spec = {"name": "inference-bench", "kind": "inference",
                 "dataset": {"kind": "npz", "path": data.name},
                 "model": {"arch": "mlp", "hidden": HIDDEN, "checkpoint": checkpoint.name},

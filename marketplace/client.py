@@ -389,6 +389,12 @@ class Client:
         model, record = self.download(job_id, directory)
         return verify_download(model, record, self.anchors(job_id), chain_url)
 
+    # -- providers -------------------------------------------------------------------------
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The provider's nodes, each with its state and last heartbeat (`GET nodes/`)."""
+        return list(self._pages("nodes/"))
+
     def withdrawals(self) -> dict[str, Any]:
         """Your withdrawals of unspent on-chain deposits, and how much you can withdraw."""
         return self._json("GET", "ledger/withdrawals")

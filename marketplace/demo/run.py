@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -61,21 +62,24 @@ def _fresh(root: Path) -> None:
     (root / MARKER).write_text("made by gpuflex demo; deleted by the next run\n")
 
 
-def _setup_django(cluster: Cluster) -> None:
-    os.environ.update(cluster.env())
-    import django
-    from django.core.management import call_command
+def _setup(cluster: Cluster, plans: tuple[NodePlan, ...] | list[NodePlan]) -> dict[str, Any]:
+    """Migrate, make the demo's people and an enrollment token per platform node, in a
+    process of its own (marketplace/demo/setup.py): the demo holds no Django while the
+    cluster runs. Returns the people (accounts.Login by role); the tokens are handed to the
+    cluster, one per platform node it configures."""
+    from marketplace.demo.accounts import Login
 
-    django.setup()
-    call_command("migrate", "--noinput", verbosity=0)
-
-
-def _enrollment_token() -> str:
-    """The platform node's one-use token, as `gpuflex manage create_enrollment_token` makes
-    it (the same service), from the demo's own process."""
-    from marketplace.nodes.enrollment import create_enrollment_token
-
-    return create_enrollment_token(operator=None, memo="demo cluster")[1]
+    count = sum(plan.kind == "platform" for plan in plans)
+    out = subprocess.run(
+        [sys.executable, "-m", "marketplace.demo.setup", str(count)],
+        env=os.environ | cluster.env(), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if out.returncode != 0:
+        raise SystemExit(f"gpuflex demo: setting up the database failed:\n{out.stderr[-4000:]}")
+    made = json.loads(out.stdout.strip().splitlines()[-1])
+    tokens = iter(made["tokens"])
+    cluster.enroll = lambda: next(tokens)  # the operator's tokens, made by the setup
+    return {role: Login(**login) for role, login in made["people"].items()}
 
 
 def _benchmark(cluster: Cluster) -> float:
@@ -94,9 +98,7 @@ def _benchmark(cluster: Cluster) -> float:
 
 def run(opts: Options) -> dict[str, Any]:
     from marketplace.client import Client, spec_files
-    from marketplace.demo.accounts import create_people
     from marketplace.demo.progress import follow
-    from marketplace.demo.summary import summarize
 
     out = sys.stderr if opts.quiet else sys.stdout
     started = time.monotonic()
@@ -123,10 +125,8 @@ def run(opts: Options) -> dict[str, Any]:
         # the web server's start-up (imports, its worker's boot) overlaps the migrations:
         # nothing reaches it before the agents start, after both
         cluster.start_web(wait=False)
-        _setup_django(cluster)
+        people = _setup(cluster, opts.nodes)
         done("migrate")
-        people = create_people()
-        cluster.enroll = _enrollment_token  # Django is set up here: no `manage` process
         cluster.start_worker()
         for plan in opts.nodes:
             cluster.configure_agent(plan, people["provider"].key)
@@ -137,7 +137,8 @@ def run(opts: Options) -> dict[str, Any]:
             cluster.start_agent(plan)
         print(f"marketplace at {cluster.url}; {len(opts.nodes)} agents started", file=out)
         done("agents_started")
-        online = _wait_for_agents(len(opts.nodes), AGENTS_READY_S)
+        online = _wait_for_agents(cluster.url, people["provider"].key, len(opts.nodes),
+                                  AGENTS_READY_S)  # fmt: skip
         done("agents_online")
         print(f"{online} of {len(opts.nodes)} agents online", file=out)
         spec = yaml.safe_load(opts.spec.read_text(encoding="utf-8"))
@@ -161,7 +162,7 @@ def run(opts: Options) -> dict[str, Any]:
             # --chain's batches are still to come); the summary's replay needs the memory
             cluster.stop_agents(with_worker=not opts.chain)
             done("agents_stopped")
-        summary = summarize(job["id"], {p.name: asdict(p) for p in opts.nodes})
+        summary = _summarize(cluster, job["id"], opts.nodes)
         done("summary")
         if opts.chain:
             from marketplace.demo.chain import settlement_figures, wait_settled
@@ -193,16 +194,35 @@ def _start_chain(stack: contextlib.ExitStack, root: Path, out: Any) -> dict[str,
     return chain_env(node)
 
 
-def _wait_for_agents(count: int, timeout_s: float) -> int:
+def _wait_for_agents(url: str, provider_key: str, count: int, timeout_s: float) -> int:
     """Submit once the agents are online (registered, benchmarked, heartbeating), as the
     simulator's nodes are at time 0: round 1 then times training, not agent start-up, and
-    its plan covers every node. After `timeout_s` the demo goes on with those that are."""
-    from marketplace.nodes.selectors import online_nodes
+    its plan covers every node. After `timeout_s` the demo goes on with those that are.
+    Asked of the API, as their provider sees them: the demo holds no Django meanwhile."""
+    from marketplace.client import Client
 
     end = time.monotonic() + timeout_s
-    while (online := online_nodes().count()) < count and time.monotonic() < end:
-        time.sleep(0.25)
-    return online
+    with Client(url, provider_key) as client:
+        while True:
+            online = sum(
+                node["state"] != "offline" and node["last_heartbeat_at"] is not None
+                for node in client.nodes()
+            )
+            if online >= count or time.monotonic() >= end:
+                return online
+            time.sleep(0.25)
+
+
+def _summarize(cluster: Cluster, job_id: str, plans: tuple[NodePlan, ...]) -> dict[str, Any]:
+    """The job's summary from the database, read in this process once the cluster's
+    training is over (Django set up only now: marketplace/demo/setup.py)."""
+    os.environ.update(cluster.env())
+    import django
+
+    django.setup()
+    from marketplace.demo.summary import summarize
+
+    return summarize(job_id, {p.name: asdict(p) for p in plans})
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -242,13 +262,13 @@ def serve_lines(url: str, people: list[Any], password: str) -> list[str]:
 
 
 def main(args: Any) -> int:
-    from marketplace.demo.summary import print_summary
-
     opts = Options(
         data_dir=Path(args.data_dir), port=args.port, target=args.target, budget=args.budget,
         timeout_s=args.timeout, serve=args.serve, quiet=args.json, chain=args.chain,
     )  # fmt: skip
     summary = run(opts)
+    from marketplace.demo.summary import print_summary
+
     if args.json:
         print(json.dumps(summary))
     elif not args.serve:
