@@ -6,11 +6,13 @@ many times, under cProfile or just timed with the process's CPU clock.
 
 Prints one JSON line: CPU ms per request and database queries per request for a heartbeat,
 the same heartbeat through the DRF view alone (`heartbeat_drf`: the lean path,
-api/heartbeat_fast.py, switched off), a claim of 8 tasks, a 401 (no key) and /healthz (the
-floor: Django's handler and the first middleware only); with --profile,
-the cProfile of that kind (top functions by cumulative time) on stderr; --kinds runs only
-those kinds. The figures are this process's CPU time, which the
-machine's other load does not inflate (PostgreSQL's and Redis's own CPU is not in them).
+api/heartbeat_fast.py, switched off), a claim of 8 tasks, the same claim through the DRF view
+(`claim_drf`: api/claim_fast.py off), a 401 (no key) and /healthz (the floor: Django's
+handler and the first middleware only); with --profile, the cProfile of that kind (top
+functions by cumulative time) on stderr; --kinds runs only those kinds. The figures are this
+process's CPU time, which the machine's other load does not inflate; PostgreSQL's own CPU is
+given beside them (`postgres_cpu_ms_per_request`, its backend's time on the CPU, and each
+statement's share in `postgres_statements`); Redis's is not.
 """
 
 from __future__ import annotations
@@ -68,7 +70,68 @@ def _call(
     return int(status[0].split()[0])
 
 
-KINDS = ("heartbeat", "heartbeat_drf", "claim", "401", "healthz")
+KINDS = ("heartbeat", "heartbeat_drf", "claim", "claim_drf", "401", "healthz")
+
+
+class _Backend:
+    """PostgreSQL's own CPU for the requests: its backend process's time on the CPU, from
+    /proc/PID/schedstat (nanoseconds), read before and after the whole run and around each
+    statement, so each statement's share is its own (the commit and anything outside a
+    statement is the rest). The backend must live through the run: CONN_MAX_AGE is raised
+    for the bench (`run`). Where it cannot be read (not PostgreSQL, not this machine's), it
+    reports nothing."""
+
+    def __init__(self, connection: Any) -> None:
+        self.path: Path | None = None
+        self.by_statement: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+        if connection.vendor == "postgresql":
+            connection.ensure_connection()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                path = Path(f"/proc/{cursor.fetchone()[0]}/schedstat")
+            self.path = path if path.exists() else None
+        self.start = self._ns()
+
+    def _ns(self) -> int:
+        return int(self.path.read_text().split()[0]) if self.path is not None else 0
+
+    def statement(self, execute: Callable, sql: str, params: Any, many: bool, context: Any):
+        before = self._ns()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            label = _label(sql)
+            self.by_statement[label] = self.by_statement.get(label, 0) + self._ns() - before
+            self.counts[label] = self.counts.get(label, 0) + 1
+
+    def figures(self, n: int) -> dict[str, Any]:
+        if self.path is None:
+            return {}
+        total = self._ns() - self.start
+        return {
+            "postgres_cpu_ms_per_request": total / 1e6 / n,
+            # label -> [statements per request, PostgreSQL CPU ms per request]
+            "postgres_statements": {
+                label: [self.counts[label] / n, ns / 1e6 / n]
+                for label, ns in sorted(self.by_statement.items(), key=lambda kv: -kv[1])
+            },
+        }
+
+
+def _label(sql: str) -> str:
+    """A statement's name in the figures: the claim's own by what they do, others by their
+    first words."""
+    text = " ".join(sql.split())
+    named = (
+        ("gpuflex_reserve", "reserve (gpuflex_reserve)"),
+        ("WITH affine", "candidates"),
+        ("ARRAY(SELECT", "node and open rounds"),
+    )
+    for marker, label in named:
+        if marker in text:
+            return label
+    return text[:48]
 
 
 def run(
@@ -83,6 +146,8 @@ def run(
             "GPUFLEX_REDIS_PREFIX": f"reqprof-{secrets.token_hex(4)}",
             "GPUFLEX_DEV": "0",
             "ALLOWED_HOSTS": "127.0.0.1",
+            # one backend for the whole run, so its CPU is read from one process (_Backend)
+            "CONN_MAX_AGE": "3600",
         }
         (Path(tmp) / "data").mkdir()
         _manage(env, "migrate", "--noinput", "-v", "0")
@@ -98,30 +163,41 @@ def run(
         claims_per_node = 4
         node_count = max(50, requests // claims_per_node)
         keys = _seed_nodes(node_count)
-        _seed_job("reqprof", node_count * claims_per_node * 8 * 2)
+        # claim and claim_drf: n claims of 8 each, with their warm-up calls
+        _seed_job("reqprof", node_count * claims_per_node * 8 * 2 + 8 * 2 * 60)
         app = get_wsgi_application()
-        from marketplace.api import heartbeat_fast
+        from marketplace.api import claim_fast, heartbeat_fast
 
-        lean = heartbeat_fast.answer
+        def drf_only(module: Any, call: Callable[[int], int]) -> Callable[[int], int]:
+            """`call` with the module's lean answer off: the DRF view answers."""
 
-        def drf_heartbeat(i: int) -> int:
-            heartbeat_fast.answer = lambda request: None  # the DRF view answers
-            try:
-                return _call(app, "POST", "/api/v1/agent/heartbeat", keys[i % len(keys)], BEAT)
-            finally:
-                heartbeat_fast.answer = lean
+            def through_drf(i: int) -> int:
+                lean = module.answer
+                module.answer = lambda request: None
+                try:
+                    return call(i)
+                finally:
+                    module.answer = lean
+
+            return through_drf
+
+        def heartbeat(i: int) -> int:
+            return _call(app, "POST", "/api/v1/agent/heartbeat", keys[i % len(keys)], BEAT)
+
+        def claim(i: int) -> int:  # as the agent claims: a fresh Idempotency-Key per claim
+            return _call(app, "POST", "/api/v1/agent/claim?max=8", keys[i % len(keys)],
+                         IDEMPOTENCY_KEY=uuid.uuid4().hex)  # fmt: skip
 
         calls: dict[str, Callable[[int], int]] = {
-            "heartbeat": lambda i: _call(app, "POST", "/api/v1/agent/heartbeat",
-                                         keys[i % len(keys)], BEAT),
-            "heartbeat_drf": drf_heartbeat,
-            # as the agent claims: a fresh Idempotency-Key per claim
-            "claim": lambda i: _call(app, "POST", "/api/v1/agent/claim?max=8",
-                                     keys[i % len(keys)], IDEMPOTENCY_KEY=uuid.uuid4().hex),
+            "heartbeat": heartbeat,
+            "heartbeat_drf": drf_only(heartbeat_fast, heartbeat),
+            "claim": claim,
+            "claim_drf": drf_only(claim_fast, claim),
             "401": lambda i: _call(app, "GET", "/api/v1/nodes/", None),
             "healthz": lambda i: _call(app, "GET", "/healthz", None),
         }  # fmt: skip
-        expect = {"heartbeat": 200, "heartbeat_drf": 200, "claim": 200, "401": 401, "healthz": 200}
+        expect = {"heartbeat": 200, "heartbeat_drf": 200, "claim": 200, "claim_drf": 200,
+                  "401": 401, "healthz": 200}  # fmt: skip
         # steady state: each node has called before, so its key is in the key cache (as
         # it is for all but one call in KEY_CACHE_S / heartbeat interval: 1 in 30 at the
         # defaults); a first lookup in the database is not what a heartbeat costs
@@ -131,7 +207,7 @@ def run(
         for name, call in calls.items():
             if name not in kinds:
                 continue
-            n = requests if name != "claim" else min(requests, node_count * claims_per_node)
+            n = requests if "claim" not in name else min(requests, node_count * claims_per_node)
             for i in range(min(50, n)):  # warm: first-request imports, the key cache
                 assert call(i) == expect[name], f"{name} answered {call(i)}"
             queries: list[str] = []
@@ -145,13 +221,15 @@ def run(
             # timed by this process's CPU clock, as the figure is: with the wall clock the
             # profile is mostly the waits on PostgreSQL, which the machine's load inflates
             prof = cProfile.Profile(time.process_time) if profile == name else None
+            backend = _Backend(connection)
             cpu = time.process_time()
             if prof:
                 prof.enable()
-            for i in range(n):
-                code = call(i)
-                if code != expect[name]:
-                    raise SystemExit(f"{name} {i}: {code}")
+            with connection.execute_wrapper(backend.statement):
+                for i in range(n):
+                    code = call(i)
+                    if code != expect[name]:
+                        raise SystemExit(f"{name} {i}: {code}")
             if prof:
                 prof.disable()
             cpu = time.process_time() - cpu
@@ -160,7 +238,7 @@ def run(
                 "cpu_ms_per_request": 1000 * cpu / n,
                 "queries_per_request": len(queries),
                 "queries": queries,
-            }
+            } | backend.figures(n)
             if prof:
                 text = io.StringIO()
                 order = os.environ.get("PROFILE_SORT", "cumulative")
