@@ -703,16 +703,8 @@ def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> Sequence[Task
         AND (t.reserved_for_id IS NULL OR t.reserved_for_id = %(node)s)
         AND NOT EXISTS (SELECT 1 FROM {Task._meta.db_table} m WHERE m.round_id = t.round_id
                         AND m.shard_id = t.shard_id AND m.node_id = %(node)s)
-        AND {"t.replica > 0" if replicas else "t.replica < 1"}
+        AND {"t.replica > 0" if replicas else "t.replica = 0"}
     """
-    # `replica < 1`, not `= 0` (the same rows: replica is never negative): with a range on
-    # replica only the partial index task_pending_order (replica, round_id, shard_id) gives
-    # the ORDER BY, so the cached generic plan reads it whatever the table's statistics say.
-    # With `= 0` the unique index (round_id, shard_id, replica) gives the order too, and
-    # before the table was analyzed (a job's tasks just made) PostgreSQL chose it, then
-    # walked every leased task of the round before the first pending one: 7 ms of its CPU a
-    # claim with 25,000 leased, against 0.3 ms. The rounds are then a filter on the pending
-    # tasks read, not a bound of the index scan.
     held = (
         f"AND t.shard_id IN (SELECT c.shard_id FROM {ShardCopy._meta.db_table} c "
         "WHERE c.node_id = %(node)s)"

@@ -81,9 +81,7 @@ def test_the_candidates_generic_plan_reads_the_pending_index_before_any_analyze(
     """Many of a round's tasks leased: the cached generic plan of the candidate read walks the
     pending tasks' partial index, not an index that leads through every leased task of the
     round first. (A status sent as a parameter hides the index's predicate from a generic
-    plan: the index could not be read at all. The range on replica that keeps the unique
-    index from giving the order is held by the load bench: at this size PostgreSQL picks
-    the partial index either way.)"""
+    plan: the index could not be read at all.)"""
     agents = [make_agent() for _ in range(4)]
     submit(SMALL_SPEC | {"sharding": {"method": "random", "num_shards": 300}}, budget="1000")
     with connection.cursor() as cursor:  # as autovacuum would soon after: all pending
