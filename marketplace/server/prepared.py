@@ -77,6 +77,11 @@ def _psycopg() -> _Psycopg:
     return _Psycopg()
 
 
+# written bare in an array literal (a tuple made once: `int | float | …` built a union type
+# on every element, a claim's fifteen arrays over)
+_BARE = (int, float, Decimal, UUID)
+
+
 def array_literal(values: Iterable[Any]) -> str:
     """`values` as a PostgreSQL array literal ('{1,2,NULL}'), for a parameter the statement
     casts to its array type. Numbers and UUIDs are written bare; anything else quoted."""
@@ -84,7 +89,7 @@ def array_literal(values: Iterable[Any]) -> str:
     for value in values:
         if value is None:
             parts.append("NULL")
-        elif isinstance(value, int | float | Decimal | UUID) and not isinstance(value, bool):
+        elif isinstance(value, _BARE) and not isinstance(value, bool):
             parts.append(str(value))
         else:
             text = str(value).replace("\\", "\\\\").replace('"', '\\"')
