@@ -40,9 +40,6 @@ from marketplace.rounds.scheduling import MAX_CLAIM_BATCH, claim_with_wait, task
 
 log = logging.getLogger(__name__)
 
-_JSON_ACCEPTS = frozenset({"", "*/*", "application/json"})
-# DRF's headers on any answer of the view (APIView.default_response_headers)
-_HEADERS = {"Vary": "Accept", "Allow": "POST, OPTIONS"}
 _RENDERER = JSONRenderer()
 # what the plain check takes of the query: a count 1-8 and a wait of whole seconds with up to
 # three decimals (the agent's), each once; anything else is the serializer's to judge
@@ -99,7 +96,7 @@ def reply_response(data: dict[str, Any] | None) -> HttpResponse:
         response = HttpResponse(
             _RENDERER.render(data, "application/json"), content_type="application/json"
         )
-    for name, value in _HEADERS.items():
+    for name, value in lean_key.VIEW_HEADERS.items():
         response[name] = value
     return response
 
@@ -107,14 +104,10 @@ def reply_response(data: dict[str, Any] | None) -> HttpResponse:
 def _node(request: HttpRequest) -> tuple[int, float, int, str | None] | None:
     """(node, wait, max, key) once the claim is counted and its node marked seen, or None:
     the DRF view's to answer, nothing counted or written."""
-    if request.method != "POST" or request.META.get("HTTP_ACCEPT", "") not in _JSON_ACCEPTS:
+    caller = lean_key.plain_caller(request)
+    if caller is None:
         return None
-    r = lean_key.client()
-    if r is None:
-        return None
-    token = lean_key.node_token(request.META.get("HTTP_AUTHORIZATION", ""))
-    if token is None:
-        return None
+    r, token = caller
     query = plain_query(request.GET)
     if query is None:
         return None

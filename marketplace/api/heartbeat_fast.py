@@ -47,9 +47,6 @@ log = logging.getLogger(__name__)
 
 # a heartbeat is a few hundred bytes; anything far larger is the serializer's to refuse
 _MAX_BODY = 64 * 1024
-_JSON_ACCEPTS = frozenset({"", "*/*", "application/json"})
-# DRF's answer to any request of this view (APIView.default_response_headers)
-_HEADERS = {"Vary": "Accept", "Allow": "POST, OPTIONS"}
 _TIME = serializers.DateTimeField()  # the reply's format, as HeartbeatReplySerializer's
 
 
@@ -91,14 +88,10 @@ def answer(request: HttpRequest) -> HttpResponse | None:
 
 
 def _answer(request: HttpRequest) -> HttpResponse | None:
-    if request.method != "POST" or request.META.get("HTTP_ACCEPT", "") not in _JSON_ACCEPTS:
+    caller = lean_key.plain_caller(request)
+    if caller is None:
         return None
-    r = lean_key.client()
-    if r is None:
-        return None
-    token = lean_key.node_token(request.META.get("HTTP_AUTHORIZATION", ""))
-    if token is None:
-        return None
+    r, token = caller
     body = plain_body(_json_body(request))
     if body is None:
         return None
@@ -115,6 +108,6 @@ def _answer(request: HttpRequest) -> HttpResponse | None:
         return None
     obs.heartbeat(body["state"])
     response = HttpResponse(reply_bytes(heartbeat_reply(now)), content_type="application/json")
-    for name, value in _HEADERS.items():
+    for name, value in lean_key.VIEW_HEADERS.items():
         response[name] = value
     return response

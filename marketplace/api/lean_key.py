@@ -21,6 +21,7 @@ passed: fine on one Redis server (what shared_redis connects to), not on a Redis
 from __future__ import annotations
 
 import redis
+from django.http import HttpRequest
 
 from marketplace.accounts import key_cache, keys
 from marketplace.api import rate_counts
@@ -55,12 +56,29 @@ return {1, entry.node}
 
 MARKED, THROTTLED = 1, 2
 
+# what a lean answer serves: a JSON Accept, or none (anything else is DRF's negotiation)
+_JSON_ACCEPTS = frozenset({"", "*/*", "application/json"})
+# DRF's headers on every answer of a POST-only APIView (APIView.default_response_headers)
+VIEW_HEADERS = {"Vary": "Accept", "Allow": "POST, OPTIONS"}
+
 
 def client() -> redis.Redis | None:
     """The Redis that holds both the key cache and presence, None where they are not one
     server (no Redis: the embedded setup; either turned off): no lean path then."""
     r = key_cache.redis_client()
     return r if r is not None and presence.redis_client() is r else None
+
+
+def plain_caller(request: HttpRequest) -> tuple[redis.Redis, str] | None:
+    """(the Redis to ask, the node key) for a POST that a lean answer may serve: JSON or no
+    Accept, a node key, and Redis holding both the key cache and presence; else None."""
+    if request.method != "POST" or request.META.get("HTTP_ACCEPT", "") not in _JSON_ACCEPTS:
+        return None
+    r = client()
+    if r is None:
+        return None
+    token = node_token(request.META.get("HTTP_AUTHORIZATION", ""))
+    return None if token is None else (r, token)
 
 
 def node_token(authorization: str) -> str | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from rest_framework.test import APIClient
 
 SMALL_SPEC: dict[str, Any] = {
@@ -40,3 +41,33 @@ def assert_claim_and_planner_agree(nodes: dict[str, Any], job: dict, allowed: se
     assert lease_batch(list(rows)) == len(allowed)  # the bulk planner, by the same rule
     leased = set(Task.objects.filter(status=TaskStatus.LEASED).values_list("node_id", flat=True))
     assert leased == {nodes[name].node_id for name in allowed}
+
+
+class LeanPaths:
+    """Counts a lean answerer's answers (api/heartbeat_fast.py, api/claim_fast.py);
+    `drf_only()` turns it off, so the DRF view answers everything."""
+
+    def __init__(self, module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.lean = 0
+        self._module, self._monkeypatch = module, monkeypatch
+        answer = module.answer
+
+        def counting(request: Any) -> Any:
+            response = answer(request)
+            self.lean += response is not None
+            return response
+
+        monkeypatch.setattr(module, "answer", counting)
+
+    def drf_only(self) -> None:
+        self._monkeypatch.setattr(self._module, "answer", lambda request: None)
+
+
+def counted(r: Any, throttle: Any, key: Any) -> int:
+    """An API key's requests in `throttle`'s current and previous windows, as Redis holds
+    them (rate_counts' keys)."""
+    from marketplace.server import shared_redis
+
+    index, _ = throttle.window()
+    base = shared_redis.key("rate", f"{throttle.key_base()}{key.pk}")
+    return sum(int(c or 0) for c in r.mget(f"{base}:{index}", f"{base}:{index - 1}"))

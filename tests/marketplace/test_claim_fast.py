@@ -21,8 +21,7 @@ from marketplace.api.serializers.agent import ClaimQuerySerializer
 from marketplace.api.throttles import KeyRateThrottle
 from marketplace.nodes import presence
 from marketplace.rounds.models import Task
-from marketplace.server import shared_redis
-from tests.marketplace.helpers import SMALL_SPEC
+from tests.marketplace.helpers import SMALL_SPEC, LeanPaths, counted
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,25 +55,9 @@ def test_the_plain_query_check_takes_only_what_the_serializer_takes_and_agrees()
 
 
 @pytest.fixture
-def paths(monkeypatch):
+def paths(monkeypatch) -> LeanPaths:
     """Counts the lean path's answers; `paths.drf_only()` turns it off (the DRF view alone)."""
-
-    class Paths:
-        lean = 0
-
-        def drf_only(self) -> None:
-            monkeypatch.setattr(claim_fast, "answer", lambda request: None)
-
-    seen = Paths()
-    answer = claim_fast.answer
-
-    def counting(request):
-        response = answer(request)
-        seen.lean += response is not None
-        return response
-
-    monkeypatch.setattr(claim_fast, "answer", counting)
-    return seen
+    return LeanPaths(claim_fast, monkeypatch)
 
 
 def _claim(agent, query: str = "max=3", key: str | None = None, **extra):
@@ -199,12 +182,8 @@ def test_the_throttle_counts_both_paths_and_answers_429(
     assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
     assert refused.json()["error"] == "throttled"
     assert _claim(agent, "max=99").status_code == 429  # the throttle comes first
-    key = ApiKey.objects.get(node_id=agent.node_id)
-    throttle = KeyRateThrottle()
-    index, _ = throttle.window()
-    base = shared_redis.key("rate", f"{throttle.key_base()}{key.pk}")
-    counted = with_redis.mget(f"{base}:{index}", f"{base}:{index - 1}")
-    assert sum(int(c or 0) for c in counted) == 4  # the refused took their counts back
+    # the refused took their counts back
+    assert counted(with_redis, KeyRateThrottle(), ApiKey.objects.get(node_id=agent.node_id)) == 4
 
 
 def test_without_redis_the_drf_view_answers(settings, make_agent, submit, paths) -> None:

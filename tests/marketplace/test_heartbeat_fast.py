@@ -23,7 +23,7 @@ from marketplace.api.heartbeat_body import plain_body
 from marketplace.api.serializers.agent import HeartbeatReplySerializer, HeartbeatSerializer
 from marketplace.api.throttles import HeartbeatThrottle
 from marketplace.nodes import presence
-from marketplace.server import shared_redis
+from tests.marketplace.helpers import LeanPaths, counted
 
 URL = "/api/v1/agent/heartbeat"
 
@@ -141,25 +141,9 @@ pytestmark_db = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def paths(monkeypatch):
+def paths(monkeypatch) -> LeanPaths:
     """Counts the lean path's answers; `paths.drf_only()` turns it off (the DRF view alone)."""
-
-    class Paths:
-        lean = 0
-
-        def drf_only(self) -> None:
-            monkeypatch.setattr(heartbeat_fast, "answer", lambda request: None)
-
-    seen = Paths()
-    answer = heartbeat_fast.answer
-
-    def counting(request):
-        response = answer(request)
-        seen.lean += response is not None
-        return response
-
-    monkeypatch.setattr(heartbeat_fast, "answer", counting)
-    return seen
+    return LeanPaths(heartbeat_fast, monkeypatch)
 
 
 _TIME = re.compile(rb'"server_time":"[^"]+"')
@@ -295,12 +279,8 @@ def test_the_throttle_counts_both_paths_and_answers_429(
     assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
     assert refused.json()["error"] == "throttled"
     assert _post(agent, {"state": "nonsense"}).status_code == 429  # the throttle comes first
-    key = ApiKey.objects.get(node_id=agent.node_id)
-    throttle = HeartbeatThrottle()
-    index, _ = throttle.window()
-    base = shared_redis.key("rate", f"{throttle.key_base()}{key.pk}")
-    counted = with_redis.mget(f"{base}:{index}", f"{base}:{index - 1}")
-    assert sum(int(c or 0) for c in counted) == 4  # the refused took their counts back
+    # the refused took their counts back
+    assert counted(with_redis, HeartbeatThrottle(), ApiKey.objects.get(node_id=agent.node_id)) == 4
 
 
 @pytestmark_db
