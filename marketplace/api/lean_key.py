@@ -54,7 +54,7 @@ return {1, entry.node}
 """
 )
 
-MARKED, THROTTLED = 1, 2
+MARKED = 1  # the script's answer when it counted and marked (2: over the rate; 0: not here)
 
 # what a lean answer serves: a JSON Accept, or none (anything else is DRF's negotiation)
 _JSON_ACCEPTS = frozenset({"", "*/*", "application/json"})
@@ -62,7 +62,7 @@ _JSON_ACCEPTS = frozenset({"", "*/*", "application/json"})
 VIEW_HEADERS = {"Vary": "Accept", "Allow": "POST, OPTIONS"}
 
 
-def client() -> redis.Redis | None:
+def _client() -> redis.Redis | None:
     """The Redis that holds both the key cache and presence, None where they are not one
     server (no Redis: the embedded setup; either turned off): no lean path then."""
     r = key_cache.redis_client()
@@ -74,7 +74,7 @@ def plain_caller(request: HttpRequest) -> tuple[redis.Redis, str] | None:
     Accept, a node key, and Redis holding both the key cache and presence; else None."""
     if request.method != "POST" or request.META.get("HTTP_ACCEPT", "") not in _JSON_ACCEPTS:
         return None
-    r = client()
+    r = _client()
     if r is None:
         return None
     token = node_token(request.META.get("HTTP_AUTHORIZATION", ""))

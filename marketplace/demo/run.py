@@ -72,7 +72,7 @@ def _setup(cluster: Cluster, plans: tuple[NodePlan, ...] | list[NodePlan]) -> di
     count = sum(plan.kind == "platform" for plan in plans)
     out = subprocess.run(
         [sys.executable, "-m", "marketplace.demo.setup", str(count)],
-        env=os.environ | cluster.env(), capture_output=True, text=True, check=False,
+        env=cluster.env(), capture_output=True, text=True, check=False,
     )  # fmt: skip
     if out.returncode != 0:
         raise SystemExit(f"gpuflex demo: setting up the database failed:\n{out.stderr[-4000:]}")

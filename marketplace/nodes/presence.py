@@ -76,7 +76,7 @@ def beats_key() -> str:
 
 def seen_key() -> str:
     """The hash of "seen" marks: a node's id → when it was last heard, as `encode_seen`
-    writes it (the lean claim's script, api/claim_fast.py, writes there too)."""
+    writes it (the lean claim's script, api/lean_key.py, writes there too)."""
     return _keys()[1]
 
 
