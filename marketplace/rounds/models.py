@@ -149,6 +149,16 @@ class Task(models.Model):
                 condition=Q(status="pending"),
                 name="task_pending_order",
             ),
+            # the claim order of a round's pending primaries, led by the round: the candidate
+            # read's primaries are this index's range for the open rounds, where through
+            # task_pending_order the rounds are a filter. Without it PostgreSQL's generic
+            # plan costed walking the unique constraint's index (every leased task of the
+            # round, from the first) as cheap as the partial index (docs/scale.md, ninth pass)
+            models.Index(
+                fields=["round", "shard"],
+                condition=Q(status="pending", replica=0),
+                name="task_pending_primary",
+            ),
             # a re-sent claim's lookup: the few tasks leased to the node, by claim key
             models.Index(
                 fields=["node", "claim_key"],

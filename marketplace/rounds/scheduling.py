@@ -702,9 +702,13 @@ def _candidates_sql(known: Eligibility, replicas: bool, n: int) -> Sequence[Task
         t.status = {constant(TaskStatus.PENDING)} AND t.round_id = ANY(%(rounds)s::bigint[])
         AND (t.reserved_for_id IS NULL OR t.reserved_for_id = %(node)s)
         AND NOT EXISTS (SELECT 1 FROM {Task._meta.db_table} m WHERE m.round_id = t.round_id
-                        AND m.shard_id = t.shard_id AND m.node_id = %(node)s)
+                        AND m.shard_id = t.shard_id AND m.node_id = %(node)s OFFSET 0)
         AND {"t.replica > 0" if replicas else "t.replica = 0"}
     """
+    # OFFSET 0 keeps the NOT EXISTS a probe of task_one_replica_per_node for each candidate
+    # the pending index yields, which stops after `n`: turned into an anti join (as PostgreSQL
+    # does without it) it read that whole index for the node's entries, on every claim, its
+    # cost growing with the table (docs/scale.md, ninth pass)
     held = (
         f"AND t.shard_id IN (SELECT c.shard_id FROM {ShardCopy._meta.db_table} c "
         "WHERE c.node_id = %(node)s)"
