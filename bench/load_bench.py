@@ -334,6 +334,11 @@ def cpu_per_request(
         connection.close()
 
 
+# a node's claims in the schedule at most: its first 8, the rest, and retries for what other
+# claims held locked when it asked
+_CLAIMS_PER_NODE = 5
+
+
 def _cpu_per_request(
     url: str,
     server: subprocess.Popen,
@@ -373,26 +378,35 @@ def _cpu_per_request(
     Job.objects.filter(pk=job.pk).update(status="completed")
     connection.close()
 
-    # the schedule: every node claims (8, then the rest) until it holds its share
+    # the schedule: every node claims (8, then the rest) until it holds its share. A claim
+    # skips the tasks other claims hold locked until they commit (spares they read but do
+    # not lease included), so near the end a node may get fewer than it asked for: it asks
+    # again, a few times, so that the figure is every task reaching a node
     job = _seed_job("cpu-schedule", schedule_tasks)
     connection.close()
     share = -(-schedule_tasks // len(keys))
-    first = [("POST", f"/api/v1/agent/claim?max={min(8, share)}", k) for k in keys]
-    rest = [("POST", f"/api/v1/agent/claim?max={share - 8}", k) for k in keys] if share > 8 else []
     claimed: dict[str, list[str]] = {}
+    sent = [0] * 64  # claims each client thread sent
     import httpx
 
     def node_claims(i: int) -> None:
         with httpx.Client(base_url=url, timeout=120) as http:
             for j in range(i, len(keys), 64):
-                for method, path, key in (first[j], *(rest[j : j + 1])):
+                got: list[str] = []
+                for attempt in range(_CLAIMS_PER_NODE):
+                    if len(got) >= share:
+                        break
+                    want = min(8, share) if attempt == 0 else share - len(got)
                     headers = {
-                        "Authorization": f"Bearer {key}",
+                        "Authorization": f"Bearer {keys[j]}",
                         "Idempotency-Key": uuid.uuid4().hex,
                     }
-                    r = http.request(method, path, headers=headers)
+                    r = http.post(f"/api/v1/agent/claim?max={want}", headers=headers)
+                    sent[i] += 1
                     if r.status_code == 200:
-                        claimed.setdefault(str(j), []).extend(t["id"] for t in r.json()["tasks"])
+                        got.extend(t["id"] for t in r.json()["tasks"])
+                if got:
+                    claimed[str(j)] = got
 
     from concurrent.futures import ThreadPoolExecutor
 
@@ -405,7 +419,8 @@ def _cpu_per_request(
     pg_after = _postgres_cpu_s()
     check = _leases_check(claimed, node_ids, job)
     out["schedule"] = check | {
-        "tasks": schedule_tasks, "nodes": len(keys), "client_threads": 64, "wall_s": wall,
+        "tasks": schedule_tasks, "nodes": len(keys), "claims": sum(sent),
+        "client_threads": 64, "wall_s": wall,
         "server_cpu_s": cpu,
         # what else the schedule's wall time spends CPU on, on the same cores: the 64 client
         # threads (this process) and PostgreSQL's backends for this database (those alive at
@@ -646,6 +661,11 @@ CPU_GOALS = {"heartbeat": 0.001, "claim": 0.005, "schedule_s": 10.0, "nodes_per_
 def render_cpu(c: dict[str, Any], r: dict[str, Any]) -> list[str]:
     """The cpu_per_request table of results.md."""
     hb, cl, un, sc = c["heartbeat"], c["claim"], c["401"], c["schedule"]
+    scheduled = (
+        sc["wall_s"] < CPU_GOALS["schedule_s"]
+        and sc["leased_twice"] == 0
+        and sc["leased_in_db"] == sc["tasks"]
+    )
 
     def ms(p: dict[str, Any]) -> str:
         return f"{1000 * p['cpu_s_per_request']:.2f} ms ({p['requests']:,} requests)"
@@ -683,9 +703,10 @@ def render_cpu(c: dict[str, Any], r: dict[str, Any]) -> list[str]:
         f"({sc['client_threads']} client threads) | {sc['wall_s']:.1f} s wall, "
         f"{sc['server_cpu_s']:.1f} s server CPU, {sc.get('postgres_cpu_s', 0):.1f} s PostgreSQL's "
         f"(at least), {sc.get('client_cpu_s', 0):.1f} s the client's, on {os.cpu_count()} "
-        f"cores; {sc['leased_twice']} leased twice, database "
-        f"agrees: {sc['db_agrees']} | < 10 s, none twice "
-        f"| {_met(sc['wall_s'] < CPU_GOALS['schedule_s'] and sc['leased_twice'] == 0)} |",
+        f"cores; {sc['leased_in_db']:,} leased in {sc.get('claims', 0):,} claims, "
+        f"{sc['leased_twice']} twice, database agrees: {sc['db_agrees']} "
+        f"| < 10 s, every task, none twice "
+        f"| {_met(scheduled)} |",
         f"| nodes one core carries at 10 s heartbeats (10 / CPU s per heartbeat) "
         f"| {per_core:,.0f} | ≥ 10,000 | {_met(per_core >= CPU_GOALS['nodes_per_core'])} |",
         "",

@@ -544,8 +544,11 @@ def _choose(
     for replicas in (True, False) if node.kind == NodeKind.PLATFORM else (False, True):
         if len(chosen) >= count:  # the groups of `preference`
             break
-        # a few spares: replicas of one unit are skipped
-        candidates = _candidates_sql(pool, replicas, 2 * count + 2)
+        # a few spares: replicas of one unit are skipped. A round's primaries are each their
+        # own unit, so they need spares only for a job the escrow cannot afford; every row
+        # read here is locked until the claim commits, for the other claims to skip
+        spare = count + 2 if replicas else 2
+        candidates = _candidates_sql(pool, replicas, count + spare)
         for i in range(len(candidates)):
             if len(chosen) >= count:
                 break

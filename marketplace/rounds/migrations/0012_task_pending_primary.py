@@ -5,16 +5,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0017_modelexport'),
-        ('nodes', '0010_node_speed_figure'),
-        ('rounds', '0011_task_claim_key'),
+        ("jobs", "0017_modelexport"),
+        ("nodes", "0010_node_speed_figure"),
+        ("rounds", "0011_task_claim_key"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='task',
-            index=models.Index(condition=models.Q(('replica', 0), ('status', 'pending')), fields=['round', 'shard'], name='task_pending_primary'),
+            model_name="task",
+            index=models.Index(
+                condition=models.Q(("replica", 0), ("status", "pending")),
+                fields=["round", "shard"],
+                name="task_pending_primary",
+            ),
         ),
     ]
