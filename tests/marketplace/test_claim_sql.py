@@ -8,7 +8,7 @@ rounds read in one statement (claim_read) are the ORM's."""
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.db.models import Q
 
 from marketplace.jobs.models import Job
@@ -18,6 +18,7 @@ from marketplace.rounds.models import Round, ShardCopy, Task
 from marketplace.rounds.scheduling import (
     _candidates,
     _candidates_sql,
+    _choose,
     claim_batch,
     eligibility,
     eligible_tasks,
@@ -87,3 +88,28 @@ def test_the_claims_first_read_is_the_orms(make_agent, submit) -> None:
                 assert getattr(got, f.attname) == getattr(exp, f.attname), f.name
     with pytest.raises(Node.DoesNotExist):
         node_and_open_rounds(10**9)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks are PostgreSQL's")
+def test_a_claim_holds_locked_only_what_it_may_lease_and_two_spares(make_agent, submit) -> None:
+    """Every candidate a claim reads stays locked until it commits, for every other claim to
+    skip; a round's primaries are each their own unit, so a claim of 8 locks 10 of them,
+    not 18 (the schedule's concurrent claims skipped the spares' locks)."""
+    agent = make_agent()
+    submit(SMALL_SPEC | {"sharding": {"method": "random", "num_shards": 40}})
+    node = Node.objects.get(pk=agent.node_id)
+    other = connections.create_connection("default")  # another claim's connection
+    try:
+        with transaction.atomic():
+            chosen = _choose(node, 8, eligibility(node), None)
+            with other.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM (SELECT 1 FROM rounds_task WHERE status = 'pending' "
+                    "FOR UPDATE SKIP LOCKED) AS free"
+                )
+                free = cursor.fetchone()[0]  # autocommit: its own locks end with it
+        pending = Task.objects.filter(status="pending").count()
+    finally:
+        other.close()
+    assert len(chosen) == 8
+    assert pending - free == 10, (pending, free)
