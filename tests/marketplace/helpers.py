@@ -66,8 +66,7 @@ class LeanPaths:
 def counted(r: Any, throttle: Any, key: Any) -> int:
     """An API key's requests in `throttle`'s current and previous windows, as Redis holds
     them (rate_counts' keys)."""
-    from marketplace.server import shared_redis
+    from marketplace.api.rate_counts import redis_key
 
-    index, _ = throttle.window()
-    base = shared_redis.key("rate", f"{throttle.key_base()}{key.pk}")
-    return sum(int(c or 0) for c in r.mget(f"{base}:{index}", f"{base}:{index - 1}"))
+    current, previous, _ = throttle._windows(f"{throttle.key_base()}{key.pk}")
+    return sum(int(c or 0) for c in r.mget(redis_key(current), redis_key(previous)))

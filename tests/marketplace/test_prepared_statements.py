@@ -64,13 +64,14 @@ def test_array_literals_read_back_as_given() -> None:
     assert got == (ids, texts, numbers, floats, [1, -2, 2**40])
 
 
-def _index_names(plan: object) -> set[str]:
+def _values(plan: object, key: str) -> list[object]:
+    """Every value of `key` in an EXPLAIN (FORMAT JSON) plan, its nested nodes included."""
     if isinstance(plan, dict):
-        names = {plan["Index Name"]} if "Index Name" in plan else set()
-        return names.union(*(_index_names(v) for v in plan.values()))
+        here = [plan[key]] if key in plan else []
+        return here + [x for v in plan.values() for x in _values(v, key)]
     if isinstance(plan, list):
-        return set().union(*(_index_names(v) for v in plan))
-    return set()
+        return [x for v in plan for x in _values(v, key)]
+    return []
 
 
 @postgres_only
@@ -121,19 +122,10 @@ def test_the_candidates_generic_plan_reads_the_pending_index_before_any_analyze(
         cursor.execute(f"EXPLAIN (FORMAT JSON) EXECUTE generic_candidates({args})")
         plan = cursor.fetchone()[0]
         cursor.execute("DEALLOCATE generic_candidates")
-    names = _index_names(plan)
+    names = set(_values(plan, "Index Name"))
     assert "task_pending_primary" in names and "task_unique_replica" not in names, names
     # the node's own replicas are probed per candidate, not read as an anti join's whole side
     assert not any("Anti" in kind for kind in _values(plan, "Join Type")), plan
-
-
-def _values(plan: object, key: str) -> list[object]:
-    if isinstance(plan, dict):
-        here = [plan[key]] if key in plan else []
-        return here + [x for v in plan.values() for x in _values(v, key)]
-    if isinstance(plan, list):
-        return [x for v in plan for x in _values(v, key)]
-    return []
 
 
 @postgres_only
