@@ -28,7 +28,7 @@ def issue_user_key(user: User, name: str = "") -> tuple[ApiKey, str]:
     returned here and never stored."""
     limit = settings.GPUFLEX["MAX_API_KEYS_PER_USER"]
     # the user's row locked: two requests at once cannot both take the last place
-    User.objects.select_for_update().filter(pk=user.pk).first()
+    User.objects.select_for_update(no_key=True).filter(pk=user.pk).first()
     if user_keys(user).filter(revoked_at__isnull=True).count() >= limit:
         raise KeyLimitReached(
             f"You already have {limit} API keys, the most one account may hold; "

@@ -29,7 +29,7 @@ def make_export(job_id: object, fmt: str) -> None:
 
     with transaction.atomic():
         record = (
-            ModelExport.objects.select_for_update()
+            ModelExport.objects.select_for_update(no_key=True)
             .select_related("job")
             .filter(job_id=job_id, format=fmt)
             .first()

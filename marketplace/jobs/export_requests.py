@@ -31,7 +31,7 @@ def request_export(job: Job, fmt: str, name: str) -> ModelExport:
     still missing (the storage restored from an older backup, say) is made again."""
     now = timezone.now()
     with transaction.atomic():
-        record, created = ModelExport.objects.select_for_update().get_or_create(
+        record, created = ModelExport.objects.select_for_update(no_key=True).get_or_create(
             job=job, format=fmt, defaults={"model_hash": job.model_hash, "requested_at": now}
         )
         send = created

@@ -50,7 +50,7 @@ def prepare_job(job_id: object) -> Round | None:
                 enqueue_sweep(job.pk)
         return None
     with transaction.atomic():
-        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        job = Job.objects.select_for_update(no_key=True).filter(pk=job_id).first()
         if job is None or not job.is_active or Round.objects.filter(job=job).exists():
             return None
         try:

@@ -17,7 +17,7 @@ from marketplace.sweeps.queue import enqueue_sweep
 
 
 def _locked(job: Job) -> Job:
-    return Job.objects.select_for_update().get(pk=job.pk)
+    return Job.objects.select_for_update(no_key=True).get(pk=job.pk)
 
 
 @transaction.atomic
@@ -58,7 +58,9 @@ def cancel_job(job: Job) -> Job:
     job = _locked(job)
     if not job.is_active:
         raise Conflict(f"The job is already {job.status}.")
-    for child in Job.objects.select_for_update().filter(parent=job).order_by("created_at"):
+    for child in (
+        Job.objects.select_for_update(no_key=True).filter(parent=job).order_by("created_at")
+    ):
         if child.is_active:
             _end(child, JobStatus.CANCELLED)
     _end(job, JobStatus.CANCELLED)

@@ -290,7 +290,7 @@ def close_batch(now: datetime | None = None, force: bool = False) -> SettlementR
             .values_list("pk", flat=True)
         )
         requested = list(
-            Payout.objects.select_for_update()
+            Payout.objects.select_for_update(no_key=True)
             .filter(status=PayoutStatus.REQUESTED)
             .order_by("created_at", "pk")
         )
@@ -450,7 +450,7 @@ def _mark_posted(record: SettlementRecord, posted: PostedBatch | None) -> None:
 def _undo(record: SettlementRecord, reason: str) -> None:
     """The chain refused the batch: its payouts are pending again, nothing left the ledger.
     Its contributions wait for the next batch unless their root is already anchored."""
-    payouts = list(Payout.objects.select_for_update().filter(batch=record))
+    payouts = list(Payout.objects.select_for_update(no_key=True).filter(batch=record))
     total = q(sum((p.amount for p in payouts), Decimal(0)))
     post(
         f"settle-undo:{record.batch_id}",

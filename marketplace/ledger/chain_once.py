@@ -36,7 +36,7 @@ def send_once(
         return "landed"
     with transaction.atomic():
         # one sender at a time picks the nonce: a second finds it stored and waits for it
-        locked = type(row).objects.select_for_update().get(pk=row.pk)
+        locked = type(row).objects.select_for_update(no_key=True).get(pk=row.pk)
         nonce = getattr(locked, nonce_field)
         if nonce is not None:
             state = client.nonce_state(int(nonce))

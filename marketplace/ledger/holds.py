@@ -160,7 +160,9 @@ def forfeit_held(node_id: int, reason: str) -> Decimal:
         fees = accounts.platform_fees()
         # locked before their balances are read, as posting locks what it debits
         list(
-            Account.objects.select_for_update().filter(pk__in=[earnings.pk, fees.pk]).order_by("pk")
+            Account.objects.select_for_update(no_key=True)
+            .filter(pk__in=[earnings.pk, fees.pk])
+            .order_by("pk")
         )
         # never more than the accounts hold: a forfeiture must not fail the verification
         # that triggered it (payouts only ever take what no hold keeps, so this is exact)

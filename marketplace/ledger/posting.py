@@ -48,7 +48,9 @@ def post(
             _same(existing, legs)
             return existing
         debited = sorted({a.pk for a, amount in legs if amount < 0 and a.non_negative})
-        locked = {a.pk: a for a in Account.objects.select_for_update().filter(pk__in=debited)}
+        locked = {
+            a.pk: a for a in Account.objects.select_for_update(no_key=True).filter(pk__in=debited)
+        }
         for pk in debited:
             needed = -sum((amt for a, amt in legs if a.pk == pk), ZERO)
             have = balance(locked[pk])

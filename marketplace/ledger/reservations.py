@@ -16,13 +16,13 @@ taken), so reservers never deadlock. SQLite serialises writers and takes no lock
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -83,7 +83,9 @@ def _free_escrow_postgres(ids: list[object]) -> dict[object, Decimal]:
     return {j: q(free[str(j)]) for j in ids}
 
 
-def reserve_all(leases: Sequence[tuple[object, object]], node: Node) -> bool:
+def reserve_all(
+    leases: Sequence[tuple[object, object]], node: Node, *, commit: bool = False
+) -> bool:
     """Reserve one lease by `node` for each (task id, job id) of a claim, all or none, within
     the caller's transaction: True when every job's free escrow covered its share (the
     reservations are written), False when one did not (nothing written; the caller rolls
@@ -91,7 +93,14 @@ def reserve_all(leases: Sequence[tuple[object, object]], node: Node) -> bool:
 
     On PostgreSQL it is one call (`gpuflex_reserve`, migration ledger 0007): the locks, the
     check and the writes, so a claim holds the jobs' locks for that call and its commit
-    only, where every other claim on the job waits."""
+    only, where every other claim on the job waits.
+
+    `commit`: the reservations are the transaction's last statement, so where the caller's
+    atomic block is the outermost one (`commits_here`) the call goes out with the
+    transaction's `COMMIT` in one pipeline: the jobs' locks are released by the round trip
+    that took them, without waiting for this thread to be scheduled again to send the
+    `COMMIT` (ledger 0010). True then means committed; on False the transaction is aborted,
+    for the caller's block to roll back. Inside an enclosing block, as without."""
     if not leases:
         return True
     if connection.vendor != "postgresql":
@@ -106,16 +115,46 @@ def reserve_all(leases: Sequence[tuple[object, object]], node: Node) -> bool:
     bound = lease_bound(node)
     keys = sorted({_lock_key(job) for _, job in leases})
     n = len(leases)
+    commit = commit and commits_here()
+    params = [_LOCK_CLASS, *map(array_literal, (
+        keys, [t for t, _ in leases], [j for _, j in leases], [node.pk] * n,
+        [bound.gross] * n, [bound.metered_s] * n, [bound.speed] * n)),
+        timezone.now(), commit]  # fmt: skip
+    statement = (
+        "SELECT gpuflex_reserve(%s, %s::int[], %s::uuid[], %s::uuid[], %s::bigint[], "
+        "%s::numeric[], %s::float8[], %s::float8[], %s, %s)"
+    )
     with prepared_cursor() as cursor:
-        cursor.execute(
-            "SELECT gpuflex_reserve(%s, %s::int[], %s::uuid[], %s::uuid[], %s::bigint[], "
-            "%s::numeric[], %s::float8[], %s::float8[], %s)",
-            [_LOCK_CLASS, *map(array_literal, (
-                keys, [t for t, _ in leases], [j for _, j in leases], [node.pk] * n,
-                [bound.gross] * n, [bound.metered_s] * n, [bound.speed] * n)),
-             timezone.now()],
-        )  # fmt: skip
+        if commit:
+            return _call_and_commit(cursor, statement, params)
+        cursor.execute(statement, params)
         return bool(cursor.fetchone()[0])
+
+
+# gpuflex_reserve's error when it is told to raise on a short escrow (ledger 0010)
+_SHORT = "GF001"
+
+
+def commits_here() -> bool:
+    """Whether the atomic block running now is the outermost one (its end is a COMMIT)."""
+    return connection.in_atomic_block and len(connection.atomic_blocks) == 1
+
+
+def _call_and_commit(cursor: Any, statement: str, params: list[Any]) -> bool:
+    """Run `statement` (which raises `_SHORT` rather than return false) and COMMIT in one
+    pipeline. PostgreSQL skips the queued COMMIT when the statement fails, and the
+    transaction is left aborted. Django's atomic block then finds nothing left to commit
+    (psycopg's commit on an idle connection does nothing) and runs its on-commit hooks."""
+    raw = connection.connection
+    try:
+        with connection.wrap_database_errors, raw.pipeline():
+            cursor.execute(statement, params)
+            raw.commit()  # queued behind the call and sent with it
+    except DatabaseError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == _SHORT:
+            return False
+        raise
+    return True
 
 
 @dataclass
@@ -306,13 +345,15 @@ def cheapest_lease(nodes: QuerySet[Node]) -> Decimal | None:
     return min(bounds) if bounds else None
 
 
-def unaffordable(job_id: object, candidates: QuerySet[Node]) -> str:
+def unaffordable(job_id: object, candidates: Callable[[], QuerySet[Node]]) -> str:
     """Why the job can pay for no further task, or "": nothing of it is in flight (an open
     reservation may still free escrow when its result is settled) and its free escrow is
-    less than the cheapest lease any online node that may work on it would reserve."""
+    less than the cheapest lease any online node that may work on it would reserve.
+    `candidates()` gives those nodes; it is only asked when nothing is in flight (reading
+    every node is most of this check's cost, and a running job almost always has work out)."""
     if Reservation.objects.filter(job_id=job_id, state=ReservationState.OPEN).exists():
         return ""
-    need = cheapest_lease(candidates)
+    need = cheapest_lease(candidates())
     free = free_escrow([job_id])[job_id]
     if need is None or free >= need:
         return ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 
 from django.conf import settings
@@ -229,7 +230,7 @@ def round_costs(job: Job) -> list[Decimal]:
     return [totals[r] for r in sorted(totals)]
 
 
-def budget_stop_reason(job: Job, candidates: QuerySet[Node]) -> str:
+def budget_stop_reason(job: Job, candidates: Callable[[], QuerySet[Node]]) -> str:
     """Why the job cannot afford another round, or "" if it can. The exact rule first: its
     free escrow must cover one more lease (`reservations.unaffordable`); then the estimate:
     the escrow must cover the dearest round so far times a margin, so that a round is not
@@ -296,7 +297,7 @@ def request_payout(
             # one provider's payouts at a time, and no forfeiture between the read and the
             # post: what running holds keep is not withdrawable (ledger/holds.py)
             earnings = accounts.provider_earnings(user)
-            Account.objects.select_for_update().filter(pk=earnings.pk).get()
+            Account.objects.select_for_update(no_key=True).filter(pk=earnings.pk).get()
             free = holds.available(user)
             if amount > free:
                 raise InvalidPayout(
@@ -308,7 +309,9 @@ def request_payout(
             from marketplace.ledger.chain import withdrawable  # web3: only with the chain
 
             # one buyer's withdrawals at a time: the figure below must not be read twice
-            Account.objects.select_for_update().filter(pk=accounts.buyer_credit(user).pk).get()
+            Account.objects.select_for_update(no_key=True).filter(
+                pk=accounts.buyer_credit(user).pk
+            ).get()
             most = withdrawable(user)
             if amount > most:
                 raise InvalidPayout(
@@ -379,7 +382,7 @@ def _payout_source(payout: Payout) -> Account:
 @transaction.atomic
 def mark_payout_paid(payout: Payout, *, reference: str, operator: User | None) -> Payout:
     """An operator paid it off-chain (a bank or exchange transfer) under `reference`."""
-    payout = Payout.objects.select_for_update().get(pk=payout.pk)
+    payout = Payout.objects.select_for_update(no_key=True).get(pk=payout.pk)
     if payout.status == PayoutStatus.PAID:
         return payout
     if payout.status != PayoutStatus.REQUESTED:
@@ -405,7 +408,7 @@ def mark_payout_paid(payout: Payout, *, reference: str, operator: User | None) -
 @transaction.atomic
 def reverse_payout(payout: Payout, *, reason: str, operator: User | None) -> Payout:
     """A payout that cannot be made goes back to the provider's earnings."""
-    payout = Payout.objects.select_for_update().get(pk=payout.pk)
+    payout = Payout.objects.select_for_update(no_key=True).get(pk=payout.pk)
     if payout.status == PayoutStatus.REVERSED:
         return payout
     if payout.status != PayoutStatus.REQUESTED:

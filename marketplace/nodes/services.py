@@ -235,7 +235,7 @@ def record_verification(
             lost_leases=F("lost_leases") + lost,
             speed_mismatches=F("speed_mismatches") + speed_mismatch,
         )
-        node = Node.objects.select_for_update().get(pk=node_id)
+        node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
         node.reliability = reliability_score(
             node.verified_ok, node.verified_bad, node.lost_leases, node.speed_mismatches
         )

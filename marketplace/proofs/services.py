@@ -155,7 +155,7 @@ def reveal(node: Node, check_id: int, step: int, body: bytes) -> dict[str, Any]:
     name = f"{files.job_dir(check.result.task.round.job_id)}/proofs/{check.pk}/{step}.safetensors"
     files.put(name, body)
     with transaction.atomic():
-        check = SegmentCheck.objects.select_for_update().get(pk=check.pk)
+        check = SegmentCheck.objects.select_for_update(no_key=True).get(pk=check.pk)
         if check.status != CheckStatus.REQUESTED:
             return {"status": check.status}
         check.revealed[str(step)] = name
@@ -174,7 +174,7 @@ def settle(
     """The check's verdict, once: the node's verification record, and a failed result
     rejected."""
     with transaction.atomic():
-        check = SegmentCheck.objects.select_for_update().get(pk=check.pk)
+        check = SegmentCheck.objects.select_for_update(no_key=True).get(pk=check.pk)
         if check.status in (CheckStatus.PASSED, CheckStatus.FAILED):
             return
         check.status = CheckStatus.PASSED if ok else CheckStatus.FAILED

@@ -12,6 +12,7 @@ import logging
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -306,10 +307,10 @@ def run_aggregation(round_id: int) -> None:
     outcome.metrics |= {"aggregation_started_at": started, "aggregation_s": time.time() - started}
     failpoint("aggregation.before_commit")  # the checkpoint is written, the database not yet
     with transaction.atomic():
-        rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
+        rnd = Round.objects.select_for_update(no_key=True).select_related("job").get(pk=round_id)
         if rnd.status != RoundStatus.AGGREGATING:
             return  # a duplicate delivery finished first
-        job = Job.objects.select_for_update().get(pk=rnd.job_id)
+        job = Job.objects.select_for_update(no_key=True).get(pk=rnd.job_id)
         _settle_results(rnd, outcome)
         rnd.status = RoundStatus.DONE
         rnd.metrics = {k: v for k, v in outcome.metrics.items() if k != "used"}
@@ -324,9 +325,10 @@ def run_aggregation(round_id: int) -> None:
         fields = ["rounds_done", "reached_target", "model_hash", "model_file", "updated_at",
                   "privacy_epsilon_spent"]  # fmt: skip
         finished = completion_reason(job, rnd, outcome)
+        candidates = partial(online_candidates, job)
         stop = (
             "" if finished or not job.is_active
-            else privacy_stop_reason(job) or budget_stop_reason(job, online_candidates(job))
+            else privacy_stop_reason(job) or budget_stop_reason(job, candidates)
         )  # fmt: skip
         if finished and job.status != JobStatus.CANCELLED:
             job.status, job.stop_reason = JobStatus.COMPLETED, finished
@@ -387,10 +389,10 @@ def fail_aggregation(round_id: int, reason: str) -> None:
     releasing the unspent escrow."""
     error = f"{reason.rstrip('.')}. The job has ended; its unspent budget was returned."
     with transaction.atomic():
-        rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
+        rnd = Round.objects.select_for_update(no_key=True).select_related("job").get(pk=round_id)
         if rnd.status != RoundStatus.AGGREGATING:
             return  # another attempt finished or failed it first
-        job = Job.objects.select_for_update().get(pk=rnd.job_id)
+        job = Job.objects.select_for_update(no_key=True).get(pk=rnd.job_id)
         _pay_verified(rnd)
         rnd.status = RoundStatus.CANCELLED
         rnd.metrics = {"round": rnd.number, "error": error}

@@ -281,7 +281,7 @@ def close_after_far_leases(tasks: list[Task]) -> int:
     closed = 0
     for pk in sorted(rounds):
         with transaction.atomic():
-            closed += maybe_close(Round.objects.select_for_update().get(pk=pk))
+            closed += maybe_close(Round.objects.select_for_update(no_key=True).get(pk=pk))
     return closed
 
 

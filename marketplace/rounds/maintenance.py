@@ -11,6 +11,7 @@ from their checkpoint.
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -92,7 +93,9 @@ def close_overdue_rounds() -> int:
     ).values_list("pk", flat=True)
     for round_id in overdue:
         with transaction.atomic():
-            rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
+            rnd = (
+                Round.objects.select_for_update(no_key=True).select_related("job").get(pk=round_id)
+            )
             if rnd.status != RoundStatus.OPEN:
                 continue
             if stall := stall_reason(rnd):  # a secure round that can never be unmasked
@@ -135,7 +138,7 @@ def give_up_round(rnd: Round, reason: str) -> None:
     cancelled, the job fails saying why, its unspent escrow goes back."""
     from marketplace.jobs.services import cancel_outstanding, fail_job
 
-    job = Job.objects.select_for_update().get(pk=rnd.job_id)
+    job = Job.objects.select_for_update(no_key=True).get(pk=rnd.job_id)
     rnd.status = RoundStatus.CANCELLED
     rnd.closed_at = timezone.now()
     rnd.metrics = {"round": rnd.number, "error": reason}
@@ -202,7 +205,7 @@ def resume_orphaned_jobs() -> int:
     resumed = 0
     for job in Job.objects.filter(status=JobStatus.RUNNING).exclude(Exists(active)):
         with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job.pk)
+            job = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
             if Round.objects.filter(
                 job=job, status__in=[RoundStatus.OPEN, RoundStatus.AGGREGATING]
             ).exists():
@@ -256,15 +259,16 @@ def stop_unaffordable_jobs() -> int:
     waiting = Task.objects.filter(round__job=OuterRef("pk"), status=TaskStatus.PENDING,
                                   round__status=RoundStatus.OPEN)  # fmt: skip
     stopped = 0
-    for job_id in (
-        Job.objects.filter(status=JobStatus.RUNNING)
-        .filter(Exists(waiting))
-        .values_list("pk", flat=True)
-    ):
+    for job in Job.objects.filter(status=JobStatus.RUNNING).filter(Exists(waiting)):
+        # judged first without the job's lock: a running job nearly always has work in
+        # flight, and a claim's commit waits on a lock held on its job's row (its
+        # reservations' foreign key), so every tick held up every claim of every job
+        if not unaffordable(job.pk, partial(online_candidates, job)):
+            continue
         with transaction.atomic():
-            job = Job.objects.select_for_update().get(pk=job_id)
+            job = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
             running = job.status == JobStatus.RUNNING
-            why = unaffordable(job.pk, online_candidates(job)) if running else ""
+            why = unaffordable(job.pk, partial(online_candidates, job)) if running else ""
             if why:
                 stop_job(job, f"Stopped in round {job.rounds_done + 1}: {why}. Raise the "
                               "budget to train further.")  # fmt: skip

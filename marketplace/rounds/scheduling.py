@@ -219,8 +219,9 @@ def nodes_that_may_work_on(job: Job) -> QuerySet[Node]:
     """The node side of `eligible_tasks`' rule, seen from a job: the nodes whose price,
     hardware (`may_work_on`) and kind let them take some task of it (online or not)."""
     needs = job_needs(job)
+    # every field node_view reads: a deferred one is a query per node
     fields = ("pk", "kind", "price_per_gpu_hour", "memory_gb", "reliability", "gpu_model",
-              "hardware", "benchmark", "speed_tflops")  # fmt: skip
+              "hardware", "runtime", "benchmark", "speed_tflops")  # fmt: skip
     nodes = Node.objects.only(*fields)
     qs = Node.objects.filter(pk__in=[n.pk for n in nodes if may_work_on(needs, node_view(n))])
     if job.tier == Tier.PLATFORM:
@@ -493,13 +494,14 @@ def _claim_locked(
 ) -> list[Task]:
     """The PostgreSQL claim: the candidates are row-locked (SKIP LOCKED), so nothing can win
     them from us. First optimistically: choose and lease as if every job could pay, and only
-    then lock the jobs' escrow (`Funds.load`), read it and write the reservations, so every
-    other claim on the job queues behind three statements and a commit, not behind the
-    whole claim. When some job's free escrow turns out short, that transaction is rolled
-    back and the claim is made again the careful way (`_lease_best`: each lease checked
-    against the escrow as it is chosen), which leases exactly what the optimistic one would
-    have whenever the escrow covers it all. `known`: the node's eligibility as read with its
-    row, for the first try (a try made again reads it again)."""
+    then lock the jobs' escrow, read it and write the reservations (`reserve_all`: one call
+    sent with the transaction's COMMIT), so every other claim on the job queues behind that
+    call and the commit, not behind the whole claim. When some job's free escrow turns out
+    short, that transaction is rolled back and the claim is made again the careful way
+    (`_lease_best`: each lease checked against the escrow as it is chosen), which leases
+    exactly what the optimistic one would have whenever the escrow covers it all. `known`:
+    the node's eligibility as read with its row, for the first try (a try made again reads
+    it again)."""
     for careful in (False, True, True):
         try:
             with transaction.atomic():
@@ -526,8 +528,9 @@ def _lease_optimistic(
     if not chosen:
         return []
     _lease_locked(node, chosen, key)
-    # the jobs' escrow locks, waited, the check and the reservations in one round trip
-    if not reserve_all([(task.pk, task.round.job_id) for task, _ in chosen], node):
+    # the jobs' escrow locks, waited, the check, the reservations and (where this claim's
+    # block is the outermost) the COMMIT that releases the locks, in one round trip
+    if not reserve_all([(task.pk, task.round.job_id) for task, _ in chosen], node, commit=True):
         raise _Short
     return [task for task, _ in chosen]
 

@@ -147,10 +147,10 @@ def finish_scoring(round_id: int) -> None:
         output = files.put(predictions_name(job), _parquet(rows, job.num_classes))  # type: ignore[arg-type]
         metrics |= {"rows": sum(len(p.labels) for _, p in rows)}  # type: ignore[union-attr]
     with transaction.atomic():
-        rnd = Round.objects.select_for_update().select_related("job").get(pk=round_id)
+        rnd = Round.objects.select_for_update(no_key=True).select_related("job").get(pk=round_id)
         if rnd.status != RoundStatus.AGGREGATING:
             return
-        job = Job.objects.select_for_update().get(pk=rnd.job_id)
+        job = Job.objects.select_for_update(no_key=True).get(pk=rnd.job_id)
         used = {r.pk for r in results}
         for result in TaskResult.objects.filter(task__round=rnd).select_related(
             "task__round__job", "node"

@@ -71,7 +71,7 @@ def locked_state(rnd: Round) -> SecAggRound:
     SecAggRound.objects.get_or_create(
         round=rnd, defaults={"phase_deadline": timezone.now() + setup}
     )
-    return SecAggRound.objects.select_for_update().get(round=rnd)
+    return SecAggRound.objects.select_for_update(no_key=True).get(round=rnd)
 
 
 def member_of(sa: SecAggRound, task: Task) -> SecAggMember | None:

@@ -48,7 +48,9 @@ def accept_unmask(node: Node, task_id: object, revealed: Any) -> dict[str, Any]:
 
     task = secagg_task(node, task_id)
     with transaction.atomic():
-        rnd = Round.objects.select_for_update().select_related("job").get(pk=task.round_id)
+        rnd = (
+            Round.objects.select_for_update(no_key=True).select_related("job").get(pk=task.round_id)
+        )
         sa = locked_state(rnd)
         member = member_of(sa, task)
         if sa.phase not in (SecAggPhase.UNMASK, SecAggPhase.READY):

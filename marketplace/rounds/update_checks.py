@@ -102,8 +102,8 @@ def _accept(received: ReceivedUpdate) -> tuple[TaskResult, dict[str, str]] | Non
     else:
         precision, device, meta = _store_update(node, task, body, name)
     with transaction.atomic():
-        rnd = Round.objects.select_for_update().get(pk=task.round_id)
-        task = Task.objects.select_for_update().get(pk=task.pk)
+        rnd = Round.objects.select_for_update(no_key=True).get(pk=task.round_id)
+        task = Task.objects.select_for_update(no_key=True).get(pk=task.pk)
         if not _still_received(received):
             return None
         if task.node_id != node.pk:
@@ -174,8 +174,8 @@ def _refuse(received: ReceivedUpdate, exc: MarketplaceError) -> None:
     the round may close without it."""
     reason = exc.extra.get("reason", exc.code)
     with transaction.atomic():
-        rnd = Round.objects.select_for_update().get(pk=received.task.round_id)
-        task = Task.objects.select_for_update().get(pk=received.task_id)
+        rnd = Round.objects.select_for_update(no_key=True).get(pk=received.task.round_id)
+        task = Task.objects.select_for_update(no_key=True).get(pk=received.task_id)
         if not _still_received(received):
             # another check ended it first, or its lease went: nothing to count, and its
             # file left alone (the same node may have sent the same bytes for the task

@@ -161,7 +161,7 @@ def accept_update(node: Node, task_id: object, body: bytes, metrics_header: str 
     name = received_name(task.round.job_id, task.pk, digest)
     files.put(name, body, content_addressed=True)
     with transaction.atomic():
-        task = Task.objects.select_for_update().get(pk=task.pk)
+        task = Task.objects.select_for_update(no_key=True).get(pk=task.pk)
         if task.node_id != node.pk:
             raise NotFound("No such task is leased to this node.")
         if task.status != TaskStatus.LEASED:
@@ -298,6 +298,6 @@ def fail_task(node: Node, task_id: object, reason: str, detail: str) -> Any:
     with transaction.atomic():
         if task.status == TaskStatus.LEASED:
             release_task(task, f"{reason}: {detail}")
-            rnd = Round.objects.select_for_update().get(pk=task.round_id)
+            rnd = Round.objects.select_for_update(no_key=True).get(pk=task.round_id)
             maybe_close(rnd)
     return task

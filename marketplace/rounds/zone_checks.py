@@ -88,7 +88,7 @@ def _conclude(received: ReceivedPartial, refused: str, decoded: Decoded | None =
     them, since they may have changed while it waited."""
     aggregator = received.aggregator
     with transaction.atomic():
-        rnd = Round.objects.select_for_update().get(pk=received.round_id)
+        rnd = Round.objects.select_for_update(no_key=True).get(pk=received.round_id)
         if not ReceivedPartial.objects.filter(pk=received.pk).delete()[0]:
             return  # the tick dropped it, or another delivery concluded it
         if decoded is not None:

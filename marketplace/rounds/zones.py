@@ -74,7 +74,7 @@ def hand_off(node: Node, task_id: object, aggregator_id: int, update_hash: str) 
     with transaction.atomic():
         try:
             task = (
-                Task.objects.select_for_update()
+                Task.objects.select_for_update(no_key=True)
                 .select_related("round__job")
                 .get(pk=task_id, node=node)
             )
@@ -235,7 +235,7 @@ def accept_partial(node: Node, body: bytes) -> tuple[int, Receipt]:
         name = received_partial_name(rnd.job_id, digest)
         files.put(name, body, content_addressed=True)
         with transaction.atomic():
-            rnd = Round.objects.select_for_update().get(pk=rnd.pk)
+            rnd = Round.objects.select_for_update(no_key=True).get(pk=rnd.pk)
             # a retry racing this one, or checked and accepted since the first look
             if ReceivedPartial.objects.filter(round=rnd, update_hash=digest).exists():
                 return 202, receipt
@@ -308,7 +308,9 @@ def recheck_partials() -> int:
         "aggregator"
     ):
         with transaction.atomic():
-            Round.objects.select_for_update().get(pk=received.round_id)  # the check's lock
+            Round.objects.select_for_update(no_key=True).get(
+                pk=received.round_id
+            )  # the check's lock
             if not ReceivedPartial.objects.filter(pk=received.pk).delete()[0]:
                 continue  # the check got there first
             why = f"{PARTIAL_FAILED}was received but not checked within a lease"

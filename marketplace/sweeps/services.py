@@ -45,7 +45,7 @@ PRUNED = "pruned"  # a pruned trial's stop_reason
 
 def advance_sweep(sweep_id: object, child_id: object = None, round_number: int = 0) -> None:
     with transaction.atomic():
-        sweep = Job.objects.select_for_update().filter(pk=sweep_id).first()
+        sweep = Job.objects.select_for_update(no_key=True).filter(pk=sweep_id).first()
         if sweep is None or sweep.kind != "sweep":
             return
         if child_id and round_number:
@@ -66,7 +66,11 @@ def _sweep_spec(sweep: Job) -> SweepSpec:
 def _record_round(sweep: Job, child_id: object, number: int) -> None:
     from trainer import sweep as study
 
-    trial = SweepTrial.objects.select_for_update().filter(sweep=sweep, job_id=child_id).first()
+    trial = (
+        SweepTrial.objects.select_for_update(no_key=True)
+        .filter(sweep=sweep, job_id=child_id)
+        .first()
+    )
     rnd = Round.objects.filter(job_id=child_id, number=number, status=RoundStatus.DONE).first()
     if trial is None or rnd is None:
         return
@@ -78,7 +82,7 @@ def _record_round(sweep: Job, child_id: object, number: int) -> None:
     trial.save(update_fields=["intermediate", "updated_at"])
     if trial.state != TrialState.RUNNING or not sweep.is_active:
         return
-    child = Job.objects.select_for_update().get(pk=child_id)
+    child = Job.objects.select_for_update(no_key=True).get(pk=child_id)
     if child.is_active and study.should_prune(spec, records(sweep), trial.number):
         why = f"pruned by the sweep's median pruner after round {number}"
         stop_job(child, f"{why} (trial #{trial.number} of sweep {sweep.name})", PRUNED)
@@ -89,7 +93,7 @@ def _sync_ended(sweep: Job) -> None:
     from trainer import sweep as study
 
     spec = _sweep_spec(sweep)
-    running = SweepTrial.objects.select_for_update().filter(
+    running = SweepTrial.objects.select_for_update(no_key=True).filter(
         sweep=sweep, state=TrialState.RUNNING, job__isnull=False
     )
     for trial in running.select_related("job"):

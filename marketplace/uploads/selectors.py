@@ -22,7 +22,7 @@ def uploads_of(owner: User) -> QuerySet[Upload]:
 def upload_of(owner: User, upload_id: object, *, lock: bool = False) -> Upload:
     qs = uploads_of(owner)
     if lock:
-        qs = qs.select_for_update()
+        qs = qs.select_for_update(no_key=True)
     try:
         return qs.get(pk=uuid.UUID(str(upload_id)))
     except (Upload.DoesNotExist, ValueError, ValidationError):

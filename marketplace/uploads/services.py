@@ -72,7 +72,7 @@ def create_upload(*, owner: User, filename: str, size: int, sha256: str) -> Uplo
     with transaction.atomic():
         # one quota check at a time per account: two sessions opened at once cannot both
         # take the last of it
-        User.objects.select_for_update().filter(pk=owner.pk).first()
+        User.objects.select_for_update(no_key=True).filter(pk=owner.pk).first()
         used = quota_used(owner)
         if used + size > limits["quota"]:
             raise OverQuota(
@@ -282,7 +282,7 @@ def use_upload(upload: Upload, job_id: object) -> None:
     """Inside the job's transaction: the job took its own copy of the file, so the upload
     is marked used (it counts against the quota no more) and its file goes on commit.
     Raced by another submission of the same upload: a 409, and the job is not stored."""
-    locked = Upload.objects.select_for_update().get(pk=upload.pk)
+    locked = Upload.objects.select_for_update(no_key=True).get(pk=upload.pk)
     if locked.status != UploadStatus.COMPLETE:
         raise Conflict(f"Upload {upload.pk} was used by another job meanwhile.")
     name = locked.stored_name

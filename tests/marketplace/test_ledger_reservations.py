@@ -3,26 +3,31 @@ never leases work it cannot pay for (docs/money.md, "Budgets")."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
+from psycopg.pq import TransactionStatus
 
 from marketplace.jobs.models import Job
 from marketplace.ledger import accounts
 from marketplace.ledger.models import Reservation, ReservationState
 from marketplace.ledger.posting import balance
 from marketplace.ledger.reconcile import reconcile
-from marketplace.ledger.reservations import free_escrow, reserve_all
+from marketplace.ledger.reservations import _LOCK_CLASS, _lock_key, free_escrow, reserve_all
 from marketplace.nodes.models import Node
 from marketplace.rounds.maintenance import reclaim_leases, tick
 from marketplace.rounds.models import Task
-from marketplace.rounds.scheduling import lease_batch
+from marketplace.rounds.scheduling import lease_batch, nodes_that_may_work_on
 from tests.marketplace.helpers import SMALL_SPEC
 
 pytestmark = pytest.mark.django_db(transaction=True)
+postgres_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the claim's commit pipeline is PostgreSQL's"
+)
 
 # 60 per reference GPU-hour on an 80 TFLOP/s node (speed 4): a lease of up to 300 s with the
 # full 10 % bonus reserves 60 x 300 x 4 / 3600 x 1.1 = 22; an upload of 2 s, 0.146666
@@ -159,3 +164,141 @@ def test_a_claims_reservations_are_all_or_none(make_agent, submit) -> None:
     with transaction.atomic():
         assert reserve_all([(a.pk, job.pk)], node)
     assert _open(job) == [LEASE] and free_escrow([job.pk])[job.pk] == Decimal("8")
+
+
+class _Rollback(Exception):
+    pass
+
+
+def _seen_elsewhere(job: Job) -> tuple[list[Decimal], bool]:
+    """(open reservations of `job`, whether its escrow lock is free) read by another
+    connection: what every other claim sees now."""
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(
+                "SELECT amount FROM ledger_reservation WHERE job_id = %s AND state = 'open'",
+                [job.pk],
+            )
+            amounts = sorted(a for (a,) in cursor.fetchall())
+            cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [_LOCK_CLASS, _lock_key(job.pk)])
+            free = cursor.fetchone()[0]  # a session lock: it ends when `other` closes
+        return amounts, free
+    finally:
+        other.close()
+
+
+@postgres_only
+def test_a_claims_reservations_go_out_with_its_commit(make_agent, submit) -> None:
+    """With `commit`, in the outermost block, the call and the COMMIT are one round trip:
+    when it returns the leases are committed and the job's escrow lock is free for the next
+    claim, before the block ends. Short, nothing is committed and the block rolls back."""
+    agent = make_agent(kind="platform", price=PRICE)
+    job = _job(submit, "30", spec=SMALL_SPEC)  # one lease of 22 fits, two do not
+    node = Node.objects.get(pk=agent.node_id)
+    a, b = Task.objects.filter(round__job=job)[:2]
+    with pytest.raises(_Rollback), transaction.atomic():
+        Task.objects.filter(pk=a.pk).update(claim_key="short")
+        assert not reserve_all([(a.pk, job.pk), (b.pk, job.pk)], node, commit=True)
+        raise _Rollback  # as the claim does (scheduling._Short)
+    assert _seen_elsewhere(job) == ([], True)
+    assert Task.objects.get(pk=a.pk).claim_key != "short"
+    with transaction.atomic():
+        Task.objects.filter(pk=a.pk).update(claim_key="k")
+        assert reserve_all([(a.pk, job.pk)], node, commit=True)
+        assert _seen_elsewhere(job) == ([LEASE], True)  # committed, the lock released
+        assert connection.connection.info.transaction_status == TransactionStatus.IDLE
+    assert Task.objects.get(pk=a.pk).claim_key == "k"
+    assert _open(job) == [LEASE]
+
+
+@postgres_only
+def test_a_reservation_inside_an_enclosing_block_does_not_commit_it(make_agent, submit) -> None:
+    """`commit` only commits a transaction whose end is the claim's own: inside an enclosing
+    block (a caller's own transaction) the reservation waits for that block's end."""
+    agent = make_agent(kind="platform", price=PRICE)
+    job = _job(submit, "30", spec=SMALL_SPEC)
+    node = Node.objects.get(pk=agent.node_id)
+    a = Task.objects.filter(round__job=job).first()
+    with pytest.raises(_Rollback), transaction.atomic():
+        with transaction.atomic():
+            assert reserve_all([(a.pk, job.pk)], node, commit=True)
+        assert _seen_elsewhere(job) == ([], False)  # not committed; the lock still held
+        raise _Rollback
+    assert _open(job) == []
+
+
+def test_reading_who_may_work_on_a_job_is_one_query_however_many_nodes(
+    make_agent, submit, django_assert_num_queries
+) -> None:
+    """Every field the rule reads (node_view) is read with the nodes: a field left deferred
+    was a query per node (runtime: 1,000 queries a tick with 1,000 nodes)."""
+    agent = make_agent(kind="platform", price=PRICE)
+    job = _job(submit, "30")
+    owner = Node.objects.get(pk=agent.node_id).owner
+    for i in range(5):
+        Node.objects.create(owner=owner, name=f"more-{i}", price_per_gpu_hour=Decimal("3"),
+                            runtime={"plan": "cpu", "torch": "2.13.0"})  # fmt: skip
+    with django_assert_num_queries(2):  # the rule's read of every node, then the answer's
+        assert agent.node_id in {n.pk for n in nodes_that_may_work_on(job)}
+
+
+@postgres_only
+def test_the_tick_takes_no_lock_on_a_job_it_does_not_stop(make_agent, submit) -> None:
+    """A claim's commit checks its reservations' job exists (a foreign key: FOR KEY SHARE on
+    the job's row), so a lock on the row held by the tick held up every claim of the job.
+    A job with work in flight is judged without it; one the tick stops, under a lock that
+    leaves the key alone (FOR NO KEY UPDATE)."""
+    a, b = (make_agent(kind="platform", price=PRICE) for _ in range(2))
+    _job(submit, "30")
+    assert a.claim() is not None  # in flight: the job is not unaffordable
+    taken: list[str] = []
+
+    def spy(execute, sql, params, many, context):
+        if "jobs_job" in sql and "FOR" in sql:
+            taken.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy):
+        assert tick()["unaffordable"] == 0
+    assert taken == []
+    _job(submit, "10")
+    assert b.claim() is None  # 8 free in the first, 10 in this: neither pays for 22
+    with connection.execute_wrapper(spy):
+        assert tick()["unaffordable"] == 1
+    assert taken and all("FOR NO KEY UPDATE" in sql for sql in taken), taken
+
+
+@postgres_only
+def test_a_claim_commits_while_its_job_is_locked_elsewhere(make_agent, submit) -> None:
+    """The server's row locks leave keys alone (FOR NO KEY UPDATE): a buyer's pause,
+    a round's close or the tick holding the job's row does not hold up the commit of a
+    claim, whose reservations' foreign key takes FOR KEY SHARE on that row."""
+    from marketplace.jobs import services
+
+    agent = make_agent(kind="platform", price=PRICE)
+    job = _job(submit, "30")
+    locked, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                services._locked(job)
+                locked.set()
+                done.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        with connection.cursor() as cursor:  # a wait on the row is an error, not a hang
+            cursor.execute("SET lock_timeout = '5s'")
+        assert agent.claim() is not None
+    finally:
+        done.set()
+        holder.join()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert _open(job) == [LEASE]
