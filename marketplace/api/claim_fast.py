@@ -29,9 +29,8 @@ import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.utils import timezone
-from rest_framework.renderers import JSONRenderer
 
-from marketplace.api import lean_key
+from marketplace.api import claim_render, lean_key
 from marketplace.api.serializers.agent import CLAIM_KEY, claim_reply
 from marketplace.api.throttles import KeyRateThrottle
 from marketplace.nodes import presence
@@ -40,7 +39,6 @@ from marketplace.rounds.scheduling import MAX_CLAIM_BATCH, claim_with_wait, task
 
 log = logging.getLogger(__name__)
 
-_RENDERER = JSONRenderer()
 # what the plain check takes of the query: a count 1-8 and a wait of whole seconds with up to
 # three decimals (the agent's), each once; anything else is the serializer's to judge
 _MAX = re.compile(r"[1-9][0-9]?")
@@ -87,15 +85,14 @@ def plain_query(query: QueryDict) -> tuple[float, int] | None:
 
 
 def reply_response(data: dict[str, Any] | None) -> HttpResponse:
-    """The view's Response for `claimed`'s answer, as DRF renders it: the JSON 200, or an
-    empty 204 without a Content-Type."""
+    """The view's Response for `claimed`'s answer, as DRF renders it (each job's spec
+    rendered once: api/claim_render.py): the JSON 200, or an empty 204 without a
+    Content-Type."""
     if data is None:
         response = HttpResponse(status=204)
         del response["Content-Type"]
     else:
-        response = HttpResponse(
-            _RENDERER.render(data, "application/json"), content_type="application/json"
-        )
+        response = HttpResponse(claim_render.render(data), content_type="application/json")
     for name, value in lean_key.VIEW_HEADERS.items():
         response[name] = value
     return response
