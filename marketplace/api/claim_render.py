@@ -40,26 +40,24 @@ def _spliced(data: dict[str, Any]) -> bytes:
     if not isinstance(data.get("tasks"), list) or "task" not in data:
         raise _Whole
     specs: dict[str, Any] = {}  # job id -> its spec
-    made = 0
 
     def tokened(task: Any) -> dict[str, Any]:
-        nonlocal made
         if not isinstance(task, dict) or "spec" not in task or "job_id" not in task:
             raise _Whole
         job, spec = str(task["job_id"]), task["spec"]
         known = specs.setdefault(job, spec)
         if known is not spec and known != spec:  # never by construction; then no splicing
             raise _Whole
-        made += 1
         return task | {"spec": _token(job)}
 
     light = data | {"tasks": [tokened(t) for t in data["tasks"]], "task": tokened(data["task"])}
     body = _RENDERER.render(light, "application/json")
+    found = 0
     for job, spec in specs.items():
         token = _RENDERER.render(_token(job), "application/json")
-        made -= body.count(token)
+        found += body.count(token)
         body = body.replace(token, _RENDERER.render(spec, "application/json"))
-    if made:  # a token was in the data itself: what was spliced cannot be trusted
+    if found != len(light["tasks"]) + 1:  # a token was in the data itself: not to be trusted
         raise _Whole
     return body
 
