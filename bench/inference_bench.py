@@ -1,7 +1,7 @@
 """Inference through the marketplace against one process running the same model on the same
 rows (`python -m bench.run --only inference`).
 
-The marketplace side is `gpuflex demo`'s machinery: the server (gunicorn), a Celery worker and
+The marketplace side is `gpuflex demo`'s machinery: the server (granian), a Celery worker and
 five real agents (platform nodes on the lan profile, sandboxed runners, warm workers), each a
 process of its own. A buyer submits a `kind: inference` job with an uploaded checkpoint and an
 npz of ROWS rows; the clock runs from the accepted submission (upload and checks done) to the

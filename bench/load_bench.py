@@ -1,9 +1,9 @@
 """The load bench (`python -m bench.run --only load`): 1,000 simulated agents (Locust,
 bench/load_agents.py) against `gpuflex serve` on loopback, on the production stack:
-gunicorn, PostgreSQL, Redis (presence, key cache, throttles) and a Celery worker whose tick
+granian, PostgreSQL, Redis (presence, key cache, throttles) and a Celery worker whose tick
 flushes presence. First, on the quiet server, `cpu_per_request` (no Locust): the server's
-CPU seconds per request for a heartbeat, a claim of 8 tasks and a 401, from gunicorn's
-/proc times around a known number of requests (so the load generator's own CPU, and the
+CPU seconds per request for a heartbeat, a claim of 8 tasks and a 401, from the web
+server's /proc times around a known number of requests (so the load generator's own CPU, and the
 machine's other load, are not in them), then 10,000 tasks to 1,000 nodes through the live
 claim endpoint. Then each phase is one headless Locust run bounded in time:
 
@@ -20,7 +20,7 @@ claim endpoint. Then each phase is one headless Locust run bounded in time:
 `python -m bench.request_profile` profiles the same requests in process (cProfile).
 
 Prints one JSON line. The machine is shared by the load generator and the server: the
-figures say how many gunicorn workers and Locust processes ran.
+figures say how many web workers and Locust processes ran.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def _locust(
         "requests": n,
         "failures": int(row["Failure Count"]),
         "failure_kinds": failed,
-        # gunicorn's CPU (all workers) per request: the Python cost, without PostgreSQL's
+        # the web server's CPU (all workers) per request: the Python cost, without PostgreSQL's
         # and Redis's own; 1,000 / this is what one dedicated core would answer per second
         "server_cpu_ms_per_request": 1000 * cpu / n if cpu is not None and n else None,
         "per_s": n / run_s,
@@ -365,7 +365,7 @@ def _cpu_per_request(
     out["401"] = _requests_cpu(
         url, server, [("GET", "/api/v1/nodes/", None)] * n, expect=(401,), threads=threads
     )
-    # the floor: gunicorn, Django's WSGI handler and the first middleware, nothing else
+    # the floor: the web server, Django's WSGI handler and the first middleware, nothing else
     # (OperationsMiddleware answers it ahead of the rest)
     out["healthz"] = _requests_cpu(
         url, server, [("GET", "/healthz", None)] * n, expect=(200,), threads=threads
@@ -465,7 +465,7 @@ def _per_core(out: dict[str, Any]) -> dict[str, Any]:
 
 def _drain(url: str, deadline_s: float = 60) -> None:
     """Wait until the server answers a trivial request quickly again: requests a phase left
-    queued in gunicorn would otherwise be counted against the next phase."""
+    queued in the web server would otherwise be counted against the next phase."""
     import httpx
 
     end = time.monotonic() + deadline_s
@@ -494,7 +494,7 @@ def _serve(env: dict[str, str], workers: int, threads: int) -> tuple[str, subpro
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM, then SIGKILL to the process group of whatever is still there after 10 s
-    (gunicorn waits out kept-alive connections, a solo Celery worker its tick)."""
+    (the web server waits out its requests, a solo Celery worker its tick)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
@@ -557,8 +557,8 @@ def run(
         worker = _start(["worker", "--pool", "solo", "--loglevel", "WARNING"], env)
         procs = [server, worker]
         out: dict[str, Any] = {
-            "agents": agents, "phase_s": phase_s, "gunicorn_workers": workers,
-            "gunicorn_threads": threads, "locust_processes": 1, "celery_workers": 1,
+            "agents": agents, "phase_s": phase_s, "web_workers": workers,
+            "web_threads": threads, "locust_processes": 1, "celery_workers": 1,
             "cpus": os.cpu_count(), "database": "postgresql", "redis": True,
         }  # fmt: skip
         try:
@@ -698,8 +698,9 @@ def render_cpu(c: dict[str, Any], r: dict[str, Any]) -> list[str]:
         "## Server CPU per request (`cpu_per_request`)",
         "",
         f"`python -m bench.run --only load` (or `python -m bench.load_bench --cpu-only` for this "
-        f"section alone): the gunicorn server's CPU time (master and all {r['gunicorn_workers']} "
-        f"workers × {r['gunicorn_threads']} threads, from /proc) before and after the requests, "
+        f"section alone): the web server's CPU time (granian's main process and all "
+        f"{r['web_workers']} workers × {r['web_threads']} threads, from /proc) before and "
+        "after the requests, "
         f"divided by the requests; sent by {c['threads']} keep-alive clients whose own CPU is "
         "not counted, nor PostgreSQL's and Redis's. CPU-seconds per request depend far less on "
         "the machine's other load than wall times (runs with the same code here differed by up "
@@ -716,7 +717,7 @@ def render_cpu(c: dict[str, Any], r: dict[str, Any]) -> list[str]:
         f"| server CPU per 401 (no key: no database, no cache) | {ms(un)} | — | |",
         *(
             [
-                f"| server CPU per `/healthz` (gunicorn and Django's handler alone) "
+                f"| server CPU per `/healthz` (the web server and Django's handler alone) "
                 f"| {ms(c['healthz'])} | — | |"
             ]
             if "healthz" in c
@@ -752,8 +753,8 @@ def _render_locust(r: dict[str, Any]) -> list[str]:
         "## Load: 1,000 simulated agents (Locust) against `gpuflex serve`",
         "",
         f"`python -m bench.run --only load`: {r['agents']} Locust users (FastHttpUser, "
-        f"{r['locust_processes']} Locust process) against gunicorn ({r['gunicorn_workers']} "
-        f"workers × {r['gunicorn_threads']} threads) on PostgreSQL and Redis, with one Celery "
+        f"{r['locust_processes']} Locust process) against granian ({r['web_workers']} "
+        f"workers × {r['web_threads']} threads) on PostgreSQL and Redis, with one Celery "
         f"worker (solo) whose tick flushes presence; {r['phase_s']:.0f} s a phase, all of it on "
         f"this machine's {r['cpus']} CPUs, which the load generator shares with the server "
         f"(1-minute load average at the end of the heartbeat phase: "

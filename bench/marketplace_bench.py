@@ -110,7 +110,7 @@ def heartbeat_throughput(
     threads: int = 8,
     database_url: str | None = None,
 ) -> dict[str, Any]:
-    """Heartbeats/s and latency against `gpuflex serve` (gunicorn) on loopback."""
+    """Heartbeats/s and latency against `gpuflex serve` (granian) on loopback."""
     workers = workers or max(2, os.cpu_count() or 1)
     _reset_database(database_url)
     with tempfile.TemporaryDirectory(prefix="gpuflex-bench-") as tmp:
@@ -171,7 +171,7 @@ def _register_nodes(url: str, provider_key: str, count: int) -> list[str]:
     headers = {"Authorization": f"Bearer {provider_key}"}
     deadline = time.monotonic() + 60
     with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
-        while True:  # wait for gunicorn to listen
+        while True:  # wait for the server to listen
             try:
                 http.get("/api/v1/nodes/")
                 break

@@ -1,5 +1,5 @@
-"""Where a request's server CPU goes, in process: the agent endpoints called as gunicorn
-calls them (Django's WSGI handler, the full middleware stack) against PostgreSQL and Redis,
+"""Where a request's server CPU goes, in process: the agent endpoints called as the web
+server calls them (Django's WSGI handler, the full middleware stack) against PostgreSQL and Redis,
 many times, under cProfile or just timed with the process's CPU clock.
 
     python -m bench.request_profile [--requests 2000] [--profile KIND] [--kinds K,K,...]
@@ -48,7 +48,7 @@ BEAT = json.dumps(
 def _call(
     app: Callable, method: str, path: str, key: str | None, body: bytes = b"", **headers: str
 ) -> int:
-    """One request through the WSGI application, as gunicorn hands it over."""
+    """One request through the WSGI application, as the web server hands it over."""
     path, _, query = path.partition("?")
     environ = {
         "REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,

@@ -335,7 +335,7 @@ def render_slow_clients(r: dict[str, Any]) -> list[str]:
         late = f", {run['timed_out']} timed out" if run["timed_out"] else ""
         return f"p50 {run['p50_ms']:.0f} ms, max {run['max_ms']:.0f} ms{late}"
 
-    g, n = r["gunicorn"], r["nginx"]
+    g, n = r.get("alone") or r["gunicorn"], r["nginx"]  # "gunicorn": results before granian
     return [
         "## Slow clients (`gpuflex serve`, alone and behind `gpuflex nginx-config`)",
         "",
@@ -344,7 +344,7 @@ def render_slow_clients(r: dict[str, Any]) -> list[str]:
         "meanwhile an honest client sends requests one after another "
         "(`python -m bench.run --only slow_clients`).",
         "",
-        "| honest requests | gunicorn alone | behind nginx |",
+        "| honest requests | server alone | behind nginx |",
         "|---|---|---|",
         f"| no slow clients (baseline) | {cell(g['baseline'])} | {cell(n and n['baseline'])} |",
         f"| with the slow clients | {cell(g['slow'])} | {cell(n and n['slow'])} |",
@@ -687,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         elif section == "promises":
             results["promises"] = promises_bench.run()
         elif section == "slow_clients":
-            print("slow clients: gunicorn alone, then behind nginx")
+            print("slow clients: the server alone, then behind nginx")
             results["slow_clients"] = slow_clients_bench.run()
         else:
             print("marketplace: heartbeats and scheduling")

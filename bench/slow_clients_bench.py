@@ -1,9 +1,10 @@
 """Slow clients against `gpuflex serve`, bare and behind nginx (`--only slow_clients`).
 
 An attacker opens connections and sends half a request, a byte now and then: each one parks
-a gunicorn thread. This measures what an honest client's request costs meanwhile, with no
-slow clients (the baseline) and with more of them than gunicorn has threads, on gunicorn
-alone and through the nginx block of marketplace/server/proxy.py.
+one of the server's application threads once its headers are in. This measures what an
+honest client's request costs meanwhile, with no slow clients (the baseline) and with more of
+them than the server has threads, on the server alone and through the nginx block of
+marketplace/server/proxy.py.
 """
 
 from __future__ import annotations
@@ -173,7 +174,7 @@ def run(slow: int = 200, requests: int = 10, timeout_s: float = 5.0) -> dict[str
     # than slow clients, which is the attack's point
     shape = {"workers": 2, "threads": 16}
     out: dict[str, Any] = {"slow_clients": slow, **shape}
-    for mode, proxy in (("gunicorn", None), ("nginx", ProxySettings())):
+    for mode, proxy in (("alone", None), ("nginx", ProxySettings())):
         if mode == "nginx" and nginx_binary() is None:
             out[mode] = None
             continue

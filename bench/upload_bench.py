@@ -2,9 +2,9 @@
 
 A generated CSV dataset (500 MB by default) goes up through the SDK's resumable upload
 (marketplace.client.Client.upload: sha256, 8 MiB chunks PUT with Content-Range, finish with
-the server's size and hash check and the move into storage), against a real gunicorn
-server. Beside it, in the same process, the baseline: a raw copy of the same bytes to
-another file on the same disk (fsynced, as the server fsyncs each chunk). The gunicorn
+the server's size and hash check and the move into storage), against a real `gpuflex
+serve`. Beside it, in the same process, the baseline: a raw copy of the same bytes to
+another file on the same disk (fsynced, as the server fsyncs each chunk). The web
 worker's peak resident memory shows that chunks are streamed to disk, never held whole.
 """
 
@@ -77,7 +77,7 @@ def _peak_rss_mb(pid: int) -> float | None:
 @contextlib.contextmanager
 def serving(data_dir: Path, database_url: str | None) -> Iterator[tuple[str, str, int]]:
     """`gpuflex serve` (one worker) on a free port; yields its URL, a buyer's key and the
-    gunicorn master's pid."""
+    web server's main pid."""
     env = _server_env(data_dir, database_url) | {"SECRET_KEY": secrets.token_urlsafe(48)}
     if not database_url:
         env.pop("DATABASE_URL", None)  # its own SQLite, whatever database the caller uses
@@ -145,7 +145,7 @@ def render(r: dict[str, Any]) -> list[str]:
         "## Chunked dataset upload (`gpuflex serve` on loopback)",
         "",
         f"A generated {r['bytes'] / MB:,.0f} MB CSV through `Client.upload` "
-        f"({r['chunk_bytes'] // 2**20} MiB chunks, one gunicorn worker, {r['database']}): "
+        f"({r['chunk_bytes'] // 2**20} MiB chunks, one web worker, {r['database']}): "
         "sha256 on the client, chunks streamed to disk and fsynced, then the server's size "
         "and hash check and the move into storage (`python -m bench.run --only upload`).",
         "",
@@ -157,7 +157,7 @@ def render(r: dict[str, Any]) -> list[str]:
         f"| of which the client's sha256 | {r['client_hash_s']:.2f} | |",
         "",
         f"End to end the upload runs at **{r['ratio_to_copy']:.2f}×** the raw copy's rate. "
-        f"The gunicorn worker's peak resident memory: {r['worker_peak_rss_mb'] or 0:,.0f} MB "
+        f"The web worker's peak resident memory: {r['worker_peak_rss_mb'] or 0:,.0f} MB "
         f"(before the upload {r['worker_rss_mb_before'] or 0:,.0f} MB) for a "
         f"{r['bytes'] / MB:,.0f} MB file.",
         "",

@@ -118,6 +118,7 @@ def cmd_manage(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from marketplace.server import http_server
     from marketplace.server.bind import PROXIES_ENV, bind_problem
     from marketplace.server.secret_key import serve_problem
 
@@ -126,7 +127,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         env["GPUFLEX_DEV"] = "1"
     if args.behind_proxy and not env.get(PROXIES_ENV, "").strip():
         env[PROXIES_ENV] = "1"  # one nginx in front: its forwarded headers are believed
-    # a public or missing key lets anyone forge sessions, and gunicorn reachable without a
+    # a public or missing key lets anyone forge sessions, and the server reachable without a
     # proxy lets slow clients hold every thread: both refused before anything starts
     for problem in (serve_problem(env), bind_problem(args.bind, env)):
         if problem is not None:
@@ -136,22 +137,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         migrate = [sys.executable, "-m", "marketplace.manage", "migrate", "--noinput", "-v", "0"]
         subprocess.run(migrate, env=env, check=True)
     env = metrics_env(env, f"web-{args.bind}")
-    cmd = [
-        _tool("gunicorn"),
-        "marketplace.server.wsgi:application",
-        "--bind", args.bind,
-        "--workers", str(args.workers),
-        # threads: long polls (claim?wait=30) park a thread each, not a whole worker
-        "--worker-class", "gthread",
-        "--threads", str(args.threads),
-    ]  # fmt: skip
-    if args.access_log:  # else none at all: a log sent to /dev/null is still formatted
-        cmd += ["--access-logfile", "-"]
+    cmd = http_server.command(
+        _tool("granian"), args.bind, args.workers, args.threads, access_log=args.access_log
+    )
     return _exec(cmd, env)
 
 
 # the commands that start a server process: their environment is checked before anything
-# starts, so a bad value is one message naming it, not a traceback from gunicorn or Celery
+# starts, so a bad value is one message naming it, not a traceback from the web server or Celery
 SERVER_COMMANDS = frozenset({"serve", "worker", "beat", "manage"})
 
 
@@ -512,7 +505,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--key", default=None, help="API key (env GPUFLEX_API_KEY)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="run the API server (gunicorn)")
+    s = sub.add_parser("serve", help="run the API server (granian)")
     s.add_argument(
         "--bind",
         default="127.0.0.1:8000",

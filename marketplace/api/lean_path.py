@@ -1,7 +1,7 @@
 """The agent's two hottest requests answered ahead of the middleware and URL resolution they do
 not need: a plain heartbeat (api/heartbeat_fast.py) and a plain claim (api/claim_fast.py).
 
-Under gunicorn the middleware and URL resolution after the operations middleware were about a
+Under the web server the middleware and URL resolution after the operations middleware were about a
 third of a heartbeat's CPU (docs/scale.md, fourth pass). `LeanAgentMiddleware` sits after the
 request id, metrics and operations middleware (so a lean answer has its X-Request-ID, its log
 context and its `/metrics` counts) and runs the middleware after it that acts on such a

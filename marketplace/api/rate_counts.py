@@ -2,7 +2,7 @@
 
 DRF's own throttles keep a list of timestamps in the cache and write it back after reading
 it: concurrent requests all read the same short list and all pass, and with the embedded
-setup's per-process memory cache every gunicorn worker counted on its own. Here one count is
+setup's per-process memory cache every web worker counted on its own. Here one count is
 one atomic increment that returns the new value, so of N concurrent requests exactly the
 first `limit` see a value within the limit, whichever worker serves them:
 

@@ -1,6 +1,6 @@
 """Server-Sent Events: a page's state, sent when it opens and again whenever it changes.
 
-Each open stream holds one of the web server's threads (gunicorn gthread), so a process
+Each open stream holds one of the web server's application threads (granian's), so a process
 serves at most EVENT_STREAMS_PER_PROCESS of them and answers 503 beyond that: the page and
 the SDK then poll instead. A stream ends after EVENT_STREAM_MAX_S (the browser's
 EventSource reconnects on its own, after the `retry` the stream gave it) or when `done`

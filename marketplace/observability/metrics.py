@@ -3,7 +3,7 @@ request middleware), one cheap call each, never a database query.
 
 Every series is prefixed `gpuflex_`. Under `gpuflex serve`/`worker`/`beat` the launcher sets
 PROMETHEUS_MULTIPROC_DIR (multiproc.py), and prometheus_client then keeps each process's
-values in a file there that /metrics merges: gunicorn's workers and Celery's pool children
+values in a file there that /metrics merges: the web server's workers and Celery's pool children
 add up. State-like figures (queue depth, escrow, nodes by state) are not kept here but read
 from the database at scrape time (state.py), which is right whichever process changed them.
 """

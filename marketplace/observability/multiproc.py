@@ -3,7 +3,7 @@ multiprocess mode): one folder per launcher under `<data dir>/metrics/`, wiped w
 launcher starts so that a restarted process does not add its predecessor's counts twice,
 and merged by /metrics with the folders of the others (web, worker, beat) on this host.
 
-No Django here: `gpuflex serve` / `worker` / `beat` call it before exec'ing gunicorn or
+No Django here: `gpuflex serve` / `worker` / `beat` call it before exec'ing the web server or
 Celery, and prometheus_client reads PROMETHEUS_MULTIPROC_DIR when it is first imported."""
 
 from __future__ import annotations

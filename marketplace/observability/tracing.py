@@ -38,7 +38,7 @@ def configure_from_env() -> bool:
 
     service = os.environ.get("OTEL_SERVICE_NAME") or _default_service()
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
-    # the batch processor's thread is restarted in forked children (gunicorn, Celery's pool)
+    # the batch processor's thread is restarted in forked children (the web workers, Celery's)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _instrument_django()

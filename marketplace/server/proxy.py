@@ -1,10 +1,11 @@
 """The reverse proxy in front of `gpuflex serve`: an nginx server block.
 
-gunicorn's threads read a request's headers and body themselves, with no read timeout: 40
-connections that send half a request park 40 threads, and everyone else's requests wait
-behind them (12 to 20 s in the attack that found it). nginx reads whole requests on its
-event loop, cuts off clients that stall (client_header_timeout, client_body_timeout) and only
-then hands gunicorn a complete request, so a slow client costs gunicorn nothing.
+The server's application threads read a request's body themselves (server/http_server.py;
+under gunicorn, which it ran before, its headers too, with no read timeout: 40 connections
+that sent half a request parked 40 threads, and everyone else's requests waited behind them,
+12 to 20 s in the attack that found it). nginx reads whole requests on its event loop, cuts
+off clients that stall (client_header_timeout, client_body_timeout) and only then hands the
+server a complete request, so a slow client costs the server nothing.
 `gpuflex nginx-config` prints this block; docs/settings.md says where it goes.
 """
 
@@ -53,7 +54,7 @@ server {{
     client_body_buffer_size 1m;
 
     location / {{
-        # the whole request body is read here before gunicorn sees the request
+        # the whole request body is read here before the server sees the request
         proxy_request_buffering on;
         proxy_buffering on;
         proxy_http_version 1.1;

@@ -1,7 +1,7 @@
 """The deployment's Redis for the hot paths (node presence, the API-key cache), or None.
 
 Only where REDIS_URL is set: the embedded setup (`make demo`) has no Redis, and its
-per-process memory cache would not do, since a revocation in one gunicorn worker must reach
+per-process memory cache would not do, since a revocation in one web worker must reach
 every other. Callers take None as "use the database directly".
 """
 
@@ -23,7 +23,7 @@ def client() -> redis.Redis | None:
 
 @functools.lru_cache(maxsize=8)
 def _client_for(url: str) -> redis.Redis:
-    # redis-py's pool notices a fork (gunicorn workers) and opens its own connections there
+    # redis-py's pool notices a fork (the web server's workers) and opens its own connections there
     return redis.Redis.from_url(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
 
 

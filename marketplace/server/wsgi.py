@@ -1,4 +1,4 @@
-"""WSGI entry point (`gpuflex serve` runs it under gunicorn)."""
+"""WSGI entry point (`gpuflex serve` runs it under granian: server/http_server.py)."""
 
 import gc
 import os

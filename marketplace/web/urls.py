@@ -35,7 +35,7 @@ urlpatterns = [
     path("operator/", operator.overview, name="operator"),
     path("operator/live/", operator.overview_live, name="operator-live"),
     path("operator/events/", operator.overview_events, name="operator-events"),
-    # gunicorn serves no static files and the pages' few files are small: let Django serve
+    # the web server serves no static files and the pages' few files are small: let Django serve
     # them (from the apps' static folders, no collectstatic) rather than need a web server.
     re_path(r"^static/(?P<path>.+)$", serve_static, {"insecure": True}),
 ]

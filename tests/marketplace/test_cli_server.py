@@ -26,31 +26,65 @@ def calls(monkeypatch) -> list[tuple[list[str], dict[str, Any]]]:
     return seen
 
 
-def test_serve_migrates_then_runs_gunicorn_threads(calls, monkeypatch) -> None:
+def test_serve_migrates_then_runs_granian_threads(calls, monkeypatch) -> None:
     monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
     monkeypatch.delenv("GPUFLEX_TRUSTED_PROXIES", raising=False)
-    argv = ["serve", "--bind", "0.0.0.0:9000", "--workers", "3", "--behind-proxy"]
+    argv = ["serve", "--bind", "0.0.0.0:9000", "--workers", "3", "--threads", "5",
+            "--behind-proxy"]  # fmt: skip
     assert cli.main(argv) == 0
     (migrate, _), (serve, kwargs) = calls
     assert migrate[-4:] == ["migrate", "--noinput", "-v", "0"]
-    assert serve[0].endswith("gunicorn") and "marketplace.server.wsgi:application" in serve
-    assert serve[serve.index("--bind") + 1] == "0.0.0.0:9000"
+    assert serve[0].endswith("granian") and serve[-1] == "marketplace.server.wsgi:application"
+    assert serve[serve.index("--interface") + 1] == "wsgi"
+    assert serve[serve.index("--host") + 1] == "0.0.0.0"
+    assert serve[serve.index("--port") + 1] == "9000"
     assert serve[serve.index("--workers") + 1] == "3"
-    assert serve[serve.index("--worker-class") + 1] == "gthread"
+    assert serve[serve.index("--blocking-threads") + 1] == "5"
+    assert "--respawn-failed-workers" in serve
     assert kwargs["env"]["DJANGO_SETTINGS_MODULE"]
     assert kwargs["env"]["GPUFLEX_TRUSTED_PROXIES"] == "1"  # nginx's forwarded headers believed
     # no access log unless asked for (one sent to /dev/null is still formatted per request)
-    assert "--access-logfile" not in serve
+    assert "--access-log" not in serve
     calls.clear()
     assert cli.main([*argv, "--access-log"]) == 0
+    assert "--access-log" in calls[-1][0]
+
+
+@pytest.mark.parametrize(
+    ("bind", "where"),
+    [
+        ("127.0.0.1:8000", ["--host", "127.0.0.1", "--port", "8000"]),
+        ("[::1]:8001", ["--host", "::1", "--port", "8001"]),
+        ("localhost", ["--host", "localhost", "--port", "8000"]),
+        ("unix:/run/gpuflex.sock", ["--uds", "/run/gpuflex.sock"]),
+    ],
+)
+def test_serve_passes_the_bind_address_on(calls, monkeypatch, bind, where) -> None:
+    monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
+    assert cli.main(["serve", "--bind", bind, "--no-migrate"]) == 0
     serve = calls[-1][0]
-    assert serve[serve.index("--access-logfile") + 1] == "-"
+    start = serve.index(where[0])
+    assert serve[start : start + len(where)] == where
+
+
+@pytest.mark.parametrize(
+    ("bind", "named"),
+    [("fd://3", "inherited socket"), ("127.0.0.1:http", "'http'"),
+     ("127.0.0.1:70000", "'70000'"), ("unix:", "needs a path")],
+)  # fmt: skip
+def test_serve_refuses_a_bind_it_cannot_listen_on(calls, monkeypatch, capsys, bind, named) -> None:
+    monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
+    monkeypatch.setenv("GPUFLEX_TRUSTED_PROXIES", "1")
+    assert cli.main(["serve", "--bind", bind]) == 2
+    assert calls == []  # neither migrated nor started
+    err = capsys.readouterr().err
+    assert f"--bind {bind}" in err and named in err
 
 
 @pytest.mark.parametrize("bind", ["0.0.0.0:8000", "[::]:8000", "10.0.0.5:8000", "8000",
                                   "example.org:8000"])  # fmt: skip
 def test_serve_alone_refuses_a_reachable_address(calls, monkeypatch, capsys, bind) -> None:
-    """#38 finding 12: gunicorn alone on a public address, 40 slow bodies stalled honest
+    """#38 finding 12: the server alone on a public address, 40 slow bodies stalled honest
     requests; reachable only with a proxy declared in front."""
     monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
     monkeypatch.delenv("GPUFLEX_TRUSTED_PROXIES", raising=False)

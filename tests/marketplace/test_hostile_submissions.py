@@ -57,7 +57,7 @@ def no_tokenizers_here(monkeypatch, tokenizer_files) -> list[str]:
 def test_a_panicking_tokenizer_fails_its_job_in_a_child_and_the_worker_goes_on(
     buyer, django_capture_on_commit_callbacks, tokenizer_files, no_tokenizers_here
 ) -> None:
-    """#38 finding 6: the tokenizer's panic killed the gunicorn worker that held the request."""
+    """#38 finding 6: the tokenizer's panic killed the web worker that held the request."""
     hostile, sound = tokenizer_files
     with django_capture_on_commit_callbacks() as sent:
         response = post(buyer, TOKENIZED, CORPUS, dataset_tokenizer=("tok.json", hostile))

@@ -224,7 +224,7 @@ def _database_url() -> str:
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 def test_gpuflex_serve_answers_health_readiness_and_metrics(tmp_path) -> None:
-    """The real thing: gunicorn started by `gpuflex serve`, its metrics in the multiprocess
+    """The real thing: the web server started by `gpuflex serve`, its metrics in the multiprocess
     folder the launcher made, its log lines JSON."""
     import os
     import socket
@@ -400,7 +400,7 @@ ROUNDS_OPENED.inc(int(sys.argv[1]))
 
 
 def test_the_worker_exporter_adds_up_every_process_of_the_host(monkeypatch, tmp_path) -> None:
-    """Two processes (a gunicorn worker, a Celery worker) count in their own folders; the
+    """Two processes (a web worker, a Celery worker) count in their own folders; the
     worker host's exporter, like /metrics, serves the sum."""
     import os
     import subprocess

@@ -119,7 +119,7 @@ def test_every_server_command_refuses_a_bad_setting(tmp_path: Path, args: list[s
 
 
 def test_importing_the_settings_with_a_bad_value_names_it(tmp_path: Path) -> None:
-    """gunicorn or celery started by hand: the import fails with the same words."""
+    """granian or celery started by hand: the import fails with the same words."""
     code = "import marketplace.server.settings.base"
     out = run(["-c", code], tmp_path, GPUFLEX_TRUSTED_PROXIES="one")
     assert out.returncode != 0

@@ -1,8 +1,8 @@
 """Slow clients cannot starve `gpuflex serve` behind the nginx block it documents.
 
 Each slow client sends an authenticated heartbeat's headers and then never finishes its body:
-on gunicorn alone that parks a thread per client (`make bench` measures it: every honest
-request timed out), behind nginx the body is buffered there and gunicorn never sees them.
+on the server alone that parks a thread per client (`make bench` measures it: every honest
+request timed out), behind nginx the body is buffered there and the server never sees them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ pytestmark = [
 
 
 def test_slow_clients_neither_starve_honest_ones_nor_hold_on_once_they_stall() -> None:
-    # one stack for both checks: starting it (migrations, gunicorn, nginx) is most of the cost
+    # one stack for both checks: starting it (migrations, the server, nginx) is most of the cost
     proxy = ProxySettings(header_timeout_s=2, body_timeout_s=2)
     with serving(workers=1, threads=4, proxy=proxy) as (url, node_key):
         attack = SlowClients(url, node_key, 12, every_s=0.5)  # three times the threads

@@ -1,4 +1,4 @@
-"""#38 finding 5 on a real `gpuflex serve` with two gunicorn workers: concurrent bad-key
+"""#38 finding 5 on a real `gpuflex serve` with two web workers: concurrent bad-key
 guesses and sign-ups from one address pass no more than their rates, the rest get 429.
 
 Before, each worker counted in its own memory and a burst passed the check before any of it

@@ -438,7 +438,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Errors reach stderr and a file, each line carrying its request's id (request_id.py); Django
-# alone mails them to ADMINS, which is empty. WatchedFileHandler: every gunicorn worker appends
+# alone mails them to ADMINS, which is empty. WatchedFileHandler: every web worker appends
 # to the one file and reopens it after logrotate moves it.
 LOG_FILE = Path(_env["GPUFLEX_LOG_FILE"] or DATA_DIR / "logs" / "marketplace.log")
 LOG_FILE.parent.mkdir(parents=True, exist_ok=True)

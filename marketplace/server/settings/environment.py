@@ -2,10 +2,11 @@
 what it does (issue 36).
 
 `base.py` and `production.py` take their values from `read()`, `gpuflex serve`/`worker`/
-`beat`/`manage` call `check()` before Django or gunicorn import anything, and docs/settings.md's
-table is generated from `TABLE` (`gpuflex settings --markdown`; tests/marketplace/
-test_settings_environment.py keeps it current). A bad value is refused with its variable, what
-it got and what it wants, every bad one at once, never a bare ValueError at import.
+`beat`/`manage` call `check()` before Django or the web server imports anything, and
+docs/settings.md's table is generated from `TABLE` (`gpuflex settings --markdown`;
+tests/marketplace/test_settings_environment.py keeps it current). A bad value is refused with
+its variable, what it got and what it wants, every bad one at once, never a bare ValueError at
+import.
 
 This module imports neither Django nor anything heavy: the CLI validates with it before it
 starts a server process. The values are checked by pydantic (already a dependency) through a
@@ -460,7 +461,7 @@ def _problems(exc: ValidationError, given: Mapping[str, str]) -> list[str]:
 
 def check(env: Mapping[str, str] | None = None) -> None:
     """Raise SettingsError if the server would refuse this environment (the CLI's check
-    before it starts gunicorn, Celery or a management command)."""
+    before it starts the web server, Celery or a management command)."""
     read(env)
 
 
