@@ -224,3 +224,30 @@ def test_the_demos_line_names_the_jobs_own_time() -> None:
     print_summary(summary, lines.append)
     assert "job j: completed after 5 rounds in 26.0 s from submission" in lines[1]
     assert "the demo ran 102.1 s, start-up included" in lines[1]
+
+
+def test_a_request_does_not_carry_the_process_environment(tmp_path) -> None:
+    """granian puts os.environ in every request's environ; Django's request.META (and any
+    error report of it) must not show SECRET_KEY or DATABASE_URL. Run in a child process:
+    importing the WSGI module freezes the collector for the rest of the process."""
+    script = """
+import io, os, sys
+from marketplace.server.wsgi import application
+environ = dict(os.environ) | {
+    "REQUEST_METHOD": "GET", "PATH_INFO": "/healthz", "QUERY_STRING": "", "SCRIPT_NAME": "",
+    "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000", "SERVER_PROTOCOL": "HTTP/1.1",
+    "REMOTE_ADDR": "127.0.0.1", "HTTP_HOST": "127.0.0.1", "wsgi.input": io.BytesIO(),
+    "wsgi.url_scheme": "http", "wsgi.errors": sys.stderr,
+}
+status = []
+body = b"".join(application(environ, lambda s, h, e=None: status.append(s)))
+print(status[0], "SECRET_KEY" in environ, "GPUFLEX_DATA_DIR" in environ, environ["PATH_INFO"])
+"""
+    env = os.environ | {"SECRET_KEY": secrets.token_urlsafe(50), "GPUFLEX_DATA_DIR": str(tmp_path)}
+    env.pop("DATABASE_URL", None)
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["200", "OK", "False", "False", "/healthz"]
