@@ -557,7 +557,7 @@ def run(
         worker = _start(["worker", "--pool", "solo", "--loglevel", "WARNING"], env)
         procs = [server, worker]
         out: dict[str, Any] = {
-            "agents": agents, "phase_s": phase_s, "web_workers": workers,
+            "agents": agents, "phase_s": phase_s, "web_server": "granian", "web_workers": workers,
             "web_threads": threads, "locust_processes": 1, "celery_workers": 1,
             "cpus": os.cpu_count(), "database": "postgresql", "redis": True,
         }  # fmt: skip
@@ -668,6 +668,14 @@ def _met(ok: bool) -> str:
     return "**met**" if ok else "**missed**"
 
 
+def web_server(r: dict[str, Any]) -> tuple[str, int, int]:
+    """(the server, its workers, threads each) a run measured: results stored before issue
+    36's eleventh pass name gunicorn's."""
+    if "web_workers" in r:
+        return r.get("web_server", "granian"), r["web_workers"], r["web_threads"]
+    return "gunicorn", r["gunicorn_workers"], r["gunicorn_threads"]
+
+
 def render(r: dict[str, Any]) -> list[str]:
     """The load table of results.md."""
     if "error" in r:
@@ -694,13 +702,13 @@ def render_cpu(c: dict[str, Any], r: dict[str, Any]) -> list[str]:
         return f"{1000 * p['cpu_s_per_request']:.2f} ms ({p['requests']:,} requests)"
 
     per_core = c["nodes_per_core_at_10s_heartbeats"] or 0
+    server, workers, threads = web_server(r)
     return [
         "## Server CPU per request (`cpu_per_request`)",
         "",
         f"`python -m bench.run --only load` (or `python -m bench.load_bench --cpu-only` for this "
-        f"section alone): the web server's CPU time (granian's main process and all "
-        f"{r['web_workers']} workers × {r['web_threads']} threads, from /proc) before and "
-        "after the requests, "
+        f"section alone): the web server's CPU time ({server}'s main process and all "
+        f"{workers} workers × {threads} threads, from /proc) before and after the requests, "
         f"divided by the requests; sent by {c['threads']} keep-alive clients whose own CPU is "
         "not counted, nor PostgreSQL's and Redis's. CPU-seconds per request depend far less on "
         "the machine's other load than wall times (runs with the same code here differed by up "
@@ -749,12 +757,13 @@ def _render_locust(r: dict[str, Any]) -> list[str]:
     hb_ok = hb["per_s"] >= GOALS["heartbeats_per_s"] and hb["p99_ms"] < GOALS["heartbeat_p99_ms"]
     cl_ok = cl["tasks_per_s"] >= GOALS["claims_per_s"] and cl["leased_twice"] == 0
     sc_ok = (sc["schedule_s"] or 1e9) < GOALS["schedule_s"] and sc["leased_in_db"] >= 10_000
+    server, workers, threads = web_server(r)
     return [
         "## Load: 1,000 simulated agents (Locust) against `gpuflex serve`",
         "",
         f"`python -m bench.run --only load`: {r['agents']} Locust users (FastHttpUser, "
-        f"{r['locust_processes']} Locust process) against granian ({r['web_workers']} "
-        f"workers × {r['web_threads']} threads) on PostgreSQL and Redis, with one Celery "
+        f"{r['locust_processes']} Locust process) against {server} ({workers} "
+        f"workers × {threads} threads) on PostgreSQL and Redis, with one Celery "
         f"worker (solo) whose tick flushes presence; {r['phase_s']:.0f} s a phase, all of it on "
         f"this machine's {r['cpus']} CPUs, which the load generator shares with the server "
         f"(1-minute load average at the end of the heartbeat phase: "

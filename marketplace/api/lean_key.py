@@ -27,6 +27,7 @@ from marketplace.accounts import key_cache, keys
 from marketplace.api import rate_counts
 from marketplace.api.throttles import KeyRateThrottle
 from marketplace.nodes import presence
+from marketplace.server import redis_lane
 
 # KEYS: the key cache's entry and bypass mark, the presence hash to mark. ARGV: the
 # throttle's key up to the key's id, the current and previous windows' indexes, the count's
@@ -103,7 +104,8 @@ def mark(
         limit = throttle.num_requests
         index, into = throttle.window()
     entry, bypass = key_cache.redis_keys(keys.digest(token))
-    answer = rate_counts.script(client, _SCRIPT)(
+    answer = redis_lane.run_script(
+        client, rate_counts.script(client, _SCRIPT),
         keys=[entry, bypass, presence_hash],
         args=[
             rate_counts.redis_key(throttle.key_base()), index, index - 1,

@@ -24,7 +24,7 @@ from pathlib import Path
 import redis
 from django.conf import settings
 
-from marketplace.server import shared_redis
+from marketplace.server import redis_lane, shared_redis
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,8 @@ def ring(topics: Iterable[str]) -> None:
                     bell.truncate(0)
         return
     try:
-        with client.pipeline(transaction=False) as pipe:
-            for topic in topics:
-                pipe.publish(_channel(topic), b"1")
-            pipe.execute()
+        # on the serving thread's own connection, in one write (a claim rings once)
+        redis_lane.call(client, *([b"PUBLISH", _channel(topic), b"1"] for topic in topics))
     except redis.RedisError as exc:
         log.warning("live push: could not ring %s: %s", ",".join(topics), exc)
 

@@ -811,7 +811,9 @@ def claim_with_wait(
     """
     deadline = time.monotonic() + max(0.0, wait)
     delay = 0.05
-    seen = work_generation()
+    # read before the first try, so that work signalled during it is not missed; a claim
+    # that does not wait never reads it (a Redis round trip for nothing)
+    seen = work_generation() if wait > 0 else 0
     last_db = time.monotonic()
     tasks, again = _claim(node, count, key)
     while not tasks:

@@ -70,3 +70,22 @@ def counted(r: Any, throttle: Any, key: Any) -> int:
 
     current, previous, _ = throttle._windows(f"{throttle.key_base()}{key.pk}")
     return sum(int(c or 0) for c in r.mget(redis_key(current), redis_key(previous)))
+
+
+def redis_commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the Redis commands this process sends from now on, as they go on the
+    wire: through redis-py's client and through marketplace/server/redis_lane.py's own
+    connections alike."""
+    from redis.connection import AbstractConnection
+
+    seen: list[str] = []
+    send = AbstractConnection.send_packed_command
+
+    def spy(self: Any, command: Any, check_health: bool = True) -> None:
+        chunks = [command] if isinstance(command, bytes | str) else command
+        data = b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in chunks)
+        seen.append(data.split(b"\r\n")[2].decode().upper())  # *N, $len, the name
+        return send(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", spy)
+    return seen

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-import redis
 from django.http import QueryDict
 from prometheus_client import REGISTRY
 
@@ -21,7 +20,7 @@ from marketplace.api.serializers.agent import ClaimQuerySerializer
 from marketplace.api.throttles import KeyRateThrottle
 from marketplace.nodes import presence
 from marketplace.rounds.models import Task
-from tests.marketplace.helpers import SMALL_SPEC, LeanPaths, counted
+from tests.marketplace.helpers import SMALL_SPEC, LeanPaths, counted, redis_commands
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,13 +85,7 @@ def test_a_plain_claim_takes_one_round_trip_before_claiming_and_answers_as_drf(
     assert _claim(agent, "max=1").status_code == 200  # its first: the key is cached by DRF's
     assert paths.lean == 0
     with_redis.delete(presence.seen_key())
-    commands: list[str] = []
-    execute = redis.Redis.execute_command
-    monkeypatch.setattr(
-        redis.Redis,
-        "execute_command",
-        lambda s, *a, **k: commands.append(a[0]) or execute(s, *a, **k),
-    )
+    commands = redis_commands(monkeypatch)
     route = {"route": URL, "method": "POST", "status": "200"}
     requests = _count("gpuflex_http_requests_total", route)
     leased = _count("gpuflex_claims_total", {"outcome": "leased"})

@@ -81,3 +81,18 @@ def test_every_task_of_a_claim_carries_the_rounds_model_source(make_agent, submi
     if tasks[0]["model_source"]["kind"] == "seed":  # recorded once: the node holds it
         assert ModelCopy.objects.filter(node_id=agent.node_id).count() == 1
     assert all(t["id"] != u["id"] for i, t in enumerate(tasks) for u in tasks[i + 1 :])
+
+
+def test_only_a_claim_that_waits_reads_the_work_signal(make_agent, monkeypatch) -> None:
+    """The signal is read before a waiting claim's first try (work signalled during it is
+    not missed); a claim that does not wait never looks at it."""
+    from marketplace.rounds import scheduling
+
+    reads: list[int] = []
+    real = scheduling.work_generation
+    monkeypatch.setattr(scheduling, "work_generation", lambda: reads.append(1) or real())
+    agent = make_agent()  # no job: nothing to lease
+    assert agent.client.post("/api/v1/agent/claim?max=8").status_code == 204
+    assert reads == []
+    assert agent.client.post("/api/v1/agent/claim?max=8&wait=0.2").status_code == 204
+    assert reads  # once before the first try, then as the claim waits

@@ -11,7 +11,6 @@ import re
 from datetime import UTC, datetime
 
 import pytest
-import redis
 from prometheus_client import REGISTRY
 from rest_framework.renderers import JSONRenderer
 
@@ -23,7 +22,7 @@ from marketplace.api.heartbeat_body import plain_body
 from marketplace.api.serializers.agent import HeartbeatReplySerializer, HeartbeatSerializer
 from marketplace.api.throttles import HeartbeatThrottle
 from marketplace.nodes import presence
-from tests.marketplace.helpers import LeanPaths, counted
+from tests.marketplace.helpers import LeanPaths, counted, redis_commands
 
 URL = "/api/v1/agent/heartbeat"
 
@@ -173,13 +172,7 @@ def test_a_plain_heartbeat_takes_one_round_trip_and_answers_as_drf(
     beats = presence.beats_key()
     drf_beat = json.loads(with_redis.hget(beats, str(agent.node_id)))
     with_redis.delete(beats)
-    commands = []
-    execute = redis.Redis.execute_command
-    monkeypatch.setattr(
-        redis.Redis,
-        "execute_command",
-        lambda s, *a, **k: commands.append(a[0]) or execute(s, *a, **k),
-    )
+    commands = redis_commands(monkeypatch)
     route = {"route": "/" + URL.lstrip("/"), "method": "POST", "status": "200"}
     before = REGISTRY.get_sample_value("gpuflex_heartbeats_total", {"state": "working"}) or 0
     requests = REGISTRY.get_sample_value("gpuflex_http_requests_total", route) or 0
