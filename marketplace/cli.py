@@ -119,7 +119,7 @@ def cmd_manage(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from marketplace.server import http_server
-    from marketplace.server.bind import PROXIES_ENV, bind_problem
+    from marketplace.server.bind import PROXIES_ENV, BindError, bind_problem
     from marketplace.server.secret_key import serve_problem
 
     env = _server_env()
@@ -133,14 +133,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if problem is not None:
             print(f"gpuflex serve: {problem}", file=sys.stderr)
             return 2
+    try:  # before migrating: a name that does not resolve is the command line's mistake
+        cmd = http_server.command(
+            _tool("granian"), args.bind, args.workers, args.threads, access_log=args.access_log
+        )
+    except BindError as exc:
+        print(f"gpuflex serve: {exc}", file=sys.stderr)
+        return 2
     if not args.no_migrate:
         migrate = [sys.executable, "-m", "marketplace.manage", "migrate", "--noinput", "-v", "0"]
         subprocess.run(migrate, env=env, check=True)
-    env = metrics_env(env, f"web-{args.bind}")
-    cmd = http_server.command(
-        _tool("granian"), args.bind, args.workers, args.threads, access_log=args.access_log
-    )
-    return _exec(cmd, env)
+    return _exec(cmd, metrics_env(env, f"web-{args.bind}"))
 
 
 # the commands that start a server process: their environment is checked before anything

@@ -17,7 +17,10 @@ No Django here: the command is built before anything is imported.
 
 from __future__ import annotations
 
-from marketplace.server.bind import split_bind
+import ipaddress
+import socket
+
+from marketplace.server.bind import BindError, split_bind
 
 # how long an idle application thread is kept: its database connection (Django's, one per
 # thread) goes with it, and opening one again costs a claim more than the claim itself
@@ -25,6 +28,21 @@ THREAD_IDLE_S = 600
 # how long a worker may take to finish its requests once told to stop (long polls end
 # within GPUFLEX_MAX_CLAIM_WAIT_S, 30 s at most)
 STOP_GRACE_S = 35
+
+
+def listen_address(host: str, bind: str) -> str:
+    """`host` as the IP address granian takes: a name (localhost, a host name) resolved as
+    gunicorn resolved it, to its first address; BindError naming a name that does not
+    resolve."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise BindError(f"--bind {bind}: the host {host!r} does not resolve ({exc})") from None
+    return str(found[0][4][0])
 
 
 def command(
@@ -36,7 +54,7 @@ def command(
     listen = (
         ["--uds", where.uds]
         if where.uds is not None
-        else ["--host", where.host, "--port", str(where.port)]
+        else ["--host", listen_address(where.host, bind), "--port", str(where.port)]
     )
     cmd = [
         executable,

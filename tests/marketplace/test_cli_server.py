@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -55,7 +56,7 @@ def test_serve_migrates_then_runs_granian_threads(calls, monkeypatch) -> None:
     [
         ("127.0.0.1:8000", ["--host", "127.0.0.1", "--port", "8000"]),
         ("[::1]:8001", ["--host", "::1", "--port", "8001"]),
-        ("localhost", ["--host", "localhost", "--port", "8000"]),
+        ("localhost", ["--host", "127.0.0.1", "--port", "8000"]),  # granian takes addresses
         ("unix:/run/gpuflex.sock", ["--uds", "/run/gpuflex.sock"]),
     ],
 )
@@ -70,7 +71,8 @@ def test_serve_passes_the_bind_address_on(calls, monkeypatch, bind, where) -> No
 @pytest.mark.parametrize(
     ("bind", "named"),
     [("fd://3", "inherited socket"), ("127.0.0.1:http", "'http'"),
-     ("127.0.0.1:70000", "'70000'"), ("unix:", "needs a path")],
+     ("127.0.0.1:70000", "'70000'"), ("unix:", "needs a path"),
+     ("no-such-host.invalid:8000", "does not resolve")],
 )  # fmt: skip
 def test_serve_refuses_a_bind_it_cannot_listen_on(calls, monkeypatch, capsys, bind, named) -> None:
     monkeypatch.setenv("SECRET_KEY", secrets.token_urlsafe(50))
@@ -92,7 +94,14 @@ def test_serve_alone_refuses_a_reachable_address(calls, monkeypatch, capsys, bin
     assert calls == []  # neither migrated nor started
     assert "--behind-proxy" in capsys.readouterr().err
     monkeypatch.setenv("GPUFLEX_TRUSTED_PROXIES", "1")  # declared in the environment
+    # a host name is resolved to the address granian listens on (no DNS here: a stand-in)
+    fake = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("192.0.2.7", 0))]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: fake)
     assert cli.main(["serve", "--bind", bind]) == 0 and len(calls) == 2
+    serve = calls[-1][0]
+    expected = {"0.0.0.0:8000": "0.0.0.0", "[::]:8000": "::", "10.0.0.5:8000": "10.0.0.5",
+                "8000": "0.0.0.0", "example.org:8000": "192.0.2.7"}  # fmt: skip
+    assert serve[serve.index("--host") + 1] == expected[bind]
 
 
 @pytest.mark.parametrize("bind", ["127.0.0.1:8000", "localhost:8000", "[::1]:8000",
