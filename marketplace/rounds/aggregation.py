@@ -38,6 +38,7 @@ from marketplace.ledger.services import (
     release_unpaid,
 )
 from marketplace.ledger.tasks import enqueue_anchor
+from marketplace.nodes.models import Node
 from marketplace.nodes.services import record_verification
 from marketplace.observability import metrics as obs
 from marketplace.rounds.lifecycle import open_round, unit_states
@@ -416,7 +417,13 @@ def _settle_results(rnd: Round, outcome: Outcome) -> None:
     used = set(outcome.used)
     folded = Q(pk__in=used) | Q(pk__in=list(outcome.dropped))  # late ones from older rounds
     results = TaskResult.objects.filter(Q(task__round=rnd) | folded)
-    for result in results.select_related("task__round__job", "node"):
+    # the nodes' rows locked first, in id order, before any ledger account: settling a result
+    # writes its node's row (its observed speed) and then the owner's accounts, and two
+    # rounds settling at once (a sweep's parallel trials on the same nodes) that took those
+    # in different orders deadlocked (seen in CI)
+    nodes = Node.objects.filter(pk__in=results.values("node_id")).order_by("pk")
+    list(nodes.select_for_update(no_key=True).values_list("pk", flat=True))
+    for result in results.select_related("task__round__job", "node").order_by("node_id", "pk"):
         result.cosine = outcome.cosines.get(result.pk, result.cosine)
         if result.pk in outcome.dropped:
             record_verification(result.node_id, bad=1)
