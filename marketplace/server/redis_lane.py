@@ -1,4 +1,5 @@
-"""One Redis connection per thread for the agent requests' one script call (api/lean_key.py).
+"""One Redis connection per thread for the agent requests' Redis calls: the lean key script
+(api/lean_key.py) and a claim's doorbell (events/doorbell.py).
 
 redis-py's `Script.__call__` costs a heartbeat more CPU than the rest of its Redis work: it
 checks a connection out of the pool (a `poll` of the socket to see it holds no stale reply),
@@ -41,6 +42,8 @@ def _connection(client: redis.Redis) -> AbstractConnection:
     conn = _lane.conn
     # a connection made before a fork, or for another client, is not this thread's to use
     if conn is None or _lane.pool is not pool or _lane.pid != os.getpid():
+        if conn is not None and _lane.pid == os.getpid():
+            conn.disconnect()  # another client's: its socket is closed now, not at collection
         conn = pool.make_connection()
         _lane.conn, _lane.pool, _lane.pid = conn, pool, os.getpid()
     return conn
